@@ -1,0 +1,144 @@
+//! Where stores read the time: an injectable [`Clock`], as in governor.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// A source of wall-clock time, as a [`Duration`] since the Unix epoch.
+///
+/// [`MemoryStore`](crate::MemoryStore) decides on this clock;
+/// [`RedisStore`](crate::RedisStore) stamps transaction-mode entries with it
+/// after correcting it to Redis's own clock. Tests inject a [`ManualClock`].
+pub trait Clock: Send + Sync + fmt::Debug + 'static {
+    /// The current time since the Unix epoch.
+    fn now(&self) -> Duration;
+}
+
+/// The system clock read once, then advanced by the monotonic clock, so it
+/// never jumps backwards when the system time is adjusted.
+#[derive(Debug, Clone, Copy)]
+pub struct SystemClock {
+    anchor_wall: Duration,
+    anchor: Instant,
+}
+
+impl SystemClock {
+    /// A clock anchored to the system time now.
+    pub fn new() -> Self {
+        Self {
+            anchor_wall: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or(Duration::ZERO),
+            anchor: Instant::now(),
+        }
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for SystemClock {
+    fn now(&self) -> Duration {
+        self.anchor_wall + self.anchor.elapsed()
+    }
+}
+
+/// A clock that moves only when told to; clones share the same time.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::{Clock, ManualClock};
+///
+/// let clock = ManualClock::new(Duration::from_secs(1_000));
+/// clock.advance(Duration::from_millis(1_500));
+/// assert_eq!(clock.now(), Duration::from_millis(1_001_500));
+/// ```
+#[derive(Clone, Default)]
+pub struct ManualClock {
+    micros: Arc<AtomicU64>,
+}
+
+impl ManualClock {
+    /// A clock showing `start` since the epoch.
+    pub fn new(start: Duration) -> Self {
+        Self {
+            micros: Arc::new(AtomicU64::new(crate::policy::duration_micros(start))),
+        }
+    }
+
+    /// Move the clock forward.
+    pub fn advance(&self, by: Duration) {
+        self.micros
+            .fetch_add(crate::policy::duration_micros(by), Ordering::SeqCst);
+    }
+
+    /// Set the clock.
+    pub fn set(&self, to: Duration) {
+        self.micros
+            .store(crate::policy::duration_micros(to), Ordering::SeqCst);
+    }
+}
+
+impl fmt::Debug for ManualClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ManualClock").field(&self.now()).finish()
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Duration {
+        Duration::from_micros(self.micros.load(Ordering::SeqCst))
+    }
+}
+
+/// Another clock shifted by a fixed amount: a server whose clock is wrong.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::{Clock, ManualClock, SkewedClock};
+///
+/// let base = ManualClock::new(Duration::from_secs(100));
+/// let ahead = SkewedClock::ahead(base.clone(), Duration::from_secs(5));
+/// assert_eq!(ahead.now(), Duration::from_secs(105));
+/// ```
+#[derive(Debug, Clone)]
+pub struct SkewedClock<C> {
+    inner: C,
+    offset: Duration,
+    ahead: bool,
+}
+
+impl<C: Clock> SkewedClock<C> {
+    /// `inner` plus `by`.
+    pub fn ahead(inner: C, by: Duration) -> Self {
+        Self {
+            inner,
+            offset: by,
+            ahead: true,
+        }
+    }
+
+    /// `inner` minus `by`.
+    pub fn behind(inner: C, by: Duration) -> Self {
+        Self {
+            inner,
+            offset: by,
+            ahead: false,
+        }
+    }
+}
+
+impl<C: Clock> Clock for SkewedClock<C> {
+    fn now(&self) -> Duration {
+        let now = self.inner.now();
+        if self.ahead {
+            now + self.offset
+        } else {
+            now.saturating_sub(self.offset)
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! The outcome of one rate-limit check.
+
+use std::time::Duration;
+
+use crate::policy::Rate;
+
+/// What a store decided for one request of one key.
+///
+/// `limit`, `remaining` and `reset` describe one rate of the policy, the
+/// one that says the most to the client: when the request is denied, the rate
+/// that keeps it out longest; otherwise the rate with the fewest requests
+/// remaining (ties go to the longer reset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    allowed: bool,
+    rate: Rate,
+    remaining: u64,
+    reset: Duration,
+    retry_after: Duration,
+}
+
+impl Decision {
+    /// Whether the request is admitted.
+    pub fn allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// The rate the other values describe.
+    pub fn rate(&self) -> Rate {
+        self.rate
+    }
+
+    /// The `max` of [`rate`](Self::rate).
+    pub fn limit(&self) -> u64 {
+        self.rate.max()
+    }
+
+    /// Requests left in the current window of [`rate`](Self::rate), after
+    /// this one.
+    pub fn remaining(&self) -> u64 {
+        self.remaining
+    }
+
+    /// Time until the quota of [`rate`](Self::rate) is full again, if no
+    /// further request arrives.
+    pub fn reset(&self) -> Duration {
+        self.reset
+    }
+
+    /// For a denied request: the time after which the same request, sent
+    /// alone, is admitted. Exact for the state the store saw. Zero for an
+    /// admitted request.
+    pub fn retry_after(&self) -> Duration {
+        self.retry_after
+    }
+}
+
+/// The state of one rate for one request, as a store computed it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RateState {
+    pub(crate) rate: Rate,
+    /// Requests left after this one (if admitted).
+    pub(crate) remaining: u64,
+    /// Time until this rate's quota is full again.
+    pub(crate) reset: Duration,
+    /// Time until this rate admits the request; zero when it admits it now.
+    pub(crate) wait: Duration,
+}
+
+/// Builds a [`Decision`] from the state of every rate, so every store picks
+/// the headline rate the same way.
+#[derive(Debug)]
+pub(crate) struct DecisionBuilder {
+    allowed: bool,
+    retry_after: Duration,
+    /// The headline so far, and whether it was chosen for denying.
+    headline: Option<(RateState, bool)>,
+}
+
+impl DecisionBuilder {
+    pub(crate) fn new(allowed: bool) -> Self {
+        Self {
+            allowed,
+            retry_after: Duration::ZERO,
+            headline: None,
+        }
+    }
+
+    /// Add a wait that is not tied to one rate (minimum spacing).
+    pub(crate) fn wait(&mut self, wait: Duration) {
+        if !self.allowed {
+            self.retry_after = self.retry_after.max(wait);
+        }
+    }
+
+    pub(crate) fn rate(&mut self, state: RateState) {
+        let denies = !self.allowed && !state.wait.is_zero();
+        if denies {
+            self.retry_after = self.retry_after.max(state.wait);
+        }
+        let better = match &self.headline {
+            None => true,
+            Some((best, best_denies)) => match (denies, *best_denies) {
+                (true, false) => true,
+                (false, true) => false,
+                (true, true) => state.wait > best.wait,
+                (false, false) => {
+                    (state.remaining, std::cmp::Reverse(state.reset))
+                        < (best.remaining, std::cmp::Reverse(best.reset))
+                }
+            },
+        };
+        if better {
+            self.headline = Some((state, denies));
+        }
+    }
+
+    /// `None` if no rate was added.
+    pub(crate) fn build(self) -> Option<Decision> {
+        let (state, _) = self.headline?;
+        Some(Decision {
+            allowed: self.allowed,
+            rate: state.rate,
+            remaining: state.remaining,
+            reset: state.reset,
+            retry_after: if self.allowed {
+                Duration::ZERO
+            } else {
+                self.retry_after
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(max: u64, secs: u64, remaining: u64, reset_ms: u64, wait_ms: u64) -> RateState {
+        RateState {
+            rate: Rate::new(max, Duration::from_secs(secs)).unwrap(),
+            remaining,
+            reset: Duration::from_millis(reset_ms),
+            wait: Duration::from_millis(wait_ms),
+        }
+    }
+
+    #[test]
+    fn allowed_reports_the_rate_with_least_remaining() {
+        let mut b = DecisionBuilder::new(true);
+        b.rate(state(3, 1, 2, 1000, 0));
+        b.rate(state(20, 60, 1, 60_000, 0));
+        let d = b.build().unwrap();
+        assert!(d.allowed());
+        assert_eq!((d.limit(), d.remaining()), (20, 1));
+        assert_eq!(d.retry_after(), Duration::ZERO);
+    }
+
+    #[test]
+    fn denied_reports_the_rate_that_keeps_the_client_out_longest() {
+        let mut b = DecisionBuilder::new(false);
+        b.rate(state(3, 1, 0, 900, 400));
+        b.rate(state(20, 60, 0, 59_000, 30_000));
+        b.rate(state(100, 3600, 50, 3_000_000, 0));
+        b.wait(Duration::from_millis(100));
+        let d = b.build().unwrap();
+        assert!(!d.allowed());
+        assert_eq!(d.limit(), 20);
+        assert_eq!(d.retry_after(), Duration::from_millis(30_000));
+    }
+
+    #[test]
+    fn spacing_alone_can_deny() {
+        let mut b = DecisionBuilder::new(false);
+        b.rate(state(3, 1, 2, 500, 0));
+        b.wait(Duration::from_millis(70));
+        let d = b.build().unwrap();
+        assert_eq!(d.retry_after(), Duration::from_millis(70));
+        assert_eq!(d.remaining(), 2);
+    }
+}

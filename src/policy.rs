@@ -1,0 +1,509 @@
+//! What a limit is: [`Rate`]s, the [`Policy`] that groups them, and how a
+//! policy is parsed from text such as `"3/s, 20/min"`.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// The longest window a [`Rate`] may have: ten years.
+pub const MAX_WINDOW: Duration = Duration::from_secs(10 * 366 * 24 * 3600);
+
+/// The shortest window a [`Rate`] may have: one millisecond.
+pub const MIN_WINDOW: Duration = Duration::from_millis(1);
+
+/// At most `max` requests per `window`.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::Rate;
+///
+/// let rate = Rate::new(20, Duration::from_secs(60))?;
+/// assert_eq!(rate.to_string(), "20/min");
+/// assert_eq!("20/min".parse::<Rate>()?, rate);
+/// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Rate {
+    max: u64,
+    window: Duration,
+}
+
+impl Rate {
+    /// `max` requests per `window`.
+    ///
+    /// # Errors
+    /// A zero `max`, or a window shorter than [`MIN_WINDOW`] or longer than
+    /// [`MAX_WINDOW`].
+    pub fn new(max: u64, window: Duration) -> Result<Self, PolicyError> {
+        if max == 0 {
+            return Err(PolicyError::ZeroMax {
+                rate: format!("{max}/{}", format_window(window)),
+            });
+        }
+        if window.is_zero() {
+            return Err(PolicyError::ZeroWindow {
+                rate: format!("{max}/0s"),
+            });
+        }
+        if window < MIN_WINDOW || window > MAX_WINDOW {
+            return Err(PolicyError::WindowOutOfRange { window });
+        }
+        Ok(Self { max, window })
+    }
+
+    /// `max` requests per second.
+    ///
+    /// # Errors
+    /// A zero `max`.
+    pub fn per_second(max: u64) -> Result<Self, PolicyError> {
+        Self::new(max, Duration::from_secs(1))
+    }
+
+    /// `max` requests per minute.
+    ///
+    /// # Errors
+    /// A zero `max`.
+    pub fn per_minute(max: u64) -> Result<Self, PolicyError> {
+        Self::new(max, Duration::from_secs(60))
+    }
+
+    /// `max` requests per hour.
+    ///
+    /// # Errors
+    /// A zero `max`.
+    pub fn per_hour(max: u64) -> Result<Self, PolicyError> {
+        Self::new(max, Duration::from_secs(3600))
+    }
+
+    /// The most requests admitted in any window.
+    pub fn max(&self) -> u64 {
+        self.max
+    }
+
+    /// The length of the window.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    pub(crate) fn window_micros(&self) -> u64 {
+        duration_micros(self.window)
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.max, format_window(self.window))
+    }
+}
+
+impl FromStr for Rate {
+    type Err = PolicyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        parse_rate(s)
+    }
+}
+
+/// How [`RedisStore`](crate::RedisStore) runs the sliding log. Other stores
+/// ignore it: their decisions are the same either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Execution {
+    /// One `MULTI`/`EXEC` round trip; the decision is taken on the client
+    /// from the counts Redis returns, and a denied request's entry is removed
+    /// afterwards. Under contention it may deny a request that an exact
+    /// limiter would admit (a concurrent denied request is briefly counted),
+    /// but it never admits more than the limit.
+    #[default]
+    Transaction,
+    /// One Lua script (`EVALSHA`) that decides inside Redis on Redis's own
+    /// clock. Exact under any concurrency; denied requests are never written.
+    Script,
+}
+
+impl FromStr for Execution {
+    type Err = PolicyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "transaction" | "multi" => Ok(Self::Transaction),
+            "script" | "lua" => Ok(Self::Script),
+            _ => Err(PolicyError::Invalid {
+                input: s.to_owned(),
+                reason: "expected `transaction` or `script`".to_owned(),
+            }),
+        }
+    }
+}
+
+/// The limits a key is held to: one or more [`Rate`]s checked all-or-nothing,
+/// an optional minimum spacing between admitted requests, and the cost of
+/// one request.
+///
+/// A request is admitted only if every rate admits it, and only then does it
+/// count against any of them.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::{Execution, Policy};
+///
+/// let policy = "3/s, 20/min".parse::<Policy>()?
+///     .with_min_spacing(Duration::from_millis(100))
+///     .with_execution(Execution::Script);
+/// assert_eq!(policy.rates().len(), 2);
+/// assert_eq!(policy.to_string(), "3/s, 20/min");
+/// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Sorted by window, shortest first; windows are distinct.
+    rates: Vec<Rate>,
+    min_spacing: Option<Duration>,
+    cost: u64,
+    execution: Execution,
+}
+
+impl Policy {
+    /// A policy of these rates.
+    ///
+    /// # Errors
+    /// No rates, or two rates with the same window.
+    pub fn new(rates: impl IntoIterator<Item = Rate>) -> Result<Self, PolicyError> {
+        let mut rates: Vec<Rate> = rates.into_iter().collect();
+        if rates.is_empty() {
+            return Err(PolicyError::Empty);
+        }
+        rates.sort_by_key(|r| r.window);
+        for pair in rates.windows(2) {
+            if pair[0].window == pair[1].window {
+                return Err(PolicyError::DuplicateWindow {
+                    first: pair[0],
+                    second: pair[1],
+                });
+            }
+        }
+        Ok(Self {
+            rates,
+            min_spacing: None,
+            cost: 1,
+            execution: Execution::default(),
+        })
+    }
+
+    /// Require at least `spacing` between two admitted requests of one key
+    /// (`minDifference` in rolling-rate-limiter). Zero turns it off.
+    #[must_use]
+    pub fn with_min_spacing(mut self, spacing: Duration) -> Self {
+        self.min_spacing = (!spacing.is_zero()).then_some(spacing);
+        self
+    }
+
+    /// Count every request as `cost` requests (default 1).
+    ///
+    /// # Errors
+    /// A zero cost, or a cost above the `max` of some rate (no request could
+    /// ever be admitted).
+    pub fn with_cost(mut self, cost: u64) -> Result<Self, PolicyError> {
+        if cost == 0 {
+            return Err(PolicyError::ZeroCost);
+        }
+        if let Some(rate) = self.rates.iter().find(|r| r.max < cost) {
+            return Err(PolicyError::CostAboveMax { cost, rate: *rate });
+        }
+        self.cost = cost;
+        Ok(self)
+    }
+
+    /// Run with this [`Execution`] on Redis (default
+    /// [`Execution::Transaction`]).
+    #[must_use]
+    pub fn with_execution(mut self, execution: Execution) -> Self {
+        self.execution = execution;
+        self
+    }
+
+    /// The rates, shortest window first.
+    pub fn rates(&self) -> &[Rate] {
+        &self.rates
+    }
+
+    /// The minimum gap between two admitted requests of one key, if any.
+    pub fn min_spacing(&self) -> Option<Duration> {
+        self.min_spacing
+    }
+
+    /// How many requests one request counts as.
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    /// How Redis runs this policy.
+    pub fn execution(&self) -> Execution {
+        self.execution
+    }
+
+    /// The longest window of the policy: state older than this is dead.
+    pub fn longest_window(&self) -> Duration {
+        // `new` guarantees at least one rate; sorted shortest first.
+        self.rates
+            .last()
+            .map_or(Duration::ZERO, |r| r.window)
+            .max(self.min_spacing.unwrap_or(Duration::ZERO))
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, rate) in self.rates.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{rate}")?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for Policy {
+    type Err = PolicyError;
+
+    /// Parse rates separated by commas: `"3/s, 20/min, 100/15m"`.
+    ///
+    /// Units: `ms`, `s`, `m` or `min`, `h`, `d`, each optionally preceded by
+    /// a count (`15m`). Whitespace is ignored.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.trim().is_empty() {
+            return Err(PolicyError::Empty);
+        }
+        let rates = s
+            .split(',')
+            .map(parse_rate)
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::new(rates)
+    }
+}
+
+/// Why a [`Rate`] or [`Policy`] cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// The policy holds no rate.
+    #[error("a policy needs at least one rate, such as \"10/s\"")]
+    Empty,
+    /// A rate admits nothing.
+    #[error("rate {rate}: max must be at least 1")]
+    ZeroMax {
+        /// The rate as written.
+        rate: String,
+    },
+    /// A rate's window is empty.
+    #[error("rate {rate}: the window must be longer than zero")]
+    ZeroWindow {
+        /// The rate as written.
+        rate: String,
+    },
+    /// A window outside [`MIN_WINDOW`]..=[`MAX_WINDOW`].
+    #[error("window {window:?} is out of range: it must be between 1ms and 10 years")]
+    WindowOutOfRange {
+        /// The window given.
+        window: Duration,
+    },
+    /// Two rates share a window.
+    #[error("rates {first} and {second} have the same window; keep one rate per window")]
+    DuplicateWindow {
+        /// One rate.
+        first: Rate,
+        /// The other rate with the same window.
+        second: Rate,
+    },
+    /// A unit the parser does not know.
+    #[error("unknown time unit {unit:?} in {input:?}: use ms, s, m (or min), h or d")]
+    UnknownUnit {
+        /// The unit as written.
+        unit: String,
+        /// The rate it was in.
+        input: String,
+    },
+    /// Text that is not a rate.
+    #[error("cannot read {input:?} as a rate: {reason}")]
+    Invalid {
+        /// The text given.
+        input: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A zero cost.
+    #[error("cost must be at least 1")]
+    ZeroCost,
+    /// A request would cost more than a rate ever admits.
+    #[error("cost {cost} is above the max of rate {rate}: no request could ever be admitted")]
+    CostAboveMax {
+        /// The cost given.
+        cost: u64,
+        /// The rate it exceeds.
+        rate: Rate,
+    },
+}
+
+fn parse_rate(input: &str) -> Result<Rate, PolicyError> {
+    let text = input.trim();
+    let invalid = |reason: &str| PolicyError::Invalid {
+        input: text.to_owned(),
+        reason: reason.to_owned(),
+    };
+    if text.is_empty() {
+        return Err(invalid("empty rate (a stray comma?); write rates as \"10/s\""));
+    }
+    let (max, per) = text
+        .split_once('/')
+        .ok_or_else(|| invalid("expected <max>/<window>, such as \"10/s\" or \"100/15m\""))?;
+    let max = max.trim();
+    if max.is_empty() || !max.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(invalid("the max must be a whole number, such as \"10/s\""));
+    }
+    let max: u64 = max.parse().map_err(|_| invalid("the max is too large"))?;
+    let per = per.trim();
+    let digits = per.bytes().take_while(u8::is_ascii_digit).count();
+    let (count, unit) = per.split_at(digits);
+    let count: u64 = if count.is_empty() {
+        1
+    } else {
+        count
+            .parse()
+            .map_err(|_| invalid("the window count is too large"))?
+    };
+    let unit = unit.trim();
+    let unit_micros: u64 = match unit {
+        "ms" => 1_000,
+        "s" => 1_000_000,
+        "m" | "min" => 60_000_000,
+        "h" => 3_600_000_000,
+        "d" => 86_400_000_000,
+        "" => return Err(invalid("the window needs a unit: ms, s, m (or min), h or d")),
+        other => {
+            return Err(PolicyError::UnknownUnit {
+                unit: other.to_owned(),
+                input: text.to_owned(),
+            });
+        }
+    };
+    if count == 0 {
+        return Err(PolicyError::ZeroWindow {
+            rate: text.to_owned(),
+        });
+    }
+    let micros = count
+        .checked_mul(unit_micros)
+        .ok_or_else(|| invalid("the window is too long"))?;
+    if max == 0 {
+        return Err(PolicyError::ZeroMax {
+            rate: text.to_owned(),
+        });
+    }
+    Rate::new(max, Duration::from_micros(micros))
+}
+
+/// `1s` → `"s"`, `15 min` → `"15m"`, `1500ms` → `"1500ms"`.
+fn format_window(window: Duration) -> String {
+    const UNITS: [(u128, &str); 5] = [
+        (86_400_000_000, "d"),
+        (3_600_000_000, "h"),
+        (60_000_000, "min"),
+        (1_000_000, "s"),
+        (1_000, "ms"),
+    ];
+    let micros = window.as_micros();
+    for (size, name) in UNITS {
+        if micros >= size && micros % size == 0 {
+            let n = micros / size;
+            return if n == 1 {
+                name.to_owned()
+            } else if name == "min" {
+                format!("{n}m")
+            } else {
+                format!("{n}{name}")
+            };
+        }
+    }
+    format!("{micros}us")
+}
+
+pub(crate) fn duration_micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    #[test]
+    fn parses_the_documented_forms() {
+        let p: Policy = "3/s, 20/min, 100/15m".parse().unwrap();
+        let got: Vec<(u64, Duration)> = p.rates().iter().map(|r| (r.max(), r.window())).collect();
+        assert_eq!(got, vec![(3, secs(1)), (20, secs(60)), (100, secs(900))]);
+        let p: Policy = " 5/10s ,1/250ms, 7/2h,9/d , 4/m".parse().unwrap();
+        let got: Vec<(u64, Duration)> = p.rates().iter().map(|r| (r.max(), r.window())).collect();
+        assert_eq!(
+            got,
+            vec![
+                (1, Duration::from_millis(250)),
+                (5, secs(10)),
+                (4, secs(60)),
+                (7, secs(7200)),
+                (9, secs(86_400)),
+            ]
+        );
+    }
+
+    #[test]
+    fn display_round_trips() {
+        for text in ["3/s, 20/min, 100/15m", "1/250ms", "5/10s", "7/2h, 9/d"] {
+            let p: Policy = text.parse().unwrap();
+            assert_eq!(p.to_string().parse::<Policy>().unwrap(), p, "{text}");
+        }
+        assert_eq!("100/15m".parse::<Rate>().unwrap().to_string(), "100/15m");
+        assert_eq!("1/1500ms".parse::<Rate>().unwrap().to_string(), "1/1500ms");
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        let msg = |s: &str| s.parse::<Policy>().unwrap_err().to_string();
+        assert!(msg("0/s").contains("max must be at least 1"), "{}", msg("0/s"));
+        assert!(msg("3/0s").contains("longer than zero"), "{}", msg("3/0s"));
+        assert!(msg("3/s, 5/1s").contains("same window"), "{}", msg("3/s, 5/1s"));
+        assert!(msg("3/fortnight").contains("unknown time unit \"fortnight\""));
+        assert!(msg("hello").contains("expected <max>/<window>"));
+        assert!(msg("").contains("at least one rate"));
+        assert!(msg("3/s,").contains("stray comma"));
+        assert!(msg("-3/s").contains("whole number"));
+        assert!(msg("3/").contains("needs a unit"));
+        assert!(msg("3/99999999999999d").contains("too long") || msg("3/99999999999999d").contains("out of range"));
+        assert!(msg("99999999999999999999999/s").contains("too large"));
+        assert!(msg("1/20000d").contains("out of range"));
+    }
+
+    #[test]
+    fn cost_is_validated_against_every_rate() {
+        let p: Policy = "3/s, 20/min".parse().unwrap();
+        assert_eq!(p.clone().with_cost(0).unwrap_err(), PolicyError::ZeroCost);
+        let err = p.clone().with_cost(4).unwrap_err();
+        assert!(err.to_string().contains("cost 4 is above the max of rate 3/s"), "{err}");
+        assert_eq!(p.with_cost(3).unwrap().cost(), 3);
+    }
+
+    #[test]
+    fn sub_millisecond_windows_are_rejected() {
+        let err = Rate::new(1, Duration::from_micros(10)).unwrap_err();
+        assert!(matches!(err, PolicyError::WindowOutOfRange { .. }));
+    }
+
+    #[test]
+    fn execution_parses() {
+        assert_eq!("script".parse::<Execution>().unwrap(), Execution::Script);
+        assert_eq!("Transaction".parse::<Execution>().unwrap(), Execution::Transaction);
+        assert!("both".parse::<Execution>().is_err());
+    }
+}

@@ -1,0 +1,116 @@
+//! This process's clock corrected to Redis's clock (`TIME`), so app servers
+//! whose clocks disagree still stamp sliding-log entries on one time line.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionLike;
+
+use crate::clock::Clock;
+use crate::policy::duration_micros;
+use crate::store::StoreError;
+
+/// Samples taken when the offset is first measured; the one with the
+/// shortest round trip wins.
+const INITIAL_SAMPLES: usize = 3;
+
+pub(super) struct ClockSync {
+    local: Arc<dyn Clock>,
+    refresh: Duration,
+    sample: Mutex<Option<Sample>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    /// Redis time minus local time, µs.
+    offset: i64,
+    /// Round trip of the measurement, µs: the offset is good to half of it.
+    rtt: u64,
+    taken: Instant,
+}
+
+impl std::fmt::Debug for ClockSync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClockSync")
+            .field("local", &self.local)
+            .field("refresh", &self.refresh)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClockSync {
+    pub(super) fn new(local: Arc<dyn Clock>, refresh: Duration) -> Self {
+        Self {
+            local,
+            refresh,
+            sample: Mutex::new(None),
+        }
+    }
+
+    pub(super) fn local(&self) -> Arc<dyn Clock> {
+        Arc::clone(&self.local)
+    }
+
+    pub(super) fn refresh(&self) -> Duration {
+        self.refresh
+    }
+
+    /// Local time, µs.
+    pub(super) fn local_micros(&self) -> u64 {
+        duration_micros(self.local.now())
+    }
+
+    /// Redis time now, µs, and whether the offset should be measured again;
+    /// `None` before the first measurement.
+    pub(super) fn now(&self) -> Option<(u64, bool)> {
+        let sample = (*self.sample.lock().unwrap_or_else(PoisonError::into_inner))?;
+        let now = self.local_micros().saturating_add_signed(sample.offset);
+        Some((now, sample.taken.elapsed() >= self.refresh))
+    }
+
+    /// Record a `TIME` reply (`redis`, µs) read between local times `sent`
+    /// and `received`.
+    pub(super) fn record(&self, sent: u64, received: u64, redis: u64) {
+        let rtt = received.saturating_sub(sent);
+        let midpoint = sent + rtt / 2;
+        let offset = i64::try_from(redis).unwrap_or(i64::MAX) - i64::try_from(midpoint).unwrap_or(i64::MAX);
+        let candidate = Sample {
+            offset,
+            rtt,
+            taken: Instant::now(),
+        };
+        let mut slot = self.sample.lock().unwrap_or_else(PoisonError::into_inner);
+        let accept = match *slot {
+            None => true,
+            // A sample taken under load (a long round trip) is less precise:
+            // keep the old one unless it is getting stale.
+            Some(old) => {
+                rtt <= old.rtt.saturating_mul(2).max(1_000)
+                    || old.taken.elapsed() >= self.refresh.saturating_mul(10)
+            }
+        };
+        if accept {
+            *slot = Some(candidate);
+        }
+    }
+
+    /// Measure the offset with a few `TIME` round trips.
+    pub(super) async fn measure<C: ConnectionLike>(&self, conn: &mut C) -> Result<(), StoreError> {
+        let mut best: Option<(u64, u64, u64)> = None;
+        for _ in 0..INITIAL_SAMPLES {
+            let sent = self.local_micros();
+            let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
+            let received = self.local_micros();
+            let redis = secs.saturating_mul(1_000_000).saturating_add(micros);
+            if best.is_none_or(|(s, r, _)| received - sent < r - s) {
+                best = Some((sent, received, redis));
+            }
+        }
+        if let Some((sent, received, redis)) = best {
+            // Replace whatever was there: this is a deliberate measurement.
+            *self.sample.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            self.record(sent, received, redis);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,295 @@
+//! [`RedisStore`]: limits shared by every process through Redis.
+
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bb8_redis::RedisConnectionManager;
+use bb8_redis::bb8::{self, Pool, PooledConnection, RunError};
+use redis::Value;
+
+use crate::clock::{Clock, SystemClock};
+use crate::decision::Decision;
+use crate::policy::{Execution, Policy};
+use crate::store::{Store, StoreError};
+
+mod clock_sync;
+mod sliding_log;
+
+pub use sliding_log::SLIDING_LOG_SCRIPT;
+
+use clock_sync::ClockSync;
+
+/// The default bound on every Redis call (pool checkout included).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
+/// The default key prefix.
+pub const DEFAULT_PREFIX: &str = "rl";
+/// The default number of connections [`RedisStore::connect`] opens at most.
+pub const DEFAULT_POOL_SIZE: u32 = 16;
+/// How often the offset between this process's clock and Redis's is measured
+/// again (transaction execution).
+pub const DEFAULT_CLOCK_REFRESH: Duration = Duration::from_secs(30);
+/// Keys longer than this many bytes are stored under their hash.
+pub const MAX_RAW_KEY_LEN: usize = 128;
+
+/// Rate limits kept in Redis, shared by every process that uses the same
+/// Redis and key prefix.
+///
+/// Keys are laid out as `{prefix}:{algorithm}:{{key}}`, e.g.
+/// `rl:log:{203.0.113.9}`: the braces are a cluster hash tag, so every Redis
+/// key of one limited key lands in one slot. A key longer than
+/// [`MAX_RAW_KEY_LEN`] bytes, or holding `{`, `}` or a leading `#`, is stored
+/// as `#` and its SHA-1 instead, so a client-chosen key cannot break the
+/// layout. Every Redis key expires on its own once its longest window has
+/// passed.
+///
+/// Every call (pool checkout and commands together) is bounded by a timeout
+/// ([`DEFAULT_TIMEOUT`]); on expiry the check fails with
+/// [`StoreError::Timeout`] and the layer applies its
+/// [`FailMode`](crate::FailMode).
+///
+/// ```no_run
+/// use tower_redis_ratelimit::RedisStore;
+///
+/// # async fn run() -> Result<(), tower_redis_ratelimit::StoreError> {
+/// let store = RedisStore::connect("redis://127.0.0.1:6379").await?
+///     .with_prefix("myapp:rl")
+///     .with_timeout(std::time::Duration::from_millis(100));
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    pool: Pool<RedisConnectionManager>,
+    prefix: Arc<str>,
+    timeout: Duration,
+    clock: Arc<ClockSync>,
+    ids: Arc<RequestIds>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .field("pool", &self.pool.state())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Connect to the Redis at `url` (`redis://[user:password@]host:port[/db]`,
+    /// or `rediss://` with TLS support enabled in redis-rs) through a bb8
+    /// pool of at most [`DEFAULT_POOL_SIZE`] connections, and check that it
+    /// answers.
+    ///
+    /// # Errors
+    /// A malformed URL, or a Redis that does not answer `PING` within the
+    /// timeout.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let manager = RedisConnectionManager::new(url)?;
+        let pool = bb8::Pool::builder()
+            .max_size(DEFAULT_POOL_SIZE)
+            .connection_timeout(DEFAULT_TIMEOUT)
+            .build_unchecked(manager);
+        let store = Self::from_pool(pool);
+        store.ping().await?;
+        Ok(store)
+    }
+
+    /// Use a pool you already have. Nothing is sent until the first check.
+    pub fn from_pool(pool: Pool<RedisConnectionManager>) -> Self {
+        Self {
+            pool,
+            prefix: Arc::from(DEFAULT_PREFIX),
+            timeout: DEFAULT_TIMEOUT,
+            clock: Arc::new(ClockSync::new(
+                Arc::new(SystemClock::new()),
+                DEFAULT_CLOCK_REFRESH,
+            )),
+            ids: Arc::new(RequestIds::new()),
+        }
+    }
+
+    /// Prefix every Redis key with `prefix` (default `rl`).
+    #[must_use]
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = Arc::from(prefix.into());
+        self
+    }
+
+    /// Bound every call (pool checkout and commands) by `timeout`.
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Read local time from `clock` (the transaction execution corrects it to
+    /// Redis's clock). For tests of clock skew.
+    #[must_use]
+    pub fn with_clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(ClockSync::new(Arc::new(clock), self.clock.refresh()));
+        self
+    }
+
+    /// Measure the offset to Redis's clock again this often (default
+    /// [`DEFAULT_CLOCK_REFRESH`]).
+    #[must_use]
+    pub fn with_clock_refresh(mut self, every: Duration) -> Self {
+        self.clock = Arc::new(ClockSync::new(self.clock.local(), every));
+        self
+    }
+
+    /// The pool behind the store.
+    pub fn pool(&self) -> &Pool<RedisConnectionManager> {
+        &self.pool
+    }
+
+    /// The Redis key that holds the state of `key` for `algorithm`
+    /// (`"log"` for the sliding log).
+    pub fn redis_key(&self, algorithm: &str, key: &str) -> String {
+        redis_key(&self.prefix, algorithm, key)
+    }
+
+    /// Send `PING` and wait for the answer, within the timeout.
+    ///
+    /// # Errors
+    /// Redis unreachable, or no answer within the timeout.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.with_timeout_do(async {
+            let mut conn = self.conn().await?;
+            redis::cmd("PING")
+                .query_async::<()>(&mut *conn)
+                .await
+                .map_err(StoreError::from)
+        })
+        .await
+    }
+
+    async fn conn(&self) -> Result<PooledConnection<'_, RedisConnectionManager>, StoreError> {
+        self.pool.get().await.map_err(|e| match e {
+            RunError::User(e) => StoreError::Redis(e),
+            RunError::TimedOut => StoreError::Timeout(self.timeout),
+        })
+    }
+
+    async fn with_timeout_do<T>(
+        &self,
+        work: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.timeout, work)
+            .await
+            .unwrap_or(Err(StoreError::Timeout(self.timeout)))
+    }
+}
+
+impl Store for RedisStore {
+    async fn check(&self, key: &str, policy: &Policy) -> Result<Decision, StoreError> {
+        let redis_key = self.redis_key("log", key);
+        self.with_timeout_do(async {
+            let mut conn = self.conn().await?;
+            match policy.execution() {
+                Execution::Script => {
+                    sliding_log::script(&mut *conn, &redis_key, policy, &self.ids.next()).await
+                }
+                Execution::Transaction => {
+                    sliding_log::transaction(
+                        &mut *conn,
+                        &redis_key,
+                        policy,
+                        &self.ids.next(),
+                        &self.clock,
+                    )
+                    .await
+                }
+            }
+        })
+        .await
+    }
+}
+
+/// `{prefix}:{algorithm}:{key}` with `key` in a hash tag, hashed when needed.
+pub(crate) fn redis_key(prefix: &str, algorithm: &str, key: &str) -> String {
+    let needs_hash = key.len() > MAX_RAW_KEY_LEN
+        || key.starts_with('#')
+        || key.bytes().any(|b| b == b'{' || b == b'}');
+    if needs_hash {
+        let digest = sha1_smol::Sha1::from(key.as_bytes()).digest().to_string();
+        format!("{prefix}:{algorithm}:{{#{digest}}}")
+    } else {
+        format!("{prefix}:{algorithm}:{{{key}}}")
+    }
+}
+
+/// Request ids unique across processes: a random per-store part and a counter.
+#[derive(Debug)]
+struct RequestIds {
+    base: u64,
+    next: AtomicU64,
+}
+
+impl RequestIds {
+    fn new() -> Self {
+        let base = RandomState::new().hash_one((std::process::id(), SystemClock::new().now()));
+        Self {
+            base,
+            next: AtomicU64::new(0),
+        }
+    }
+
+    fn next(&self) -> String {
+        format!("{:016x}{:x}", self.base, self.next.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// Read an integer from a reply that may be an integer or a numeric string.
+pub(crate) fn int_reply(value: &Value, what: &str) -> Result<i64, StoreError> {
+    let parsed = match value {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok().and_then(parse_num),
+        Value::SimpleString(s) => parse_num(s),
+        Value::Double(d) if d.is_finite() => Some(*d as i64),
+        _ => None,
+    };
+    parsed.ok_or_else(|| StoreError::UnexpectedReply(format!("{what}: expected a number, got {value:?}")))
+}
+
+fn parse_num(s: &str) -> Option<i64> {
+    s.parse::<i64>()
+        .ok()
+        .or_else(|| s.parse::<f64>().ok().filter(|f| f.is_finite()).map(|f| f as i64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_hash_tagged_and_hashed_when_unsafe() {
+        assert_eq!(redis_key("rl", "log", "203.0.113.9"), "rl:log:{203.0.113.9}");
+        let braces = redis_key("rl", "log", "a{b}c");
+        assert!(braces.starts_with("rl:log:{#") && braces.ends_with('}'), "{braces}");
+        assert_eq!(braces.matches('{').count(), 1);
+        let long = "x".repeat(MAX_RAW_KEY_LEN + 1);
+        assert_eq!(redis_key("rl", "log", &long).len(), "rl:log:{#}".len() + 40);
+        assert_ne!(redis_key("rl", "log", "#abc"), "rl:log:{#abc}");
+        // Stable across processes: a fixed hash, not a seeded one.
+        assert_eq!(redis_key("rl", "log", "{"), redis_key("rl", "log", "{"));
+        assert_eq!(
+            redis_key("p", "log", "{"),
+            format!("p:log:{{#{}}}", sha1_smol::Sha1::from("{").digest().to_string())
+        );
+    }
+
+    #[test]
+    fn request_ids_are_unique() {
+        let a = RequestIds::new();
+        let b = RequestIds::new();
+        let ids: std::collections::HashSet<String> =
+            (0..1000).flat_map(|_| [a.next(), b.next()]).collect();
+        assert_eq!(ids.len(), 2000);
+    }
+}

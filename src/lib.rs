@@ -1,14 +1,24 @@
 #![doc = include_str!("../README.md")]
-#![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod body;
 pub mod clock;
 pub mod decision;
+pub mod future;
+pub mod key;
+pub mod layer;
 pub mod policy;
+pub mod response;
+pub mod service;
 pub mod store;
 
+pub use body::ResponseBody;
 pub use clock::{Clock, ManualClock, SkewedClock, SystemClock};
 pub use decision::Decision;
+pub use future::ResponseFuture;
+pub use key::KeyExtractor;
+pub use layer::{FailMode, RateLimitLayer};
 pub use policy::{Execution, Policy, PolicyError, Rate};
+pub use service::RateLimit;
 pub use store::memory::MemoryStore;
 pub use store::redis::RedisStore;
 pub use store::{Store, StoreError};

@@ -351,7 +351,9 @@ fn parse_rate(input: &str) -> Result<Rate, PolicyError> {
         reason: reason.to_owned(),
     };
     if text.is_empty() {
-        return Err(invalid("empty rate (a stray comma?); write rates as \"10/s\""));
+        return Err(invalid(
+            "empty rate (a stray comma?); write rates as \"10/s\"",
+        ));
     }
     let (max, per) = text
         .split_once('/')
@@ -378,7 +380,11 @@ fn parse_rate(input: &str) -> Result<Rate, PolicyError> {
         "m" | "min" => 60_000_000,
         "h" => 3_600_000_000,
         "d" => 86_400_000_000,
-        "" => return Err(invalid("the window needs a unit: ms, s, m (or min), h or d")),
+        "" => {
+            return Err(invalid(
+                "the window needs a unit: ms, s, m (or min), h or d",
+            ));
+        }
         other => {
             return Err(PolicyError::UnknownUnit {
                 unit: other.to_owned(),
@@ -471,16 +477,27 @@ mod tests {
     #[test]
     fn errors_name_the_problem() {
         let msg = |s: &str| s.parse::<Policy>().unwrap_err().to_string();
-        assert!(msg("0/s").contains("max must be at least 1"), "{}", msg("0/s"));
+        assert!(
+            msg("0/s").contains("max must be at least 1"),
+            "{}",
+            msg("0/s")
+        );
         assert!(msg("3/0s").contains("longer than zero"), "{}", msg("3/0s"));
-        assert!(msg("3/s, 5/1s").contains("same window"), "{}", msg("3/s, 5/1s"));
+        assert!(
+            msg("3/s, 5/1s").contains("same window"),
+            "{}",
+            msg("3/s, 5/1s")
+        );
         assert!(msg("3/fortnight").contains("unknown time unit \"fortnight\""));
         assert!(msg("hello").contains("expected <max>/<window>"));
         assert!(msg("").contains("at least one rate"));
         assert!(msg("3/s,").contains("stray comma"));
         assert!(msg("-3/s").contains("whole number"));
         assert!(msg("3/").contains("needs a unit"));
-        assert!(msg("3/99999999999999d").contains("too long") || msg("3/99999999999999d").contains("out of range"));
+        assert!(
+            msg("3/99999999999999d").contains("too long")
+                || msg("3/99999999999999d").contains("out of range")
+        );
         assert!(msg("99999999999999999999999/s").contains("too large"));
         assert!(msg("1/20000d").contains("out of range"));
     }
@@ -490,7 +507,11 @@ mod tests {
         let p: Policy = "3/s, 20/min".parse().unwrap();
         assert_eq!(p.clone().with_cost(0).unwrap_err(), PolicyError::ZeroCost);
         let err = p.clone().with_cost(4).unwrap_err();
-        assert!(err.to_string().contains("cost 4 is above the max of rate 3/s"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("cost 4 is above the max of rate 3/s"),
+            "{err}"
+        );
         assert_eq!(p.with_cost(3).unwrap().cost(), 3);
     }
 
@@ -503,7 +524,10 @@ mod tests {
     #[test]
     fn execution_parses() {
         assert_eq!("script".parse::<Execution>().unwrap(), Execution::Script);
-        assert_eq!("Transaction".parse::<Execution>().unwrap(), Execution::Transaction);
+        assert_eq!(
+            "Transaction".parse::<Execution>().unwrap(),
+            Execution::Transaction
+        );
         assert!("both".parse::<Execution>().is_err());
     }
 }

@@ -3,7 +3,8 @@
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
@@ -12,8 +13,9 @@ use crate::policy::{Policy, duration_micros};
 use crate::store::{Store, StoreError};
 
 const SHARDS: usize = 16;
-/// How many operations on one shard between two sweeps of its idle keys.
-const SWEEP_EVERY: u64 = 4096;
+/// Every this many operations, one shard (in turn) drops its idle keys: each
+/// shard is swept every `SWEEP_STRIDE * SHARDS` operations.
+const SWEEP_STRIDE: u64 = 1024;
 /// How many keys are looked at to pick one to evict when the store is full.
 const EVICTION_SAMPLE: usize = 8;
 
@@ -57,12 +59,13 @@ struct Inner {
     hasher: RandomState,
     shards: Box<[Mutex<Shard>]>,
     max_keys_per_shard: usize,
+    ops: AtomicU64,
 }
 
 #[derive(Debug, Default)]
 struct Shard {
     keys: HashMap<Box<str>, Log>,
-    ops_since_sweep: u64,
+    inserts_since_sweep: u64,
 }
 
 #[derive(Debug, Default)]
@@ -99,6 +102,7 @@ impl MemoryStore {
                 hasher: RandomState::new(),
                 shards,
                 max_keys_per_shard: max_keys.div_ceil(SHARDS).max(1),
+                ops: AtomicU64::new(0),
             }),
         }
     }
@@ -120,14 +124,14 @@ impl MemoryStore {
     /// Take the decision synchronously (the [`Store`] impl calls this).
     pub fn check_now(&self, key: &str, policy: &Policy) -> Decision {
         let now = duration_micros(self.inner.clock.now());
+        let op = self.inner.ops.fetch_add(1, Ordering::Relaxed);
+        if op % SWEEP_STRIDE == SWEEP_STRIDE - 1 {
+            self.sweep_one((op / SWEEP_STRIDE) as usize % SHARDS, now);
+        }
         let index = (self.inner.hasher.hash_one(key) as usize) % SHARDS;
         let mut shard = self.inner.shards[index]
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        shard.ops_since_sweep += 1;
-        if shard.ops_since_sweep >= SWEEP_EVERY {
-            shard.sweep(now);
-        }
         let horizon = duration_micros(policy.longest_window());
         if let Some(log) = shard.keys.get_mut(key) {
             log.horizon = log.horizon.max(horizon);
@@ -143,8 +147,19 @@ impl MemoryStore {
         let decision = check_log(&mut log.entries, now, policy);
         if !log.entries.is_empty() {
             shard.keys.insert(key.into(), log);
+            shard.inserts_since_sweep += 1;
         }
         decision
+    }
+
+    /// Sweep one shard, unless another thread holds it (it will be swept on
+    /// a later turn).
+    fn sweep_one(&self, index: usize, now: u64) {
+        match self.inner.shards[index].try_lock() {
+            Ok(mut shard) => shard.sweep(now),
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner().sweep(now),
+            Err(TryLockError::WouldBlock) => {}
+        }
     }
 }
 
@@ -163,7 +178,7 @@ impl Store for MemoryStore {
 impl Shard {
     /// Drop every key whose entries have all left its longest window.
     fn sweep(&mut self, now: u64) {
-        self.ops_since_sweep = 0;
+        self.inserts_since_sweep = 0;
         self.keys.retain(|_, log| {
             log.entries
                 .back()
@@ -173,9 +188,9 @@ impl Shard {
 
     /// Make room for one more key.
     fn make_room(&mut self, now: u64, max: usize) {
-        // A full sweep is O(keys): do one only if the last was a while ago,
-        // so a flood of new keys costs O(1) per key.
-        if self.ops_since_sweep >= (max as u64 / 2).max(1) {
+        // A full sweep is O(keys): do one only if many keys came since the
+        // last, so a flood of new keys costs O(1) per key.
+        if self.inserts_since_sweep >= (max as u64 / 2).max(1) {
             self.sweep(now);
         }
         while self.keys.len() >= max {
@@ -300,7 +315,7 @@ mod tests {
         assert!(store.len() >= 150, "{}", store.len());
         // Every key goes idle; enough operations later they are gone.
         clock.advance(Duration::from_secs(2));
-        for _ in 0..SWEEP_EVERY {
+        for _ in 0..SWEEP_STRIDE * SHARDS as u64 {
             store.check_now("busy", &policy);
         }
         assert!(store.len() <= 16, "{}", store.len());

@@ -73,7 +73,8 @@ impl ClockSync {
     pub(super) fn record(&self, sent: u64, received: u64, redis: u64) {
         let rtt = received.saturating_sub(sent);
         let midpoint = sent + rtt / 2;
-        let offset = i64::try_from(redis).unwrap_or(i64::MAX) - i64::try_from(midpoint).unwrap_or(i64::MAX);
+        let offset =
+            i64::try_from(redis).unwrap_or(i64::MAX) - i64::try_from(midpoint).unwrap_or(i64::MAX);
         let candidate = Sample {
             offset,
             rtt,

@@ -241,7 +241,11 @@ impl RequestIds {
     }
 
     fn next(&self) -> String {
-        format!("{:016x}{:x}", self.base, self.next.fetch_add(1, Ordering::Relaxed))
+        format!(
+            "{:016x}{:x}",
+            self.base,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        )
     }
 }
 
@@ -254,13 +258,18 @@ pub(crate) fn int_reply(value: &Value, what: &str) -> Result<i64, StoreError> {
         Value::Double(d) if d.is_finite() => Some(*d as i64),
         _ => None,
     };
-    parsed.ok_or_else(|| StoreError::UnexpectedReply(format!("{what}: expected a number, got {value:?}")))
+    parsed.ok_or_else(|| {
+        StoreError::UnexpectedReply(format!("{what}: expected a number, got {value:?}"))
+    })
 }
 
 fn parse_num(s: &str) -> Option<i64> {
-    s.parse::<i64>()
-        .ok()
-        .or_else(|| s.parse::<f64>().ok().filter(|f| f.is_finite()).map(|f| f as i64))
+    s.parse::<i64>().ok().or_else(|| {
+        s.parse::<f64>()
+            .ok()
+            .filter(|f| f.is_finite())
+            .map(|f| f as i64)
+    })
 }
 
 #[cfg(test)]
@@ -269,9 +278,15 @@ mod tests {
 
     #[test]
     fn keys_are_hash_tagged_and_hashed_when_unsafe() {
-        assert_eq!(redis_key("rl", "log", "203.0.113.9"), "rl:log:{203.0.113.9}");
+        assert_eq!(
+            redis_key("rl", "log", "203.0.113.9"),
+            "rl:log:{203.0.113.9}"
+        );
         let braces = redis_key("rl", "log", "a{b}c");
-        assert!(braces.starts_with("rl:log:{#") && braces.ends_with('}'), "{braces}");
+        assert!(
+            braces.starts_with("rl:log:{#") && braces.ends_with('}'),
+            "{braces}"
+        );
         assert_eq!(braces.matches('{').count(), 1);
         let long = "x".repeat(MAX_RAW_KEY_LEN + 1);
         assert_eq!(redis_key("rl", "log", &long).len(), "rl:log:{#}".len() + 40);
@@ -280,7 +295,7 @@ mod tests {
         assert_eq!(redis_key("rl", "log", "{"), redis_key("rl", "log", "{"));
         assert_eq!(
             redis_key("p", "log", "{"),
-            format!("p:log:{{#{}}}", sha1_smol::Sha1::from("{").digest().to_string())
+            format!("p:log:{{#{}}}", sha1_smol::Sha1::from("{").digest())
         );
     }
 

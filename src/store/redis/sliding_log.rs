@@ -114,7 +114,11 @@ pub(super) async fn transaction<C: ConnectionLike>(
     }
     // The newest entries, ours among them: the newest other one gives the
     // spacing and the reset of a denied request.
-    pipe.cmd("ZREVRANGE").arg(key).arg(0).arg(cost).arg("WITHSCORES");
+    pipe.cmd("ZREVRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(cost)
+        .arg("WITHSCORES");
     pipe.cmd("PEXPIRE")
         .arg(key)
         .arg(longest.div_ceil(1_000))
@@ -136,7 +140,11 @@ pub(super) async fn transaction<C: ConnectionLike>(
     }
     if refresh {
         let (secs, us) = time_reply(&reply[want - 1])?;
-        clock.record(sent, received, secs.saturating_mul(1_000_000).saturating_add(us));
+        clock.record(
+            sent,
+            received,
+            secs.saturating_mul(1_000_000).saturating_add(us),
+        );
     }
     let newest_other = scored_entries(&reply[2 * n])?
         .into_iter()
@@ -227,7 +235,9 @@ fn scored_entries(value: &Value) -> Result<Vec<(Vec<u8>, u64)>, StoreError> {
     let mut out = Vec::with_capacity(items.len() / 2);
     let mut push = |member: &Value, score: &Value| -> Result<(), StoreError> {
         let Value::BulkString(member) = member else {
-            return Err(StoreError::UnexpectedReply(format!("expected a member, got {member:?}")));
+            return Err(StoreError::UnexpectedReply(format!(
+                "expected a member, got {member:?}"
+            )));
         };
         let score = u64::try_from(int_reply(score, "score")?).unwrap_or(0);
         out.push((member.clone(), score));

@@ -1,0 +1,77 @@
+//! [`ResponseBody`]: the inner service's body, or the short body of a
+//! response the layer wrote itself.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+
+pin_project! {
+    /// The body of every response of [`RateLimit`](crate::RateLimit).
+    #[derive(Debug)]
+    pub struct ResponseBody<B> {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    #[derive(Debug)]
+    enum Kind<B> {
+        Inner { #[pin] body: B },
+        Full { data: Option<Bytes> },
+    }
+}
+
+impl<B> ResponseBody<B> {
+    pub(crate) fn inner(body: B) -> Self {
+        Self {
+            kind: Kind::Inner { body },
+        }
+    }
+
+    pub(crate) fn full(data: Bytes) -> Self {
+        Self {
+            kind: Kind::Full {
+                data: (!data.is_empty()).then_some(data),
+            },
+        }
+    }
+}
+
+impl<B> Body for ResponseBody<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        match self.project().kind.project() {
+            KindProj::Inner { body } => body.poll_frame(cx),
+            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Full { data } => data.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Inner { body } => body.size_hint(),
+            Kind::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+        }
+    }
+}

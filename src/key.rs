@@ -1,0 +1,415 @@
+//! Which key a request is counted under: any closure, or a ready extractor.
+//!
+//! A closure `Fn(&Request<B>) -> Option<K>` (with `K: Display`) is an
+//! extractor. `None` lets the request through without limiting it (health
+//! checks, internal callers).
+//!
+//! ```
+//! use http::Request;
+//! use tower_redis_ratelimit::key::{self, KeyExtractor};
+//!
+//! // Limit per API key, and do not limit the health check.
+//! let by_api_key = |req: &Request<()>| {
+//!     if req.uri().path() == "/health" {
+//!         return None;
+//!     }
+//!     req.headers().get("x-api-key")?.to_str().ok().map(str::to_owned)
+//! };
+//! let req = Request::get("/items").header("x-api-key", "k-123").body(()).unwrap();
+//! assert_eq!(by_api_key.extract(&req).unwrap().as_deref(), Some("k-123"));
+//!
+//! // The client's IP and the path, as in "127.0.0.1+/login".
+//! let _per_ip_and_path = key::peer_ip().and(key::path());
+//! ```
+
+use std::fmt::{self, Display};
+use std::net::{IpAddr, SocketAddr};
+
+use http::Request;
+use http::header::HeaderName;
+
+/// Picks the key of a request.
+pub trait KeyExtractor<B>: Send + Sync + 'static {
+    /// The key of `request`; `Ok(None)` lets it through unlimited.
+    ///
+    /// # Errors
+    /// The extractor cannot work with this server's set-up (for instance,
+    /// the peer address is not recorded); the layer answers 500 rather than
+    /// silently not limiting.
+    fn extract(&self, request: &Request<B>) -> Result<Option<String>, KeyError>;
+}
+
+impl<B, F, K> KeyExtractor<B> for F
+where
+    F: Fn(&Request<B>) -> Option<K> + Send + Sync + 'static,
+    K: Display,
+{
+    fn extract(&self, request: &Request<B>) -> Result<Option<String>, KeyError> {
+        Ok(self(request).map(|k| k.to_string()))
+    }
+}
+
+/// An extractor that cannot work with this server's set-up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{problem}: {fix}")]
+pub struct KeyError {
+    problem: &'static str,
+    fix: &'static str,
+}
+
+impl KeyError {
+    /// An error saying what is wrong and how to fix it.
+    pub fn new(problem: &'static str, fix: &'static str) -> Self {
+        Self { problem, fix }
+    }
+}
+
+/// The IP address of the connecting peer.
+///
+/// Read from axum's `ConnectInfo<SocketAddr>` (serve the router with
+/// `into_make_service_with_connect_info::<SocketAddr>()`) or from a plain
+/// `SocketAddr` request extension (for hyper servers that insert one).
+/// IPv4-mapped IPv6 addresses count as their IPv4 address. Headers are never
+/// read, so a client cannot choose its key.
+///
+/// Without the peer address the layer answers 500 with a message saying how
+/// to fix the set-up; it does not let requests through unlimited.
+pub fn peer_ip() -> PeerIp {
+    PeerIp { _priv: () }
+}
+
+/// See [`peer_ip`].
+#[derive(Debug, Clone, Copy)]
+pub struct PeerIp {
+    _priv: (),
+}
+
+impl PeerIp {
+    fn addr<B>(request: &Request<B>) -> Option<SocketAddr> {
+        #[cfg(feature = "axum")]
+        if let Some(info) = request
+            .extensions()
+            .get::<axum::extract::ConnectInfo<SocketAddr>>()
+        {
+            return Some(info.0);
+        }
+        request.extensions().get::<SocketAddr>().copied()
+    }
+}
+
+impl<B> KeyExtractor<B> for PeerIp {
+    fn extract(&self, request: &Request<B>) -> Result<Option<String>, KeyError> {
+        match Self::addr(request) {
+            Some(addr) => Ok(Some(canonical_ip(addr.ip()).to_string())),
+            None => Err(KeyError::new(
+                "key::peer_ip() found no peer address in the request",
+                "serve the axum Router with `into_make_service_with_connect_info::<SocketAddr>()` \
+                 (or insert the peer's SocketAddr as a request extension)",
+            )),
+        }
+    }
+}
+
+fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// The value of a request header, for clients that identify themselves (an
+/// API key, a tenant id).
+///
+/// A request without the header is **not limited** (the extractor returns
+/// `None`); to limit such requests by address instead, write
+/// `key::header("x-api-key").or(key::peer_ip())`. A value that is not
+/// visible ASCII is used as its hex bytes.
+///
+/// # Panics
+/// If `name` is not a valid header name: this runs at start-up, with a
+/// name from the program, never from a request.
+pub fn header(name: &str) -> Header {
+    match Header::new(name) {
+        Ok(header) => header,
+        Err(_) => panic!("key::header({name:?}): not a valid HTTP header name"),
+    }
+}
+
+/// See [`header`].
+#[derive(Debug, Clone)]
+pub struct Header {
+    name: HeaderName,
+}
+
+impl Header {
+    /// The extractor of header `name`, for names read from configuration.
+    ///
+    /// # Errors
+    /// `name` is not a valid HTTP header name.
+    pub fn new(name: &str) -> Result<Self, http::header::InvalidHeaderName> {
+        Ok(Self {
+            name: HeaderName::try_from(name)?,
+        })
+    }
+
+    /// The header read.
+    pub fn name(&self) -> &HeaderName {
+        &self.name
+    }
+}
+
+impl<B> KeyExtractor<B> for Header {
+    fn extract(&self, request: &Request<B>) -> Result<Option<String>, KeyError> {
+        let Some(value) = request.headers().get(&self.name) else {
+            return Ok(None);
+        };
+        Ok(Some(match value.to_str() {
+            Ok(text) => text.to_owned(),
+            Err(_) => {
+                let mut hex = String::with_capacity(4 + value.len() * 2);
+                hex.push_str("hex:");
+                for b in value.as_bytes() {
+                    hex.push_str(&format!("{b:02x}"));
+                }
+                hex
+            }
+        }))
+    }
+}
+
+/// One key for every request: a limit on the whole service.
+pub fn global() -> Global {
+    Global { _priv: () }
+}
+
+/// See [`global`].
+#[derive(Debug, Clone, Copy)]
+pub struct Global {
+    _priv: (),
+}
+
+impl<B> KeyExtractor<B> for Global {
+    fn extract(&self, _: &Request<B>) -> Result<Option<String>, KeyError> {
+        Ok(Some("global".to_owned()))
+    }
+}
+
+/// The request path (without the query), to combine with a client key:
+/// `key::peer_ip().and(key::path())`.
+pub fn path() -> Path {
+    Path { _priv: () }
+}
+
+/// See [`path`].
+#[derive(Debug, Clone, Copy)]
+pub struct Path {
+    _priv: (),
+}
+
+impl<B> KeyExtractor<B> for Path {
+    fn extract(&self, request: &Request<B>) -> Result<Option<String>, KeyError> {
+        Ok(Some(request.uri().path().to_owned()))
+    }
+}
+
+/// Both keys joined with `+` (`"203.0.113.9+/login"`); `None` if either is.
+/// A `+` or `%` inside a part is escaped, so two different pairs never give
+/// the same key.
+#[derive(Debug, Clone)]
+pub struct And<A, C> {
+    first: A,
+    second: C,
+}
+
+/// The first key if there is one, else the second.
+#[derive(Debug, Clone)]
+pub struct Or<A, C> {
+    first: A,
+    second: C,
+}
+
+impl<B, A: KeyExtractor<B>, C: KeyExtractor<B>> KeyExtractor<B> for And<A, C> {
+    fn extract(&self, request: &Request<B>) -> Result<Option<String>, KeyError> {
+        let Some(a) = self.first.extract(request)? else {
+            return Ok(None);
+        };
+        let Some(c) = self.second.extract(request)? else {
+            return Ok(None);
+        };
+        Ok(Some(format!("{}+{}", Escaped(&a), Escaped(&c))))
+    }
+}
+
+impl<B, A: KeyExtractor<B>, C: KeyExtractor<B>> KeyExtractor<B> for Or<A, C> {
+    fn extract(&self, request: &Request<B>) -> Result<Option<String>, KeyError> {
+        match self.first.extract(request)? {
+            Some(key) => Ok(Some(key)),
+            None => self.second.extract(request),
+        }
+    }
+}
+
+/// `%` and `+` percent-escaped.
+struct Escaped<'a>(&'a str);
+
+impl Display for Escaped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut rest = self.0;
+        while let Some(at) = rest.find(['%', '+']) {
+            f.write_str(&rest[..at])?;
+            f.write_str(if rest.as_bytes()[at] == b'%' {
+                "%25"
+            } else {
+                "%2B"
+            })?;
+            rest = &rest[at + 1..];
+        }
+        f.write_str(rest)
+    }
+}
+
+macro_rules! combinators {
+    ($($ty:ident $(<$($g:ident),*>)?),*) => {$(
+        impl$(<$($g),*>)? $ty$(<$($g),*>)? {
+            /// This key and `other`'s, joined: see [`And`].
+            #[must_use]
+            pub fn and<E>(self, other: E) -> And<Self, E> {
+                And { first: self, second: other }
+            }
+
+            /// This key, or `other`'s when this one has none: see [`Or`].
+            #[must_use]
+            pub fn or<E>(self, other: E) -> Or<Self, E> {
+                Or { first: self, second: other }
+            }
+        }
+    )*};
+}
+
+combinators!(PeerIp, Header, Global, Path, And<A, C>, Or<A, C>);
+
+/// Combine any two extractors (closures included): see [`And`].
+pub fn and<A, C>(first: A, second: C) -> And<A, C> {
+    And { first, second }
+}
+
+/// Fall back from one extractor to another (closures included): see [`Or`].
+pub fn or<A, C>(first: A, second: C) -> Or<A, C> {
+    Or { first, second }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(path: &str) -> http::request::Builder {
+        Request::get(path)
+    }
+
+    #[test]
+    fn peer_ip_reads_the_socket_address_only() {
+        let mut r = req("/")
+            .header("x-forwarded-for", "1.2.3.4")
+            .body(())
+            .unwrap();
+        let err = peer_ip().extract(&r).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("into_make_service_with_connect_info"),
+            "{err}"
+        );
+        r.extensions_mut()
+            .insert("198.51.100.7:5000".parse::<SocketAddr>().unwrap());
+        assert_eq!(
+            peer_ip().extract(&r).unwrap().as_deref(),
+            Some("198.51.100.7")
+        );
+        r.extensions_mut()
+            .insert("[::ffff:198.51.100.8]:5000".parse::<SocketAddr>().unwrap());
+        assert_eq!(
+            peer_ip().extract(&r).unwrap().as_deref(),
+            Some("198.51.100.8")
+        );
+    }
+
+    #[cfg(feature = "axum")]
+    #[test]
+    fn peer_ip_reads_axum_connect_info() {
+        let mut r = req("/").body(()).unwrap();
+        let addr: SocketAddr = "[2001:db8::1]:443".parse().unwrap();
+        r.extensions_mut().insert(axum::extract::ConnectInfo(addr));
+        assert_eq!(
+            peer_ip().extract(&r).unwrap().as_deref(),
+            Some("2001:db8::1")
+        );
+    }
+
+    #[test]
+    fn header_keys_and_fallbacks() {
+        let with = req("/").header("x-api-key", "abc").body(()).unwrap();
+        let without = req("/").body(()).unwrap();
+        assert_eq!(
+            header("x-api-key").extract(&with).unwrap().as_deref(),
+            Some("abc")
+        );
+        assert_eq!(header("x-api-key").extract(&without).unwrap(), None);
+        let fallback = header("x-api-key").or(global());
+        assert_eq!(
+            fallback.extract(&without).unwrap().as_deref(),
+            Some("global")
+        );
+        let binary = req("/")
+            .header(
+                "x-api-key",
+                http::HeaderValue::from_bytes(b"a\xffb").unwrap(),
+            )
+            .body(())
+            .unwrap();
+        assert_eq!(
+            header("x-api-key").extract(&binary).unwrap().as_deref(),
+            Some("hex:61ff62")
+        );
+    }
+
+    #[test]
+    fn and_escapes_so_pairs_cannot_collide() {
+        let mut r = req("/login/").body(()).unwrap();
+        r.extensions_mut()
+            .insert("127.0.0.1:1".parse::<SocketAddr>().unwrap());
+        assert_eq!(
+            peer_ip().and(path()).extract(&r).unwrap().as_deref(),
+            Some("127.0.0.1+/login/")
+        );
+        let a = req("/b").header("k", "a+").body(()).unwrap();
+        let b = req("/+b").header("k", "a").body(()).unwrap();
+        let both = header("k").and(path());
+        assert_ne!(both.extract(&a).unwrap(), both.extract(&b).unwrap());
+        assert_eq!(both.extract(&a).unwrap().as_deref(), Some("a%2B+/b"));
+        let none = req("/").body(()).unwrap();
+        assert_eq!(both.extract(&none).unwrap(), None);
+    }
+
+    #[test]
+    fn closures_are_extractors() {
+        let by_path = |r: &Request<()>| (r.uri().path() != "/health").then(|| r.uri().path().len());
+        assert_eq!(
+            by_path
+                .extract(&req("/abc").body(()).unwrap())
+                .unwrap()
+                .as_deref(),
+            Some("4")
+        );
+        assert_eq!(
+            by_path.extract(&req("/health").body(()).unwrap()).unwrap(),
+            None
+        );
+        let combined = and(by_path, global());
+        assert_eq!(
+            combined
+                .extract(&req("/ab").body(()).unwrap())
+                .unwrap()
+                .as_deref(),
+            Some("3+global")
+        );
+    }
+}

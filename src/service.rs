@@ -1,0 +1,110 @@
+//! [`RateLimit`]: the tower service.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower_service::Service;
+
+use crate::body::ResponseBody;
+use crate::future::ResponseFuture;
+use crate::key::KeyExtractor;
+use crate::layer::{RateLimitLayer, Settings};
+use crate::policy::Policy;
+use crate::response;
+use crate::store::Store;
+
+/// Rate-limits the requests of `S`; built by [`RateLimitLayer`].
+///
+/// An admitted request goes to `S` with its [`Decision`](crate::Decision)
+/// as a request extension, and its response carries the rate-limit headers.
+/// A denied one is answered `429 Too Many Requests` without reaching `S`.
+pub struct RateLimit<S, K> {
+    inner: S,
+    settings: Arc<Settings>,
+    key: Arc<K>,
+}
+
+impl<S, K> RateLimit<S, K> {
+    /// Wrap `inner` (the same as `RateLimitLayer::new(store, policy, key).layer(inner)`).
+    pub fn new<St: Store>(inner: S, store: St, policy: Policy, key: K) -> Self {
+        tower_layer::Layer::layer(&RateLimitLayer::new(store, policy, key), inner)
+    }
+
+    pub(crate) fn from_parts(inner: S, settings: Arc<Settings>, key: Arc<K>) -> Self {
+        Self {
+            inner,
+            settings,
+            key,
+        }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The wrapped service, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, K> Clone for RateLimit<S, K> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            settings: Arc::clone(&self.settings),
+            key: Arc::clone(&self.key),
+        }
+    }
+}
+
+impl<S: fmt::Debug, K> fmt::Debug for RateLimit<S, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("policy", &self.settings.policy.to_string())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    K: KeyExtractor<ReqBody>,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        match self.key.extract(&request) {
+            Ok(None) => ResponseFuture::unlimited(self.inner.call(request)),
+            Err(error) => {
+                tracing::error!(%error, "rate limiter cannot pick a key; answering 500");
+                ResponseFuture::answered(response::misconfigured(&error))
+            }
+            Ok(Some(key)) => {
+                // The ready service goes with the request; a clone stays.
+                let clone = self.inner.clone();
+                let ready = std::mem::replace(&mut self.inner, clone);
+                let check = Arc::clone(&self.settings.store).check_owned(
+                    self.settings.store_key(&key),
+                    Arc::clone(&self.settings.policy),
+                );
+                ResponseFuture::checking(check, request, ready, Arc::clone(&self.settings))
+            }
+        }
+    }
+}

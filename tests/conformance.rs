@@ -1,0 +1,344 @@
+//! One conformance suite, run against every store: MemoryStore on a manual
+//! clock (exact values) and RedisStore in both executions against a real
+//! redis-server (real time, short windows, margins).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::RedisServer;
+use tower_redis_ratelimit::{
+    Decision, Execution, ManualClock, MemoryStore, Policy, RedisStore, Store,
+};
+
+const MS: Duration = Duration::from_millis(1);
+
+/// One store under test, and how time moves for it.
+enum Harness {
+    Memory {
+        store: MemoryStore,
+        clock: ManualClock,
+    },
+    Redis {
+        store: RedisStore,
+        execution: Execution,
+        _server: RedisServer,
+    },
+}
+
+/// A point in the harness's time.
+#[derive(Clone, Copy)]
+enum Mark {
+    Clock(Duration),
+    Real(Instant),
+}
+
+impl Harness {
+    fn memory() -> Self {
+        let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
+        Self::Memory {
+            store: MemoryStore::with_clock(clock.clone()),
+            clock,
+        }
+    }
+
+    async fn redis(execution: Execution) -> Self {
+        let server = RedisServer::start();
+        let store = RedisStore::connect(&server.url())
+            .await
+            .expect("connecting to the test redis-server");
+        Self::Redis {
+            store,
+            execution,
+            _server: server,
+        }
+    }
+
+    fn policy(&self, text: &str) -> Policy {
+        let policy: Policy = text.parse().unwrap();
+        match self {
+            Self::Memory { .. } => policy,
+            Self::Redis { execution, .. } => policy.with_execution(*execution),
+        }
+    }
+
+    async fn check(&self, key: &str, policy: &Policy) -> Decision {
+        match self {
+            Self::Memory { store, .. } => store.check(key, policy).await.unwrap(),
+            Self::Redis { store, .. } => store.check(key, policy).await.unwrap(),
+        }
+    }
+
+    /// Let `d` pass.
+    async fn advance(&self, d: Duration) {
+        match self {
+            Self::Memory { clock, .. } => clock.advance(d),
+            Self::Redis { .. } => tokio::time::sleep(d).await,
+        }
+    }
+
+    /// Let `d` pass, plus a margin on real time so the edge is behind us.
+    async fn advance_past(&self, d: Duration) {
+        match self {
+            Self::Memory { .. } => self.advance(d).await,
+            Self::Redis { .. } => self.advance(d + 30 * MS).await,
+        }
+    }
+
+    fn mark(&self) -> Mark {
+        match self {
+            Self::Memory { clock, .. } => Mark::Clock(tower_redis_ratelimit::Clock::now(clock)),
+            Self::Redis { .. } => Mark::Real(Instant::now()),
+        }
+    }
+
+    fn since(&self, mark: Mark) -> Duration {
+        match (self, mark) {
+            (Self::Memory { clock, .. }, Mark::Clock(then)) => {
+                tower_redis_ratelimit::Clock::now(clock) - then
+            }
+            (_, Mark::Real(then)) => then.elapsed(),
+            _ => unreachable!(),
+        }
+    }
+
+    /// How far a measured duration may be from the expected one: nothing on
+    /// the manual clock; round trips and scheduling on real time.
+    fn tolerance(&self) -> Duration {
+        match self {
+            Self::Memory { .. } => Duration::ZERO,
+            Self::Redis { .. } => 100 * MS,
+        }
+    }
+
+    #[track_caller]
+    fn assert_near(&self, actual: Duration, expected: Duration, what: &str) {
+        let diff = actual.abs_diff(expected);
+        assert!(
+            diff <= self.tolerance(),
+            "{what}: got {actual:?}, expected {expected:?} ± {:?}",
+            self.tolerance()
+        );
+    }
+}
+
+async fn admits_max_then_denies(h: Harness) {
+    let p = h.policy("3/1s");
+    let t0 = h.mark();
+    for remaining in [2, 1, 0] {
+        let d = h.check("k", &p).await;
+        assert!(d.allowed());
+        assert_eq!((d.limit(), d.remaining()), (3, remaining));
+        assert_eq!(d.reset(), Duration::from_secs(1));
+        assert_eq!(d.retry_after(), Duration::ZERO);
+    }
+    let d = h.check("k", &p).await;
+    assert!(!d.allowed());
+    assert_eq!((d.limit(), d.remaining()), (3, 0));
+    h.assert_near(
+        d.retry_after(),
+        Duration::from_secs(1) - h.since(t0),
+        "retry_after",
+    );
+}
+
+async fn window_rolls(h: Harness) {
+    let p = h.policy("3/1s");
+    assert!(h.check("k", &p).await.allowed());
+    assert!(h.check("k", &p).await.allowed());
+    h.advance(500 * MS).await;
+    let t1 = h.mark();
+    assert!(h.check("k", &p).await.allowed());
+    assert!(!h.check("k", &p).await.allowed());
+    // The first two leave the window; the third is still in it.
+    h.advance_past(500 * MS).await;
+    let d = h.check("k", &p).await;
+    assert!(
+        d.allowed(),
+        "a rolling window admits once the oldest entries leave"
+    );
+    assert_eq!(d.remaining(), 1);
+    assert!(h.check("k", &p).await.allowed());
+    let d = h.check("k", &p).await;
+    assert!(!d.allowed(), "the entry from t1 still counts");
+    h.assert_near(
+        d.retry_after(),
+        Duration::from_secs(1) - h.since(t1),
+        "retry_after",
+    );
+}
+
+async fn retry_after_is_exact_and_honest(h: Harness) {
+    let p = h.policy("2/1s");
+    assert!(h.check("k", &p).await.allowed());
+    h.advance(100 * MS).await;
+    assert!(h.check("k", &p).await.allowed());
+    let denied = h.check("k", &p).await;
+    assert!(!denied.allowed());
+    let wait = denied.retry_after();
+    assert!(
+        wait > Duration::ZERO && wait <= Duration::from_secs(1),
+        "{wait:?}"
+    );
+    if let Harness::Memory { .. } = h {
+        // Exact: one microsecond early is still too early.
+        h.advance(wait - Duration::from_micros(1)).await;
+        let d = h.check("k", &p).await;
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Duration::from_micros(1));
+        h.advance(Duration::from_micros(1)).await;
+    } else {
+        h.advance(wait).await;
+    }
+    assert!(
+        h.check("k", &p).await.allowed(),
+        "waiting retry_after must be enough"
+    );
+}
+
+async fn denied_attempts_do_not_lock_out(h: Harness) {
+    let p = h.policy("2/1s");
+    assert!(h.check("k", &p).await.allowed());
+    assert!(h.check("k", &p).await.allowed());
+    for _ in 0..10 {
+        assert!(!h.check("k", &p).await.allowed());
+        h.advance(80 * MS).await;
+    }
+    h.advance_past(200 * MS).await;
+    let d = h.check("k", &p).await;
+    assert!(d.allowed(), "denied attempts must not count");
+    assert_eq!(d.remaining(), 1);
+}
+
+async fn multi_rate_is_all_or_nothing(h: Harness) {
+    let p = h.policy("2/500ms, 3/3s");
+    let t0 = h.mark();
+    let d = h.check("k", &p).await;
+    assert!(d.allowed());
+    assert_eq!(
+        (d.limit(), d.remaining()),
+        (2, 1),
+        "the rate with least remaining"
+    );
+    assert!(h.check("k", &p).await.allowed());
+    let d = h.check("k", &p).await;
+    assert!(!d.allowed());
+    assert_eq!(d.limit(), 2, "denied by the short rate");
+    h.assert_near(d.retry_after(), 500 * MS - h.since(t0), "short retry_after");
+    h.advance_past(500 * MS).await;
+    // The denied request did not count against the long rate.
+    let d = h.check("k", &p).await;
+    assert!(d.allowed());
+    assert_eq!((d.limit(), d.remaining()), (3, 0));
+    let d = h.check("k", &p).await;
+    assert!(!d.allowed());
+    assert_eq!(d.limit(), 3, "denied by the long rate");
+    h.assert_near(
+        d.retry_after(),
+        Duration::from_secs(3) - h.since(t0),
+        "long retry_after",
+    );
+}
+
+async fn min_spacing(h: Harness) {
+    let p = h.policy("10/1s").with_min_spacing(200 * MS);
+    let t0 = h.mark();
+    assert!(h.check("k", &p).await.allowed());
+    let d = h.check("k", &p).await;
+    assert!(!d.allowed());
+    assert_eq!(d.remaining(), 9);
+    h.assert_near(
+        d.retry_after(),
+        200 * MS - h.since(t0),
+        "spacing retry_after",
+    );
+    h.advance(d.retry_after()).await;
+    assert!(h.check("k", &p).await.allowed());
+}
+
+async fn cost(h: Harness) {
+    let p = h.policy("5/1s").with_cost(2).unwrap();
+    let t0 = h.mark();
+    let d = h.check("k", &p).await;
+    assert!(d.allowed());
+    assert_eq!(d.remaining(), 3);
+    assert_eq!(h.check("k", &p).await.remaining(), 1);
+    let d = h.check("k", &p).await;
+    assert!(!d.allowed());
+    assert_eq!(d.remaining(), 1);
+    h.assert_near(
+        d.retry_after(),
+        Duration::from_secs(1) - h.since(t0),
+        "cost retry_after",
+    );
+    // One unit is still free for a cheaper request.
+    let cheap = h.policy("5/1s");
+    let d = h.check("k", &cheap).await;
+    assert!(d.allowed());
+    assert_eq!(d.remaining(), 0);
+}
+
+async fn reset_and_retry_differ(h: Harness) {
+    let p = h.policy("3/1s");
+    let t0 = h.mark();
+    assert!(h.check("k", &p).await.allowed());
+    h.advance(300 * MS).await;
+    let t1 = h.mark();
+    assert!(h.check("k", &p).await.allowed());
+    assert!(h.check("k", &p).await.allowed());
+    h.advance(300 * MS).await;
+    let d = h.check("k", &p).await;
+    assert!(!d.allowed());
+    // Admitted when the oldest leaves; full again when the newest leaves.
+    h.assert_near(
+        d.retry_after(),
+        Duration::from_secs(1) - h.since(t0),
+        "retry_after",
+    );
+    h.assert_near(d.reset(), Duration::from_secs(1) - h.since(t1), "reset");
+}
+
+async fn keys_are_independent(h: Harness) {
+    let p = h.policy("1/1s");
+    assert!(h.check("a", &p).await.allowed());
+    assert!(!h.check("a", &p).await.allowed());
+    assert!(h.check("b", &p).await.allowed());
+    assert!(h.check("a b {c}", &p).await.allowed());
+    assert!(!h.check("a b {c}", &p).await.allowed());
+}
+
+macro_rules! suite {
+    ($backend:ident, $make:expr) => {
+        mod $backend {
+            use super::*;
+
+            suite!(@cases $make;
+                admits_max_then_denies,
+                window_rolls,
+                retry_after_is_exact_and_honest,
+                denied_attempts_do_not_lock_out,
+                multi_rate_is_all_or_nothing,
+                min_spacing,
+                cost,
+                reset_and_retry_differ,
+                keys_are_independent,
+            );
+        }
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $case() {
+                super::$case($make).await;
+            }
+        )*
+    };
+}
+
+suite!(memory, Harness::memory());
+suite!(
+    redis_transaction,
+    Harness::redis(Execution::Transaction).await
+);
+suite!(redis_script, Harness::redis(Execution::Script).await);

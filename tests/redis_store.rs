@@ -1,0 +1,224 @@
+//! RedisStore against a real redis-server: concurrency across independent
+//! stores, clock skew between app servers, key layout and expiry, script
+//! reloads, timeouts.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::RedisServer;
+use tokio::sync::Barrier;
+use tower_redis_ratelimit::{
+    Execution, Policy, RedisStore, SkewedClock, Store, StoreError, SystemClock,
+};
+
+/// Two independent stores (two pools, as two processes would have) send
+/// `total` checks of one key at once; returns how many were admitted.
+async fn admitted_under_contention(
+    server: &RedisServer,
+    execution: Execution,
+    total: usize,
+) -> usize {
+    let stores = [
+        RedisStore::connect(&server.url()).await.unwrap(),
+        RedisStore::connect(&server.url()).await.unwrap(),
+    ];
+    let policy = Arc::new(
+        "100/60s"
+            .parse::<Policy>()
+            .unwrap()
+            .with_execution(execution),
+    );
+    let barrier = Arc::new(Barrier::new(total));
+    let mut tasks = Vec::with_capacity(total);
+    for i in 0..total {
+        let store = stores[i % 2].clone();
+        let policy = Arc::clone(&policy);
+        let barrier = Arc::clone(&barrier);
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            // A generous timeout: this test is about counting, not speed.
+            let store = store.with_timeout(Duration::from_secs(10));
+            store.check("hot", &policy).await.unwrap().allowed()
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += usize::from(task.await.unwrap());
+    }
+    admitted
+}
+
+fn zcard(server: &RedisServer, key: &str) -> usize {
+    let reply = server.command(&["ZCARD", key]);
+    reply.trim().trim_start_matches(':').parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn script_admits_exactly_the_limit_under_contention() {
+    let server = RedisServer::start();
+    let admitted = admitted_under_contention(&server, Execution::Script, 500).await;
+    assert_eq!(admitted, 100);
+    // Every admitted request left exactly one entry: members never collide.
+    assert_eq!(zcard(&server, "rl:log:{hot}"), 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transaction_never_admits_more_than_the_limit_under_contention() {
+    let server = RedisServer::start();
+    let admitted = admitted_under_contention(&server, Execution::Transaction, 500).await;
+    eprintln!("transaction execution admitted {admitted} of 500 (limit 100)");
+    assert!(admitted <= 100, "admitted {admitted}");
+    assert!(admitted > 0);
+    // Denied entries were taken back out; admitted ones all stayed.
+    assert_eq!(zcard(&server, "rl:log:{hot}"), admitted);
+}
+
+/// App servers whose clocks are 5 s ahead and 5 s behind share one key; their
+/// decisions are those of one correct clock.
+#[tokio::test]
+async fn skewed_app_clocks_change_no_decision() {
+    let server = RedisServer::start();
+    let skew = Duration::from_secs(5);
+    let ahead = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .with_clock(SkewedClock::ahead(SystemClock::new(), skew));
+    let behind = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .with_clock(SkewedClock::behind(SystemClock::new(), skew));
+    let policy: Policy = "3/1s".parse().unwrap();
+    assert_eq!(policy.execution(), Execution::Transaction);
+
+    let t0 = Instant::now();
+    assert!(behind.check("k", &policy).await.unwrap().allowed());
+    assert!(ahead.check("k", &policy).await.unwrap().allowed());
+    assert!(behind.check("k", &policy).await.unwrap().allowed());
+    // Without synchronisation the store 5 s ahead would see the entries of
+    // the one behind as 10 s old and admit this request.
+    let d = ahead.check("k", &policy).await.unwrap();
+    assert!(
+        !d.allowed(),
+        "the clock ahead must see the entries of the clock behind"
+    );
+    let expected = Duration::from_secs(1) - t0.elapsed();
+    assert!(
+        d.retry_after().abs_diff(expected) < Duration::from_millis(100),
+        "retry_after {:?}, expected about {expected:?}",
+        d.retry_after()
+    );
+    let d2 = behind.check("k", &policy).await.unwrap();
+    assert!(!d2.allowed());
+    tokio::time::sleep(d.retry_after().max(d2.retry_after())).await;
+    assert!(ahead.check("k", &policy).await.unwrap().allowed());
+}
+
+#[tokio::test]
+async fn keys_follow_the_layout_and_expire() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .with_prefix("app");
+    for execution in [Execution::Transaction, Execution::Script] {
+        let policy = "5/2s, 10/1500ms"
+            .parse::<Policy>()
+            .unwrap()
+            .with_execution(execution);
+        let key = format!("203.0.113.9-{execution:?}");
+        store.check(&key, &policy).await.unwrap();
+        let redis_key = format!("app:log:{{{key}}}");
+        assert_eq!(store.redis_key("log", &key), redis_key);
+        let ttl: i64 = server
+            .command(&["PTTL", &redis_key])
+            .trim()
+            .trim_start_matches(':')
+            .parse()
+            .unwrap();
+        assert!(ttl > 1_500 && ttl <= 2_000, "{execution:?}: PTTL {ttl}");
+    }
+    // A key that could break the layout is hashed into one hash tag.
+    let policy: Policy = "5/2s".parse().unwrap();
+    store.check("evil}{key", &policy).await.unwrap();
+    let keys = server.command(&["KEYS", "app:log:{#*"]);
+    assert!(keys.contains("app:log:{#"), "{keys}");
+}
+
+#[tokio::test]
+async fn script_is_reloaded_after_script_flush() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let policy = "2/10s"
+        .parse::<Policy>()
+        .unwrap()
+        .with_execution(Execution::Script);
+    assert!(store.check("k", &policy).await.unwrap().allowed());
+    assert!(server.command(&["SCRIPT", "FLUSH"]).starts_with("+OK"));
+    assert!(store.check("k", &policy).await.unwrap().allowed());
+    assert!(!store.check("k", &policy).await.unwrap().allowed());
+}
+
+/// Both executions keep the same sorted set: a deployment can switch.
+#[tokio::test]
+async fn executions_share_state() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let tx: Policy = "3/10s".parse().unwrap();
+    let script = tx.clone().with_execution(Execution::Script);
+    assert!(store.check("k", &tx).await.unwrap().allowed());
+    assert!(store.check("k", &script).await.unwrap().allowed());
+    assert!(store.check("k", &tx).await.unwrap().allowed());
+    assert!(!store.check("k", &script).await.unwrap().allowed());
+    assert!(!store.check("k", &tx).await.unwrap().allowed());
+}
+
+/// A hung Redis (SIGSTOP) costs a request the timeout, not more.
+#[tokio::test]
+async fn a_hung_redis_times_out() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .with_timeout(Duration::from_millis(200));
+    let policy: Policy = "5/1s".parse().unwrap();
+    store.check("k", &policy).await.unwrap();
+    server.signal("STOP");
+    for execution in [Execution::Transaction, Execution::Script] {
+        let started = Instant::now();
+        let result = store
+            .check("k", &policy.clone().with_execution(execution))
+            .await;
+        let took = started.elapsed();
+        assert!(matches!(result, Err(StoreError::Timeout(_))), "{result:?}");
+        assert!(
+            took < Duration::from_millis(700),
+            "{execution:?} took {took:?}"
+        );
+    }
+    server.signal("CONT");
+}
+
+#[tokio::test]
+async fn connect_fails_clearly_when_redis_is_unreachable() {
+    // A port nobody listens on: bind one, then free it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let started = Instant::now();
+    let error = RedisStore::connect(&format!("redis://127.0.0.1:{port}"))
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let message = error.to_string();
+    assert!(
+        message.contains("redis") || message.contains("within"),
+        "{message}"
+    );
+    let bad = RedisStore::connect("not a url").await.unwrap_err();
+    assert!(matches!(bad, StoreError::Redis(_)), "{bad:?}");
+}

@@ -80,10 +80,11 @@ impl fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// Connect to the Redis at `url` (`redis://[user:password@]host:port[/db]`,
-    /// or `rediss://` with TLS support enabled in redis-rs) through a bb8
-    /// pool of at most [`DEFAULT_POOL_SIZE`] connections, and check that it
-    /// answers.
+    /// Connect to the Redis at `url` (`redis://[user:password@]host:port[/db]`;
+    /// `rediss://` needs one of redis-rs's TLS features enabled in your
+    /// Cargo.toml) through a bb8 pool of at most [`DEFAULT_POOL_SIZE`]
+    /// connections, check that it answers, and measure the offset to its
+    /// clock.
     ///
     /// # Errors
     /// A malformed URL, or a Redis that does not answer `PING` within the
@@ -95,11 +96,18 @@ impl RedisStore {
             .connection_timeout(DEFAULT_TIMEOUT)
             .build_unchecked(manager);
         let store = Self::from_pool(pool);
-        store.ping().await?;
+        // Check that Redis answers, and measure its clock while at it.
+        store
+            .with_timeout_do(async {
+                let mut conn = store.conn().await?;
+                store.clock.measure(&mut *conn).await
+            })
+            .await?;
         Ok(store)
     }
 
-    /// Use a pool you already have. Nothing is sent until the first check.
+    /// Use a pool you already have. Nothing is sent until the first check,
+    /// which also measures the offset to Redis's clock.
     pub fn from_pool(pool: Pool<RedisConnectionManager>) -> Self {
         Self {
             pool,
@@ -128,7 +136,8 @@ impl RedisStore {
     }
 
     /// Read local time from `clock` (the transaction execution corrects it to
-    /// Redis's clock). For tests of clock skew.
+    /// Redis's clock; the offset is measured again at the next check). For
+    /// tests of clock skew.
     #[must_use]
     pub fn with_clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(ClockSync::new(Arc::new(clock), self.clock.refresh()));

@@ -1,0 +1,254 @@
+//! A rate-limited axum server, configured from the environment.
+//!
+//! ```sh
+//! cargo run --example server                                  # in-memory store
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example server  # shared through Redis
+//! ```
+//!
+//! | variable     | default          | meaning                                              |
+//! |--------------|------------------|------------------------------------------------------|
+//! | `BIND`       | `127.0.0.1:3000` | address to listen on                                 |
+//! | `REDIS_URL`  | unset            | unset: limits held in this process; set: in Redis    |
+//! | `RATE_LIMIT` | `5/10s`          | the policy, such as `3/s, 20/min`                    |
+//! | `KEY`        | `ip`             | `ip` (the peer address) or `header:NAME`             |
+//! | `EXECUTION`  | `transaction`    | how Redis runs the check: `transaction` or `script`  |
+//!
+//! An empty variable counts as unset. `GET /` answers `hello` and is
+//! limited; `GET /health` is never limited. A bad setting is reported on
+//! stderr and the program exits with status 2.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use axum::Router;
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tower_redis_ratelimit::{
+    Execution, MemoryStore, Policy, RateLimitLayer, RedisStore, Store, key,
+};
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    init_logging();
+    let (listener, app) = match setup().await {
+        Ok(ready) => ready,
+        Err(bad) => {
+            eprintln!("{bad}");
+            return ExitCode::from(2);
+        }
+    };
+    // `key::peer_ip()` reads the client address that this records.
+    let service = app.into_make_service_with_connect_info::<SocketAddr>();
+    if let Err(error) = axum::serve(listener, service).await {
+        eprintln!("server error: {error}");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+/// Logs at `info` unless `RUST_LOG` says otherwise.
+fn init_logging() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).init();
+}
+
+/// Reads the settings, opens the store and binds the listener.
+async fn setup() -> Result<(TcpListener, Router), BadSetting> {
+    let settings = Settings::from_env()?;
+    let app = match &settings.redis_url {
+        None => router(MemoryStore::new(), &settings),
+        Some(url) => router(connect_redis(url).await?, &settings),
+    };
+    let listener = TcpListener::bind(&settings.bind).await.map_err(|error| {
+        BadSetting::new(
+            "BIND",
+            format!("cannot listen on {:?}: {error}", settings.bind),
+        )
+    })?;
+    log_start(&settings, &listener);
+    Ok((listener, app))
+}
+
+/// The one line logged at start: what is limited, how, and where.
+fn log_start(settings: &Settings, listener: &TcpListener) {
+    let store = match &settings.redis_url {
+        None => "memory".to_owned(),
+        Some(url) => format!("redis {}", without_password(url)),
+    };
+    let addr = listener
+        .local_addr()
+        .map_or_else(|_| settings.bind.clone(), |addr| addr.to_string());
+    tracing::info!(
+        store = %store,
+        policy = %settings.policy,
+        key = %settings.key,
+        execution = ?settings.policy.execution(),
+        "listening on http://{addr}"
+    );
+}
+
+/// The app, with its limited routes counted in `store` as the settings say.
+fn router<St: Store>(store: St, settings: &Settings) -> Router {
+    let policy = settings.policy.clone();
+    match &settings.key {
+        ClientKey::PeerIp => routes(RateLimitLayer::new(store, policy, key::peer_ip())),
+        // A request without the header is limited by its address, so
+        // leaving the header out does not get around the limit.
+        ClientKey::Header(header) => routes(RateLimitLayer::new(
+            store,
+            policy,
+            header.clone().or(key::peer_ip()),
+        )),
+    }
+}
+
+/// `GET /`, limited by `limiter`, and `GET /health`, never limited.
+fn routes<K>(limiter: RateLimitLayer<K>) -> Router
+where
+    K: key::KeyExtractor<axum::body::Body>,
+{
+    // `route_layer` limits only the routes of this router...
+    let limited = Router::new().route("/", get(hello)).route_layer(limiter);
+    // ...and `/health` is added beside them, outside the limit.
+    Router::new().route("/health", get(health)).merge(limited)
+}
+
+async fn hello() -> &'static str {
+    "hello"
+}
+
+async fn health() -> &'static str {
+    "ok"
+}
+
+async fn connect_redis(url: &str) -> Result<RedisStore, BadSetting> {
+    RedisStore::connect(url).await.map_err(|error| {
+        let url = without_password(url);
+        BadSetting::new("REDIS_URL", format!("cannot use Redis at {url}: {error}"))
+    })
+}
+
+/// `url` without the password, for logs: `redis://user:secret@host` →
+/// `redis://user@host`.
+fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let Some((user_info, host)) = rest.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match user_info.split_once(':') {
+        Some(("", _)) => format!("{scheme}://{host}"),
+        Some((user, _)) => format!("{scheme}://{user}@{host}"),
+        None => url.to_owned(),
+    }
+}
+
+/// What the server is configured with.
+struct Settings {
+    bind: String,
+    redis_url: Option<String>,
+    /// The policy, with its execution.
+    policy: Policy,
+    key: ClientKey,
+}
+
+impl Settings {
+    fn from_env() -> Result<Self, BadSetting> {
+        let bind = var("BIND")?.unwrap_or_else(|| "127.0.0.1:3000".to_owned());
+        let redis_url = var("REDIS_URL")?;
+
+        let rate_limit = var("RATE_LIMIT")?.unwrap_or_else(|| "5/10s".to_owned());
+        let policy: Policy = rate_limit
+            .parse()
+            .map_err(|error| BadSetting::new("RATE_LIMIT", error))?;
+
+        let execution = match var("EXECUTION")? {
+            None => Execution::Transaction,
+            Some(text) => text.parse().map_err(|_| {
+                BadSetting::new(
+                    "EXECUTION",
+                    format!("unknown execution {text:?}: use `transaction` or `script`"),
+                )
+            })?,
+        };
+
+        let key = match var("KEY")? {
+            None => ClientKey::PeerIp,
+            Some(text) => {
+                ClientKey::parse(&text).map_err(|problem| BadSetting::new("KEY", problem))?
+            }
+        };
+
+        Ok(Self {
+            bind,
+            redis_url,
+            policy: policy.with_execution(execution),
+            key,
+        })
+    }
+}
+
+/// The value of environment variable `name`; `None` if it is unset or empty.
+fn var(name: &'static str) -> Result<Option<String>, BadSetting> {
+    match std::env::var(name) {
+        Ok(value) if value.is_empty() => Ok(None),
+        Ok(value) => Ok(Some(value)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(BadSetting::new(name, "not valid UTF-8")),
+    }
+}
+
+/// Which key requests are counted under (`KEY`).
+enum ClientKey {
+    /// `ip`: the address of the connecting peer.
+    PeerIp,
+    /// `header:NAME`: the value of a request header, else the peer address.
+    Header(key::Header),
+}
+
+impl ClientKey {
+    fn parse(text: &str) -> Result<Self, String> {
+        if text == "ip" {
+            return Ok(Self::PeerIp);
+        }
+        if let Some(name) = text.strip_prefix("header:") {
+            return key::Header::new(name)
+                .map(Self::Header)
+                .map_err(|_| format!("{name:?} is not a valid HTTP header name"));
+        }
+        Err(format!("unknown key {text:?}: use `ip` or `header:NAME`"))
+    }
+}
+
+impl fmt::Display for ClientKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::PeerIp => f.write_str("ip"),
+            Self::Header(header) => write!(f, "header:{} (else ip)", header.name()),
+        }
+    }
+}
+
+/// A setting the server cannot run with: which variable, and why.
+struct BadSetting {
+    variable: &'static str,
+    problem: String,
+}
+
+impl BadSetting {
+    fn new(variable: &'static str, problem: impl fmt::Display) -> Self {
+        Self {
+            variable,
+            problem: problem.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for BadSetting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.variable, self.problem)
+    }
+}

@@ -84,7 +84,7 @@ fn log_start(settings: &Settings, listener: &TcpListener) {
         store = %store,
         policy = %settings.policy,
         key = %settings.key,
-        execution = ?settings.policy.execution(),
+        execution = %settings.policy.execution(),
         "listening on http://{addr}"
     );
 }

@@ -122,7 +122,8 @@ fn canonical_ip(ip: IpAddr) -> IpAddr {
 ///
 /// A request without the header is **not limited** (the extractor returns
 /// `None`); to limit such requests by address instead, write
-/// `key::header("x-api-key").or(key::peer_ip())`. A value that is not
+/// `key::header("x-api-key").or(key::peer_ip())` ([`Or`] keeps the two
+/// kinds of key apart). A value that is not
 /// visible ASCII is used as its hex bytes.
 ///
 /// # Panics
@@ -221,7 +222,10 @@ pub struct And<A, C> {
     second: C,
 }
 
-/// The first key if there is one, else the second.
+/// The first key if there is one, else the second, marked with a leading
+/// `+` (`"+203.0.113.9"`). The first key's `+` and `%` are escaped, so the
+/// two can never be equal: a client cannot send a header equal to another
+/// client's address and spend that address's quota.
 #[derive(Debug, Clone)]
 pub struct Or<A, C> {
     first: A,
@@ -243,8 +247,11 @@ impl<B, A: KeyExtractor<B>, C: KeyExtractor<B>> KeyExtractor<B> for And<A, C> {
 impl<B, A: KeyExtractor<B>, C: KeyExtractor<B>> KeyExtractor<B> for Or<A, C> {
     fn extract(&self, request: &Request<B>) -> Result<Option<String>, KeyError> {
         match self.first.extract(request)? {
-            Some(key) => Ok(Some(key)),
-            None => self.second.extract(request),
+            Some(key) => Ok(Some(Escaped(&key).to_string())),
+            None => Ok(self
+                .second
+                .extract(request)?
+                .map(|key| format!("+{}", Escaped(&key)))),
         }
     }
 }
@@ -354,9 +361,16 @@ mod tests {
         );
         assert_eq!(header("x-api-key").extract(&without).unwrap(), None);
         let fallback = header("x-api-key").or(global());
+        assert_eq!(fallback.extract(&with).unwrap().as_deref(), Some("abc"));
         assert_eq!(
             fallback.extract(&without).unwrap().as_deref(),
-            Some("global")
+            Some("+global")
+        );
+        // A header equal to the fallback's key cannot take its place.
+        let forged = req("/").header("x-api-key", "+global").body(()).unwrap();
+        assert_eq!(
+            fallback.extract(&forged).unwrap().as_deref(),
+            Some("%2Bglobal")
         );
         let binary = req("/")
             .header(

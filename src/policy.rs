@@ -120,6 +120,15 @@ pub enum Execution {
     Script,
 }
 
+impl fmt::Display for Execution {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Transaction => "transaction",
+            Self::Script => "script",
+        })
+    }
+}
+
 impl FromStr for Execution {
     type Err = PolicyError;
 
@@ -127,9 +136,8 @@ impl FromStr for Execution {
         match s.trim().to_ascii_lowercase().as_str() {
             "transaction" | "multi" => Ok(Self::Transaction),
             "script" | "lua" => Ok(Self::Script),
-            _ => Err(PolicyError::Invalid {
+            _ => Err(PolicyError::UnknownExecution {
                 input: s.to_owned(),
-                reason: "expected `transaction` or `script`".to_owned(),
             }),
         }
     }
@@ -331,6 +339,12 @@ pub enum PolicyError {
         /// What is wrong with it.
         reason: String,
     },
+    /// An execution other than `transaction` or `script`.
+    #[error("unknown execution {input:?}: use `transaction` or `script`")]
+    UnknownExecution {
+        /// The text given.
+        input: String,
+    },
     /// A zero cost.
     #[error("cost must be at least 1")]
     ZeroCost,
@@ -528,6 +542,11 @@ mod tests {
             "Transaction".parse::<Execution>().unwrap(),
             Execution::Transaction
         );
-        assert!("both".parse::<Execution>().is_err());
+        let err = "both".parse::<Execution>().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "unknown execution \"both\": use `transaction` or `script`"
+        );
+        assert_eq!(Execution::Script.to_string(), "script");
     }
 }

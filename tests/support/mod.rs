@@ -127,8 +127,9 @@ fn ping(port: u16) -> bool {
     if stream.write_all(b"PING\r\n").is_err() {
         return false;
     }
+    // +PONG, or -NOAUTH from a server with a password: either way it is up.
     let mut buf = [0u8; 16];
-    matches!(stream.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
+    matches!(stream.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG") || buf[..n].starts_with(b"-NOAUTH"))
 }
 
 /// Send one command as RESP and return the reply bytes as text.

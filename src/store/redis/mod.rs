@@ -25,6 +25,8 @@ use clock_sync::ClockSync;
 
 /// The default bound on every Redis call (pool checkout included).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
+/// How long [`RedisStore::connect`] waits for its first connection.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "rl";
 /// The default number of connections [`RedisStore::connect`] opens at most.
@@ -87,22 +89,31 @@ impl RedisStore {
     /// clock.
     ///
     /// # Errors
-    /// A malformed URL, or a Redis that does not answer `PING` within the
-    /// timeout.
+    /// A malformed URL, a refused connection or failed authentication, or a
+    /// Redis that does not answer within [`CONNECT_TIMEOUT`].
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let manager = RedisConnectionManager::new(url)?;
+        // One direct connection first, so a refused connection or a wrong
+        // password is reported as such (the pool would only say it timed
+        // out); it then joins the pool.
+        let client = redis::Client::open(url)?;
+        let mut conn = tokio::time::timeout(CONNECT_TIMEOUT, async {
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            redis::cmd("PING").query_async::<()>(&mut conn).await?;
+            Ok::<_, StoreError>(conn)
+        })
+        .await
+        .unwrap_or(Err(StoreError::Timeout(CONNECT_TIMEOUT)))?;
         let pool = bb8::Pool::builder()
             .max_size(DEFAULT_POOL_SIZE)
             .connection_timeout(DEFAULT_TIMEOUT)
             .build_unchecked(manager);
         let store = Self::from_pool(pool);
-        // Check that Redis answers, and measure its clock while at it.
         store
-            .with_timeout_do(async {
-                let mut conn = store.conn().await?;
-                store.clock.measure(&mut *conn).await
-            })
+            .with_timeout_do(store.clock.measure(&mut conn))
             .await?;
+        // Fails only when the pool is full, and it is empty.
+        let _ = store.pool.add(conn);
         Ok(store)
     }
 

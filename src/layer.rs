@@ -83,7 +83,9 @@ impl<K> RateLimitLayer<K> {
     /// store and a key extractor keep separate counts unless they share a
     /// name. The default is the policy text without spaces (`"3/s,20/min"`):
     /// layers with the same policy share counts, and changing a policy starts
-    /// its counts afresh.
+    /// its counts afresh. Use one name for one policy only: a check trims
+    /// entries older than its own longest window, so a shorter policy under
+    /// the same name would erase history a longer one needs.
     #[must_use]
     pub fn with_name(self, name: impl Into<String>) -> Self {
         let name: String = name.into();

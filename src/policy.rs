@@ -11,6 +11,14 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(10 * 366 * 24 * 3600);
 /// The shortest window a [`Rate`] may have: one millisecond.
 pub const MIN_WINDOW: Duration = Duration::from_millis(1);
 
+/// The largest `max` of a [`Rate`]: 2^53, the largest count Redis's Lua
+/// numbers hold exactly.
+pub const MAX_MAX: u64 = 1 << 53;
+
+/// The largest cost of one request: the sliding log stores one entry per
+/// unit of cost.
+pub const MAX_COST: u64 = 10_000;
+
 /// At most `max` requests per `window`.
 ///
 /// ```
@@ -32,13 +40,16 @@ impl Rate {
     /// `max` requests per `window`.
     ///
     /// # Errors
-    /// A zero `max`, or a window shorter than [`MIN_WINDOW`] or longer than
-    /// [`MAX_WINDOW`].
+    /// A zero `max` or one above [`MAX_MAX`], or a window shorter than
+    /// [`MIN_WINDOW`] or longer than [`MAX_WINDOW`].
     pub fn new(max: u64, window: Duration) -> Result<Self, PolicyError> {
         if max == 0 {
             return Err(PolicyError::ZeroMax {
                 rate: format!("{max}/{}", format_window(window)),
             });
+        }
+        if max > MAX_MAX {
+            return Err(PolicyError::MaxTooLarge { max });
         }
         if window.is_zero() {
             return Err(PolicyError::ZeroWindow {
@@ -155,7 +166,7 @@ impl FromStr for Execution {
 /// use tower_redis_ratelimit::{Execution, Policy};
 ///
 /// let policy = "3/s, 20/min".parse::<Policy>()?
-///     .with_min_spacing(Duration::from_millis(100))
+///     .with_min_spacing(Duration::from_millis(100))?
 ///     .with_execution(Execution::Script);
 /// assert_eq!(policy.rates().len(), 2);
 /// assert_eq!(policy.to_string(), "3/s, 20/min");
@@ -199,20 +210,29 @@ impl Policy {
 
     /// Require at least `spacing` between two admitted requests of one key
     /// (`minDifference` in rolling-rate-limiter). Zero turns it off.
-    #[must_use]
-    pub fn with_min_spacing(mut self, spacing: Duration) -> Self {
+    ///
+    /// # Errors
+    /// A spacing under one microsecond (other than zero) or above
+    /// [`MAX_WINDOW`].
+    pub fn with_min_spacing(mut self, spacing: Duration) -> Result<Self, PolicyError> {
+        if !spacing.is_zero() && (spacing < Duration::from_micros(1) || spacing > MAX_WINDOW) {
+            return Err(PolicyError::SpacingOutOfRange { spacing });
+        }
         self.min_spacing = (!spacing.is_zero()).then_some(spacing);
-        self
+        Ok(self)
     }
 
     /// Count every request as `cost` requests (default 1).
     ///
     /// # Errors
-    /// A zero cost, or a cost above the `max` of some rate (no request could
-    /// ever be admitted).
+    /// A zero cost, a cost above [`MAX_COST`], or a cost above the `max` of
+    /// some rate (no request could ever be admitted).
     pub fn with_cost(mut self, cost: u64) -> Result<Self, PolicyError> {
         if cost == 0 {
             return Err(PolicyError::ZeroCost);
+        }
+        if cost > MAX_COST {
+            return Err(PolicyError::CostTooLarge { cost });
         }
         if let Some(rate) = self.rates.iter().find(|r| r.max < cost) {
             return Err(PolicyError::CostAboveMax { cost, rate: *rate });
@@ -344,6 +364,26 @@ pub enum PolicyError {
     UnknownExecution {
         /// The text given.
         input: String,
+    },
+    /// A `max` above [`MAX_MAX`].
+    #[error("max {max} is too large: at most 2^53 (9007199254740992)")]
+    MaxTooLarge {
+        /// The max given.
+        max: u64,
+    },
+    /// A minimum spacing outside 1µs..=[`MAX_WINDOW`].
+    #[error(
+        "minimum spacing {spacing:?} is out of range: it must be zero (none) or between 1µs and 10 years"
+    )]
+    SpacingOutOfRange {
+        /// The spacing given.
+        spacing: Duration,
+    },
+    /// A cost above [`MAX_COST`].
+    #[error("cost {cost} is too large: at most 10000 (the sliding log keeps one entry per unit)")]
+    CostTooLarge {
+        /// The cost given.
+        cost: u64,
     },
     /// A zero cost.
     #[error("cost must be at least 1")]
@@ -527,6 +567,32 @@ mod tests {
             "{err}"
         );
         assert_eq!(p.with_cost(3).unwrap().cost(), 3);
+        let big: Policy = "20000/s".parse().unwrap();
+        assert!(matches!(
+            big.with_cost(10_001),
+            Err(PolicyError::CostTooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn spacing_and_max_are_bounded() {
+        let p: Policy = "3/s".parse().unwrap();
+        assert!(
+            p.clone()
+                .with_min_spacing(Duration::ZERO)
+                .unwrap()
+                .min_spacing()
+                .is_none()
+        );
+        let err = p
+            .clone()
+            .with_min_spacing(Duration::from_nanos(10))
+            .unwrap_err();
+        assert!(err.to_string().contains("minimum spacing"), "{err}");
+        assert!(p.with_min_spacing(Duration::MAX).is_err());
+        let err = Rate::new(MAX_MAX + 1, Duration::from_secs(1)).unwrap_err();
+        assert!(err.to_string().contains("too large"), "{err}");
+        assert!(Rate::new(MAX_MAX, Duration::from_secs(1)).is_ok());
     }
 
     #[test]

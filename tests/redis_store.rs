@@ -238,3 +238,81 @@ async fn connect_reports_a_wrong_password() {
     let policy: Policy = "1/1s".parse().unwrap();
     assert!(store.check("k", &policy).await.unwrap().allowed());
 }
+
+/// A check is one round trip: no PING on checkout, one EXEC or EVALSHA.
+#[tokio::test]
+async fn one_round_trip_per_check() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let pings_at_start = server.calls("ping");
+    let tx: Policy = "1000/10s".parse().unwrap();
+    let script = tx.clone().with_execution(Execution::Script);
+    for _ in 0..20 {
+        assert!(store.check("a", &tx).await.unwrap().allowed());
+        assert!(store.check("b", &script).await.unwrap().allowed());
+    }
+    assert_eq!(server.calls("ping"), pings_at_start, "no PING per checkout");
+    assert_eq!(server.calls("exec"), 20);
+    // EVALSHA, plus one failed EVALSHA and SCRIPT LOAD the first time.
+    assert!(server.calls("evalsha") <= 21, "{}", server.calls("evalsha"));
+}
+
+/// After Redis is killed and restarted on the same port, checks work again
+/// without help.
+#[tokio::test]
+async fn reconnects_after_a_redis_restart() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    for execution in [Execution::Transaction, Execution::Script] {
+        let policy = "100/10s"
+            .parse::<Policy>()
+            .unwrap()
+            .with_execution(execution);
+        store.check("k", &policy).await.unwrap();
+        server.restart();
+        for i in 0..5 {
+            let result = store.check("k", &policy).await;
+            assert!(
+                result.is_ok(),
+                "{execution:?} check {i} after restart: {result:?}"
+            );
+        }
+        // The restarted Redis is empty: only the new checks count.
+        assert_eq!(
+            store.check("k", &policy).await.unwrap().remaining(),
+            100 - 6,
+            "{execution:?}"
+        );
+    }
+}
+
+/// Checks cancelled at any point (timeouts, dropped futures) leave no entry
+/// of a request that was not admitted: a client is never locked out by its
+/// abandoned attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_checks_leave_no_entries_behind() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let policy: Policy = "2/60s".parse().unwrap();
+    assert!(store.check("k", &policy).await.unwrap().allowed());
+    assert!(store.check("k", &policy).await.unwrap().allowed());
+    let mut cancelled = 0;
+    for i in 0..400u64 {
+        let budget = Duration::from_micros(50 + (i * 37) % 1_500);
+        match tokio::time::timeout(budget, store.check("k", &policy)).await {
+            Ok(decision) => assert!(!decision.unwrap().allowed()),
+            Err(_) => cancelled += 1,
+        }
+    }
+    assert!(
+        cancelled > 0,
+        "no check was cancelled; the test proves nothing"
+    );
+    // Let the spawned clean-ups finish.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        zcard(&server, "rl:log:{k}"),
+        2,
+        "{cancelled} cancelled checks"
+    );
+}

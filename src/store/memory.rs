@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, DecisionBuilder, RateState};
 use crate::policy::{Policy, duration_micros};
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, bounded_key};
 
 const SHARDS: usize = 16;
 /// Every this many operations, one shard (in turn) drops its idle keys: each
@@ -26,7 +26,9 @@ pub const DEFAULT_MAX_KEYS: usize = 100_000;
 /// fallback. The same sliding-log semantics as
 /// [`RedisStore`](crate::RedisStore), decided on an injectable [`Clock`].
 ///
-/// Memory is bounded: keys whose entries have all left the longest window
+/// Memory is bounded: keys longer than
+/// [`MAX_RAW_KEY_LEN`](crate::store::MAX_RAW_KEY_LEN) bytes are held as a
+/// fixed-size hash, keys whose entries have all left the longest window
 /// are dropped, and when more than `max_keys` keys are active the least
 /// recently used of a small sample is evicted (as Redis's approximate LRU
 /// does), which forgets that key's history.
@@ -123,6 +125,8 @@ impl MemoryStore {
 
     /// Take the decision synchronously (the [`Store`] impl calls this).
     pub fn check_now(&self, key: &str, policy: &Policy) -> Decision {
+        let key = bounded_key(key);
+        let key = key.as_ref();
         let now = duration_micros(self.inner.clock.now());
         let op = self.inner.ops.fetch_add(1, Ordering::Relaxed);
         if op % SWEEP_STRIDE == SWEEP_STRIDE - 1 {

@@ -38,9 +38,33 @@ pub enum StoreError {
     /// No answer within the store's timeout.
     #[error("no answer from the store within {0:?}")]
     Timeout(Duration),
+    /// No connection came free in the pool's connection timeout.
+    #[error("no redis connection came free in the pool's connection timeout")]
+    PoolTimeout,
     /// Redis answered something the store did not expect.
     #[error("unexpected reply from redis: {0}")]
     UnexpectedReply(String),
+}
+
+/// Keys longer than this many bytes are stored under their hash.
+pub const MAX_RAW_KEY_LEN: usize = 128;
+
+/// `key` itself when it is short and cannot break a Redis hash tag;
+/// otherwise `#` and its SHA-1 (a fixed hash, the same in every process), so
+/// a client-chosen key bounds the memory it takes and cannot break the key
+/// layout. A raw key never starts with `#`, so the two cannot meet.
+pub(crate) fn bounded_key(key: &str) -> std::borrow::Cow<'_, str> {
+    let needs_hash = key.len() > MAX_RAW_KEY_LEN
+        || key.starts_with('#')
+        || key.bytes().any(|b| b == b'{' || b == b'}');
+    if needs_hash {
+        std::borrow::Cow::Owned(format!(
+            "#{}",
+            sha1_smol::Sha1::from(key.as_bytes()).digest()
+        ))
+    } else {
+        std::borrow::Cow::Borrowed(key)
+    }
 }
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;

@@ -6,7 +6,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -22,7 +22,7 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
-    /// Start a server with no persistence and wait until it answers PING.
+    /// Start a server with no persistence and wait until it answers.
     pub fn start() -> Self {
         Self::start_with(&[])
     }
@@ -32,46 +32,38 @@ impl RedisServer {
         let mut last_error = String::new();
         for _ in 0..5 {
             let port = free_port();
-            match Self::try_start(port, extra) {
-                Ok(server) => return server,
+            let dir = std::env::temp_dir().join(format!("trr-redis-{}-{port}", std::process::id()));
+            if let Err(error) = std::fs::create_dir_all(&dir) {
+                panic!("creating {}: {error}", dir.display());
+            }
+            match spawn_ready(port, extra, &dir) {
+                Ok(child) => return Self { child, port, dir },
                 Err(error) => last_error = error,
             }
         }
         panic!("could not start redis-server: {last_error}");
     }
 
-    fn try_start(port: u16, extra: &[&str]) -> Result<Self, String> {
-        let dir = std::env::temp_dir().join(format!("trr-redis-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let mut command = Command::new("redis-server");
-        command
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .arg("--dir")
-            .arg(&dir)
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let child = match command.spawn() {
-            Ok(child) => child,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
-            Err(e) => return Err(format!("spawning redis-server: {e}")),
-        };
-        let mut server = Self { child, port, dir };
+    /// Kill the server and start a fresh one (empty) on the same port.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
         let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = server.child.try_wait() {
-                return Err(format!("redis-server on port {port} exited: {status}"));
+        loop {
+            match spawn_ready(self.port, &[], &self.dir) {
+                Ok(child) => {
+                    self.child = child;
+                    return;
+                }
+                Err(error) if Instant::now() > deadline => {
+                    panic!(
+                        "could not restart redis-server on port {}: {error}",
+                        self.port
+                    )
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
             }
-            if ping(port) {
-                return Ok(server);
-            }
-            std::thread::sleep(Duration::from_millis(20));
         }
-        Err(format!(
-            "redis-server on port {port} did not answer PING within 10 s"
-        ))
     }
 
     pub fn port(&self) -> u16 {
@@ -95,21 +87,67 @@ impl RedisServer {
         assert!(status.success(), "kill -{signal} failed");
     }
 
-    /// Run a command with redis-cli-free plain RESP and return the raw reply.
+    /// Run a command over plain RESP and return the raw reply.
     pub fn command(&self, args: &[&str]) -> String {
         raw_command(self.port, args)
+    }
+
+    /// `calls` of `command` in `INFO commandstats` (0 if never called).
+    pub fn calls(&self, command: &str) -> u64 {
+        let info = self.command(&["INFO", "commandstats"]);
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().unwrap())
     }
 }
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
+        // A stopped server must be resumed to die cleanly.
         let _ = Command::new("kill")
             .args(["-CONT", &self.child.id().to_string()])
+            .stderr(Stdio::null())
             .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Start `redis-server` on `port` and wait until it answers.
+fn spawn_ready(port: u16, extra: &[&str], dir: &Path) -> Result<Child, String> {
+    let mut command = Command::new("redis-server");
+    command
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
+        Err(e) => return Err(format!("spawning redis-server: {e}")),
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("redis-server on port {port} exited: {status}"));
+        }
+        if ping(port) {
+            return Ok(child);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    Err(format!(
+        "redis-server on port {port} did not answer within 10 s"
+    ))
 }
 
 fn free_port() -> u16 {
@@ -129,7 +167,8 @@ fn ping(port: u16) -> bool {
     }
     // +PONG, or -NOAUTH from a server with a password: either way it is up.
     let mut buf = [0u8; 16];
-    matches!(stream.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG") || buf[..n].starts_with(b"-NOAUTH"))
+    matches!(stream.read(&mut buf),
+        Ok(n) if buf[..n].starts_with(b"+PONG") || buf[..n].starts_with(b"-NOAUTH"))
 }
 
 /// Send one command as RESP and return the reply bytes as text.
@@ -146,12 +185,4 @@ pub fn raw_command(port: u16, args: &[&str]) -> String {
     let mut buf = vec![0u8; 64 * 1024];
     let n = stream.read(&mut buf).unwrap();
     String::from_utf8_lossy(&buf[..n]).into_owned()
-}
-
-/// Initialise tracing once for tests that want logs (RUST_LOG).
-pub fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
 }

@@ -84,9 +84,12 @@ impl ClockSync {
         let accept = match *slot {
             None => true,
             // A sample taken under load (a long round trip) is less precise:
-            // keep the old one unless it is getting stale.
+            // keep the old one, unless the offset moved by more than this
+            // sample's error (a clock step, a failover) or the old one is
+            // getting stale.
             Some(old) => {
                 rtt <= old.rtt.saturating_mul(2).max(1_000)
+                    || old.offset.abs_diff(offset) > rtt
                     || old.taken.elapsed() >= self.refresh.saturating_mul(10)
             }
         };

@@ -8,20 +8,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bb8_redis::RedisConnectionManager;
-use bb8_redis::bb8::{self, Pool, PooledConnection, RunError};
+use bb8_redis::bb8::{self, Pool};
 use redis::Value;
 
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::policy::{Execution, Policy};
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, bounded_key};
 
 mod clock_sync;
+mod connection;
 mod sliding_log;
 
+pub use connection::{TrackedConnection, TrackedManager};
 pub use sliding_log::SLIDING_LOG_SCRIPT;
 
 use clock_sync::ClockSync;
+use connection::{Source, TrackedConnection as Tracked, is_connection_error};
 
 /// The default bound on every Redis call (pool checkout included).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -34,8 +37,6 @@ pub const DEFAULT_POOL_SIZE: u32 = 16;
 /// How often the offset between this process's clock and Redis's is measured
 /// again (transaction execution).
 pub const DEFAULT_CLOCK_REFRESH: Duration = Duration::from_secs(30);
-/// Keys longer than this many bytes are stored under their hash.
-pub const MAX_RAW_KEY_LEN: usize = 128;
 
 /// Rate limits kept in Redis, shared by every process that uses the same
 /// Redis and key prefix.
@@ -43,7 +44,7 @@ pub const MAX_RAW_KEY_LEN: usize = 128;
 /// Keys are laid out as `{prefix}:{algorithm}:{{key}}`, e.g.
 /// `rl:log:{203.0.113.9}`: the braces are a cluster hash tag, so every Redis
 /// key of one limited key lands in one slot. A key longer than
-/// [`MAX_RAW_KEY_LEN`] bytes, or holding `{`, `}` or a leading `#`, is stored
+/// [`MAX_RAW_KEY_LEN`](crate::store::MAX_RAW_KEY_LEN) bytes, or holding `{`, `}` or a leading `#`, is stored
 /// as `#` and its SHA-1 instead, so a client-chosen key cannot break the
 /// layout. Every Redis key expires on its own once its longest window has
 /// passed.
@@ -64,7 +65,7 @@ pub const MAX_RAW_KEY_LEN: usize = 128;
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
-    pool: Pool<RedisConnectionManager>,
+    source: Source,
     prefix: Arc<str>,
     timeout: Duration,
     clock: Arc<ClockSync>,
@@ -76,7 +77,7 @@ impl fmt::Debug for RedisStore {
         f.debug_struct("RedisStore")
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
-            .field("pool", &self.pool.state())
+            .field("pool", &self.source.state())
             .finish_non_exhaustive()
     }
 }
@@ -92,7 +93,7 @@ impl RedisStore {
     /// A malformed URL, a refused connection or failed authentication, or a
     /// Redis that does not answer within [`CONNECT_TIMEOUT`].
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let manager = RedisConnectionManager::new(url)?;
+        let manager = TrackedManager::new(url)?;
         // One direct connection first, so a refused connection or a wrong
         // password is reported as such (the pool would only say it timed
         // out); it then joins the pool.
@@ -106,22 +107,53 @@ impl RedisStore {
         .unwrap_or(Err(StoreError::Timeout(CONNECT_TIMEOUT)))?;
         let pool = bb8::Pool::builder()
             .max_size(DEFAULT_POOL_SIZE)
-            .connection_timeout(DEFAULT_TIMEOUT)
+            // Broken connections are dropped by the manager: no PING on
+            // every checkout. The store's timeout bounds the wait.
+            .test_on_check_out(false)
+            .connection_timeout(CONNECT_TIMEOUT)
             .build_unchecked(manager);
-        let store = Self::from_pool(pool);
+        let store = Self::from_tracked_pool(pool);
         store
             .with_timeout_do(store.clock.measure(&mut conn))
             .await?;
-        // Fails only when the pool is full, and it is empty.
-        let _ = store.pool.add(conn);
+        if let Source::Tracked(pool) = &store.source {
+            // Fails only when the pool is full, and it is empty.
+            let _ = pool.add(Tracked::new(conn));
+        }
         Ok(store)
     }
 
-    /// Use a pool you already have. Nothing is sent until the first check,
-    /// which also measures the offset to Redis's clock.
+    /// Use a bb8-redis pool you already have; its settings apply. Keep bb8's
+    /// default `test_on_check_out(true)`: it is what replaces a connection
+    /// broken by a Redis restart in such a pool (at the cost of a `PING` per
+    /// checkout; [`from_tracked_pool`](Self::from_tracked_pool) avoids it).
+    /// Nothing is sent until the first check, which also measures the offset
+    /// to Redis's clock.
     pub fn from_pool(pool: Pool<RedisConnectionManager>) -> Self {
+        Self::from_source(Source::Bb8Redis(pool))
+    }
+
+    /// Use a bb8 pool of [`TrackedManager`] built with your own settings
+    /// (size, timeouts). Such a pool needs no `PING` on checkout: a
+    /// connection that fails is dropped and replaced.
+    ///
+    /// ```no_run
+    /// use bb8_redis::bb8::Pool;
+    /// use tower_redis_ratelimit::{RedisStore, store::redis::TrackedManager};
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let manager = TrackedManager::new("redis://127.0.0.1:6379")?;
+    /// let pool = Pool::builder().max_size(32).test_on_check_out(false).build(manager).await?;
+    /// let store = RedisStore::from_tracked_pool(pool);
+    /// # Ok(()) }
+    /// ```
+    pub fn from_tracked_pool(pool: Pool<TrackedManager>) -> Self {
+        Self::from_source(Source::Tracked(pool))
+    }
+
+    fn from_source(source: Source) -> Self {
         Self {
-            pool,
+            source,
             prefix: Arc::from(DEFAULT_PREFIX),
             timeout: DEFAULT_TIMEOUT,
             clock: Arc::new(ClockSync::new(
@@ -163,11 +195,6 @@ impl RedisStore {
         self
     }
 
-    /// The pool behind the store.
-    pub fn pool(&self) -> &Pool<RedisConnectionManager> {
-        &self.pool
-    }
-
     /// The Redis key that holds the state of `key` for `algorithm`
     /// (`"log"` for the sliding log).
     pub fn redis_key(&self, algorithm: &str, key: &str) -> String {
@@ -180,20 +207,16 @@ impl RedisStore {
     /// Redis unreachable, or no answer within the timeout.
     pub async fn ping(&self) -> Result<(), StoreError> {
         self.with_timeout_do(async {
-            let mut conn = self.conn().await?;
-            redis::cmd("PING")
-                .query_async::<()>(&mut *conn)
-                .await
-                .map_err(StoreError::from)
+            let mut conn = self.source.get().await?;
+            let pong = redis::cmd("PING").query_async::<()>(conn.get()).await;
+            if let Err(error) = &pong
+                && (error.is_io_error() || error.is_connection_dropped())
+            {
+                conn.mark_broken();
+            }
+            pong.map_err(StoreError::from)
         })
         .await
-    }
-
-    async fn conn(&self) -> Result<PooledConnection<'_, RedisConnectionManager>, StoreError> {
-        self.pool.get().await.map_err(|e| match e {
-            RunError::User(e) => StoreError::Redis(e),
-            RunError::TimedOut => StoreError::Timeout(self.timeout),
-        })
     }
 
     async fn with_timeout_do<T>(
@@ -209,39 +232,62 @@ impl RedisStore {
 impl Store for RedisStore {
     async fn check(&self, key: &str, policy: &Policy) -> Result<Decision, StoreError> {
         let redis_key = self.redis_key("log", key);
-        self.with_timeout_do(async {
-            let mut conn = self.conn().await?;
-            match policy.execution() {
-                Execution::Script => {
-                    sliding_log::script(&mut *conn, &redis_key, policy, &self.ids.next()).await
+        let id = self.ids.next();
+        let (decision, cleanup) = self
+            .with_timeout_do(async {
+                let mut retried = false;
+                loop {
+                    let mut conn = self.source.get().await?;
+                    let result = match policy.execution() {
+                        Execution::Script => {
+                            sliding_log::script(conn.get(), &redis_key, policy, &id)
+                                .await
+                                .map(|decision| (decision, None))
+                        }
+                        Execution::Transaction => {
+                            sliding_log::transaction(
+                                conn.get(),
+                                &redis_key,
+                                policy,
+                                &id,
+                                &self.clock,
+                                self.timeout,
+                            )
+                            .await
+                        }
+                    };
+                    match result {
+                        // A connection broken by a Redis restart: drop it and
+                        // try once more on a fresh one. The same request id
+                        // makes a repeat harmless.
+                        Err(error) if is_connection_error(&error) && !retried => {
+                            conn.mark_broken();
+                            retried = true;
+                            tracing::debug!(%error, "redis connection failed; retrying on a fresh one");
+                        }
+                        Err(error) => {
+                            if is_connection_error(&error) {
+                                conn.mark_broken();
+                            }
+                            return Err(error);
+                        }
+                        Ok(done) => return Ok(done),
+                    }
                 }
-                Execution::Transaction => {
-                    sliding_log::transaction(
-                        &mut *conn,
-                        &redis_key,
-                        policy,
-                        &self.ids.next(),
-                        &self.clock,
-                    )
-                    .await
-                }
-            }
-        })
-        .await
+            })
+            .await?;
+        // Outside the timeout: taking a denied entry back out never turns
+        // the decision into an error.
+        if let Some(cleanup) = cleanup {
+            cleanup.run().await;
+        }
+        Ok(decision)
     }
 }
 
 /// `{prefix}:{algorithm}:{key}` with `key` in a hash tag, hashed when needed.
 pub(crate) fn redis_key(prefix: &str, algorithm: &str, key: &str) -> String {
-    let needs_hash = key.len() > MAX_RAW_KEY_LEN
-        || key.starts_with('#')
-        || key.bytes().any(|b| b == b'{' || b == b'}');
-    if needs_hash {
-        let digest = sha1_smol::Sha1::from(key.as_bytes()).digest().to_string();
-        format!("{prefix}:{algorithm}:{{#{digest}}}")
-    } else {
-        format!("{prefix}:{algorithm}:{{{key}}}")
-    }
+    format!("{prefix}:{algorithm}:{{{}}}", bounded_key(key))
 }
 
 /// Request ids unique across processes: a random per-store part and a counter.
@@ -308,7 +354,7 @@ mod tests {
             "{braces}"
         );
         assert_eq!(braces.matches('{').count(), 1);
-        let long = "x".repeat(MAX_RAW_KEY_LEN + 1);
+        let long = "x".repeat(crate::store::MAX_RAW_KEY_LEN + 1);
         assert_eq!(redis_key("rl", "log", &long).len(), "rl:log:{#}".len() + 40);
         assert_ne!(redis_key("rl", "log", "#abc"), "rl:log:{#abc}");
         // Stable across processes: a fixed hash, not a seeded one.

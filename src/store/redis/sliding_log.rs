@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use redis::Value;
-use redis::aio::ConnectionLike;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 
 use super::clock_sync::ClockSync;
 use super::int_reply;
@@ -58,15 +58,16 @@ pub(super) async fn script<C: ConnectionLike>(
         .ok_or_else(|| StoreError::UnexpectedReply("no rate in the reply".to_owned()))
 }
 
-/// One `MULTI`/`EXEC` round trip, decided here; a denied request's entries
-/// are removed in a second round trip.
-pub(super) async fn transaction<C: ConnectionLike>(
-    conn: &mut C,
+/// One `MULTI`/`EXEC` round trip, decided here. A denied request comes
+/// back with the [`Cleanup`] that takes its entries out again.
+pub(super) async fn transaction(
+    conn: &mut MultiplexedConnection,
     key: &str,
     policy: &Policy,
     id: &str,
     clock: &ClockSync,
-) -> Result<Decision, StoreError> {
+    timeout: Duration,
+) -> Result<(Decision, Option<Cleanup>), StoreError> {
     let (now, refresh) = match clock.now() {
         Some(now) => now,
         None => {
@@ -126,6 +127,16 @@ pub(super) async fn transaction<C: ConnectionLike>(
     if refresh {
         pipe.cmd("TIME");
     }
+    // From here until the decision is known, an error or a dropped future
+    // takes our entries back out (on the same connection, so after EXEC).
+    let cleanup = Cleanup {
+        conn: conn.clone(),
+        key: key.to_owned(),
+        members,
+        timeout,
+        armed: true,
+    };
+    let members = &cleanup.members;
     let sent = clock.local_micros();
     let reply: Vec<Value> = pipe.query_async(conn).await?;
     let received = clock.local_micros();
@@ -206,19 +217,80 @@ pub(super) async fn transaction<C: ConnectionLike>(
     let decision = builder
         .build()
         .ok_or_else(|| StoreError::UnexpectedReply("policy without rates".to_owned()))?;
-
-    if !allowed {
-        // Denied attempts must not count: take our entries back out.
-        let removed: Result<(), _> = redis::cmd("ZREM")
-            .arg(key)
-            .arg(&members)
-            .query_async(conn)
-            .await;
-        if let Err(error) = removed {
-            tracing::warn!(%error, "could not remove a denied request's entry; it counts until its window passes");
-        }
+    if allowed {
+        cleanup.disarm();
+        Ok((decision, None))
+    } else {
+        // Denied attempts must not count.
+        Ok((decision, Some(cleanup)))
     }
-    Ok(decision)
+}
+
+/// Takes the entries of a request that must not count out of its sorted
+/// set: run it, or drop it and it runs in a spawned task. It uses a clone
+/// of the request's own multiplexed connection, so the `ZREM` reaches Redis
+/// after the request's `EXEC`, even when the request timed out or its
+/// future was dropped while waiting.
+pub(super) struct Cleanup {
+    conn: MultiplexedConnection,
+    key: String,
+    members: Vec<String>,
+    timeout: Duration,
+    armed: bool,
+}
+
+impl Cleanup {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+
+    /// Remove the entries now, within the timeout; failures are logged.
+    pub(super) async fn run(mut self) {
+        let outcome =
+            tokio::time::timeout(self.timeout, zrem(&mut self.conn, &self.key, &self.members))
+                .await;
+        match outcome {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::warn!(
+                %error,
+                "could not remove a denied request's entry; it counts until its window passes"
+            ),
+            Err(_) => tracing::warn!(
+                "removing a denied request's entry timed out; Redis runs it when it answers again"
+            ),
+        }
+        self.armed = false;
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut conn = self.conn.clone();
+        let key = std::mem::take(&mut self.key);
+        let members = std::mem::take(&mut self.members);
+        let timeout = self.timeout;
+        runtime.spawn(async move {
+            let _ = tokio::time::timeout(timeout, zrem(&mut conn, &key, &members)).await;
+        });
+    }
+}
+
+async fn zrem(
+    conn: &mut MultiplexedConnection,
+    key: &str,
+    members: &[String],
+) -> Result<(), redis::RedisError> {
+    redis::cmd("ZREM")
+        .arg(key)
+        .arg(members)
+        .query_async(conn)
+        .await
 }
 
 fn micros(value: i64) -> Duration {

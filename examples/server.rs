@@ -51,7 +51,12 @@ async fn main() -> ExitCode {
 /// Logs at `info` unless `RUST_LOG` says otherwise.
 fn init_logging() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).init();
+    // Colours only on a terminal, not in log files.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .init();
 }
 
 /// Reads the settings, opens the store and binds the listener.

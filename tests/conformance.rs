@@ -211,20 +211,26 @@ async fn denied_attempts_do_not_lock_out(h: Harness) {
     assert_eq!(d.remaining(), 1);
 }
 
-async fn multi_rate_is_all_or_nothing(h: Harness) {
-    let p = h.policy("2/500ms, 3/3s");
+/// Rates `2c/500ms, 3c/3s` with cost `c`: all-or-nothing, and the headline
+/// rate is the one that says the most.
+async fn several_rates(h: Harness, cost: u64) {
+    let p = h
+        .policy(&format!("{}/500ms, {}/3s", 2 * cost, 3 * cost))
+        .with_cost(cost)
+        .unwrap();
     let t0 = h.mark();
     let d = h.check("k", &p).await;
     assert!(d.allowed());
     assert_eq!(
         (d.limit(), d.remaining()),
-        (2, 1),
+        (2 * cost, cost),
         "the rate with least remaining"
     );
-    assert!(h.check("k", &p).await.allowed());
+    let d = h.check("k", &p).await;
+    assert_eq!((d.limit(), d.remaining()), (2 * cost, 0));
     let d = h.check("k", &p).await;
     assert!(!d.allowed());
-    assert_eq!(d.limit(), 2, "denied by the short rate");
+    assert_eq!(d.limit(), 2 * cost, "denied by the short rate");
     h.assert_near(
         d.retry_after(),
         (500 * MS).saturating_sub(h.since(t0)),
@@ -234,15 +240,23 @@ async fn multi_rate_is_all_or_nothing(h: Harness) {
     // The denied request did not count against the long rate.
     let d = h.check("k", &p).await;
     assert!(d.allowed());
-    assert_eq!((d.limit(), d.remaining()), (3, 0));
+    assert_eq!((d.limit(), d.remaining()), (3 * cost, 0));
     let d = h.check("k", &p).await;
     assert!(!d.allowed());
-    assert_eq!(d.limit(), 3, "denied by the long rate");
+    assert_eq!(d.limit(), 3 * cost, "denied by the long rate");
     h.assert_near(
         d.retry_after(),
         Duration::from_secs(3).saturating_sub(h.since(t0)),
         "long retry_after",
     );
+}
+
+async fn multi_rate_is_all_or_nothing(h: Harness) {
+    several_rates(h, 1).await;
+}
+
+async fn cost_with_several_rates(h: Harness) {
+    several_rates(h, 2).await;
 }
 
 async fn min_spacing(h: Harness) {
@@ -281,36 +295,6 @@ async fn cost(h: Harness) {
     let d = h.check("k", &cheap).await;
     assert!(d.allowed());
     assert_eq!(d.remaining(), 0);
-}
-
-async fn cost_with_several_rates(h: Harness) {
-    let p = h.policy("4/500ms, 6/3s").with_cost(2).unwrap();
-    let t0 = h.mark();
-    let d = h.check("k", &p).await;
-    assert!(d.allowed());
-    assert_eq!((d.limit(), d.remaining()), (4, 2));
-    let d = h.check("k", &p).await;
-    assert_eq!((d.limit(), d.remaining()), (4, 0));
-    let d = h.check("k", &p).await;
-    assert!(!d.allowed());
-    assert_eq!(d.limit(), 4);
-    h.assert_near(
-        d.retry_after(),
-        (500 * MS).saturating_sub(h.since(t0)),
-        "short retry_after",
-    );
-    h.advance_past(500 * MS).await;
-    let d = h.check("k", &p).await;
-    assert!(d.allowed());
-    assert_eq!((d.limit(), d.remaining()), (6, 0));
-    let d = h.check("k", &p).await;
-    assert!(!d.allowed());
-    assert_eq!(d.limit(), 6);
-    h.assert_near(
-        d.retry_after(),
-        Duration::from_secs(3).saturating_sub(h.since(t0)),
-        "long retry_after",
-    );
 }
 
 async fn reset_and_retry_differ(h: Harness) {

@@ -1,8 +1,9 @@
 //! The outcome of one rate-limit check.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::policy::Rate;
+use crate::policy::{Algorithm, Rate};
 
 /// What a store decided for one request of one key.
 ///
@@ -10,19 +11,61 @@ use crate::policy::Rate;
 /// one that says the most to the client: when the request is denied, the rate
 /// that keeps it out longest; otherwise the rate with the fewest requests
 /// remaining (ties go to the longer reset).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     allowed: bool,
+    algorithm: Algorithm,
     rate: Rate,
     remaining: u64,
     reset: Duration,
     retry_after: Duration,
+    rates: Arc<[RateStatus]>,
+    lease: Option<Lease>,
+}
+
+/// A concurrency slot held by an admitted request
+/// ([`Algorithm::Concurrency`]); the layer gives it back through
+/// [`Store::release`](crate::Store::release) when the response is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Lease(u128);
+
+impl Lease {
+    /// A lease with this id, unique among the leases of its store.
+    pub fn new(id: u128) -> Self {
+        Self(id)
+    }
+
+    /// The lease's id.
+    pub fn id(self) -> u128 {
+        self.0
+    }
 }
 
 impl Decision {
     /// Whether the request is admitted.
     pub fn allowed(&self) -> bool {
         self.allowed
+    }
+
+    /// The algorithm that decided.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// The state of every rate of the policy, in the policy's order.
+    pub fn rates(&self) -> &[RateStatus] {
+        &self.rates
+    }
+
+    /// The concurrency slot this admitted request holds, if any.
+    pub fn lease(&self) -> Option<Lease> {
+        self.lease
+    }
+
+    /// The same decision holding `lease`.
+    pub(crate) fn with_lease(mut self, lease: Lease) -> Self {
+        self.lease = Some(lease);
+        self
     }
 
     /// The rate the other values describe.
@@ -56,8 +99,8 @@ impl Decision {
 }
 
 /// The state of one rate for one request, as a store computed it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RateState {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateStatus {
     pub(crate) rate: Rate,
     /// Requests left after this one (if admitted).
     pub(crate) remaining: u64,
@@ -67,23 +110,57 @@ pub(crate) struct RateState {
     pub(crate) wait: Duration,
 }
 
+impl RateStatus {
+    /// The rate.
+    pub fn rate(&self) -> Rate {
+        self.rate
+    }
+
+    /// Requests this rate still admits now (after this one, if admitted).
+    pub fn remaining(&self) -> u64 {
+        self.remaining
+    }
+
+    /// Time until this rate's quota is full again.
+    pub fn reset(&self) -> Duration {
+        self.reset
+    }
+
+    /// Time until this rate admits the request (zero if it does now).
+    pub fn wait(&self) -> Duration {
+        self.wait
+    }
+}
+
+pub(crate) type RateState = RateStatus;
+
 /// Builds a [`Decision`] from the state of every rate, so every store picks
 /// the headline rate the same way.
 #[derive(Debug)]
 pub(crate) struct DecisionBuilder {
     allowed: bool,
+    algorithm: Algorithm,
     retry_after: Duration,
     /// The headline so far, and whether it was chosen for denying.
     headline: Option<(RateState, bool)>,
+    rates: Vec<RateStatus>,
 }
 
 impl DecisionBuilder {
     pub(crate) fn new(allowed: bool) -> Self {
         Self {
             allowed,
+            algorithm: Algorithm::SlidingLog,
             retry_after: Duration::ZERO,
             headline: None,
+            rates: Vec::with_capacity(2),
         }
+    }
+
+    /// The algorithm deciding (default: the sliding log).
+    pub(crate) fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
     }
 
     /// Add a wait that is not tied to one rate (minimum spacing).
@@ -94,6 +171,7 @@ impl DecisionBuilder {
     }
 
     pub(crate) fn rate(&mut self, state: RateState) {
+        self.rates.push(state);
         let denies = !self.allowed && !state.wait.is_zero();
         if denies {
             self.retry_after = self.retry_after.max(state.wait);
@@ -120,6 +198,9 @@ impl DecisionBuilder {
         let (state, _) = self.headline?;
         Some(Decision {
             allowed: self.allowed,
+            algorithm: self.algorithm,
+            rates: self.rates.into(),
+            lease: None,
             rate: state.rate,
             remaining: state.remaining,
             reset: state.reset,

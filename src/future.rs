@@ -136,7 +136,7 @@ where
                                 remaining = decision.remaining(),
                                 "rate limit: admitted"
                             );
-                            request.extensions_mut().insert(decision);
+                            request.extensions_mut().insert(decision.clone());
                             Some(decision)
                         }
                         Ok(decision) => {

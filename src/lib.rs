@@ -13,11 +13,11 @@ pub mod store;
 
 pub use body::ResponseBody;
 pub use clock::{Clock, ManualClock, SkewedClock, SystemClock};
-pub use decision::Decision;
+pub use decision::{Decision, Lease, RateStatus};
 pub use future::ResponseFuture;
 pub use key::KeyExtractor;
 pub use layer::{FailMode, RateLimitLayer};
-pub use policy::{Execution, Policy, PolicyError, Rate};
+pub use policy::{Algorithm, Execution, Policy, PolicyError, Rate};
 pub use service::RateLimit;
 pub use store::memory::MemoryStore;
 pub use store::redis::RedisStore;

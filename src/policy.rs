@@ -115,6 +115,117 @@ impl FromStr for Rate {
     }
 }
 
+/// The default lease of a [`Algorithm::Concurrency`] slot: a request of a
+/// crashed process frees its slot after this long.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+
+/// How requests are counted. Every algorithm runs in
+/// [`MemoryStore`](crate::MemoryStore) and [`RedisStore`](crate::RedisStore)
+/// with the same semantics.
+///
+/// | algorithm | state per key | exact? | choose it for |
+/// |---|---|---|---|
+/// | [`SlidingLog`](Self::SlidingLog) | one entry per request in the longest window | yes | exact rolling windows, modest limits |
+/// | [`FixedWindow`](Self::FixedWindow) | one counter per rate | per window; up to 2× max across a window edge | the cheapest check |
+/// | [`SlidingWindow`](Self::SlidingWindow) | two counters per rate | approximate (see below) | very high limits |
+/// | [`Gcra`](Self::Gcra) | one timestamp per rate | yes, as a token bucket | smooth rates with bursts |
+/// | [`Concurrency`](Self::Concurrency) | one lease per request in flight | yes | at most N requests in flight |
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// The sorted-set rolling window: a request is admitted if fewer than
+    /// `max` requests were admitted in the last `window`. Exact.
+    #[default]
+    SlidingLog,
+    /// A counter per window of wall-clock time (`floor(now / window)`),
+    /// reset at each window's start. Exact within a window, but a client can
+    /// send `max` at the end of one window and `max` at the start of the
+    /// next: up to 2× max in any rolling window.
+    FixedWindow,
+    /// The count of the current fixed window plus the previous window's
+    /// count weighted by how much of it the rolling window still covers.
+    /// O(1) memory. It assumes the previous window's requests were evenly
+    /// spread: in any rolling window it admits at most
+    /// `max + previous × elapsed fraction` (< 2× max) in the worst case, when
+    /// the previous window's traffic all came at its very end, and exactly
+    /// `max` for evenly spread traffic.
+    SlidingWindow,
+    /// The generic cell rate algorithm: a token bucket of capacity `max`
+    /// refilled at `max / window`, kept as one theoretical arrival time per
+    /// rate and refilled lazily. Admits bursts of up to `max`, then one
+    /// request every `window / max`.
+    Gcra,
+    /// At most `max` requests of one key in flight at once, across every
+    /// process: a lease is taken before the inner service is called and
+    /// released when the response body is finished or dropped. A lease of
+    /// a crashed process expires after the rate's window (the lease time,
+    /// see [`Policy::concurrency`]).
+    Concurrency,
+}
+
+impl Algorithm {
+    /// The name used in settings and in Redis keys' documentation:
+    /// `sliding-log`, `fixed-window`, `sliding-window`, `gcra`, `concurrency`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::SlidingLog => "sliding-log",
+            Self::FixedWindow => "fixed-window",
+            Self::SlidingWindow => "sliding-window",
+            Self::Gcra => "gcra",
+            Self::Concurrency => "concurrency",
+        }
+    }
+
+    /// The algorithm's part of a Redis key (`rl:<tag>:{key}`).
+    pub(crate) fn tag(self) -> &'static str {
+        match self {
+            Self::SlidingLog => "log",
+            Self::FixedWindow => "fixed",
+            Self::SlidingWindow => "swc",
+            Self::Gcra => "gcra",
+            Self::Concurrency => "conc",
+        }
+    }
+
+    pub(crate) const ALL: [Algorithm; 5] = [
+        Self::SlidingLog,
+        Self::FixedWindow,
+        Self::SlidingWindow,
+        Self::Gcra,
+        Self::Concurrency,
+    ];
+
+    pub(crate) fn index(self) -> usize {
+        match self {
+            Self::SlidingLog => 0,
+            Self::FixedWindow => 1,
+            Self::SlidingWindow => 2,
+            Self::Gcra => 3,
+            Self::Concurrency => 4,
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = PolicyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let wanted = s.trim().to_ascii_lowercase().replace('_', "-");
+        Self::ALL
+            .into_iter()
+            .find(|a| a.name() == wanted)
+            .ok_or_else(|| PolicyError::UnknownAlgorithm {
+                input: s.to_owned(),
+            })
+    }
+}
+
 /// How [`RedisStore`](crate::RedisStore) runs the sliding log. Other stores
 /// ignore it: their decisions are the same either way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -179,6 +290,7 @@ pub struct Policy {
     min_spacing: Option<Duration>,
     cost: u64,
     execution: Execution,
+    algorithm: Algorithm,
 }
 
 impl Policy {
@@ -205,7 +317,116 @@ impl Policy {
             min_spacing: None,
             cost: 1,
             execution: Execution::default(),
+            algorithm: Algorithm::default(),
         })
+    }
+
+    /// At most `max_in_flight` requests of one key in flight at once
+    /// ([`Algorithm::Concurrency`]), with leases of [`DEFAULT_LEASE`]: a
+    /// request still running after its lease expired no longer holds its
+    /// slot, so set the lease above your longest request
+    /// ([`with_lease`](Self::with_lease)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::{Algorithm, Policy};
+    ///
+    /// let policy = Policy::concurrency(10)?.with_lease(Duration::from_secs(30))?;
+    /// assert_eq!(policy.algorithm(), Algorithm::Concurrency);
+    /// assert_eq!(policy.rates()[0].max(), 10);
+    /// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// A zero `max_in_flight`.
+    pub fn concurrency(max_in_flight: u64) -> Result<Self, PolicyError> {
+        let mut policy = Self::new([Rate::new(max_in_flight, DEFAULT_LEASE)?])?;
+        policy.algorithm = Algorithm::Concurrency;
+        Ok(policy)
+    }
+
+    /// The lease of a [`Algorithm::Concurrency`] slot.
+    ///
+    /// # Errors
+    /// The policy is not a concurrency limit, or the lease is outside
+    /// [`MIN_WINDOW`]..=[`MAX_WINDOW`].
+    pub fn with_lease(mut self, lease: Duration) -> Result<Self, PolicyError> {
+        if self.algorithm != Algorithm::Concurrency {
+            return Err(PolicyError::Unsupported {
+                algorithm: self.algorithm,
+                what: "a lease (use Policy::concurrency)",
+            });
+        }
+        let max = self.rates[0].max();
+        self.rates = vec![Rate::new(max, lease)?];
+        Ok(self)
+    }
+
+    /// Count requests with `algorithm` (default [`Algorithm::SlidingLog`]).
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{Algorithm, Policy};
+    ///
+    /// let policy = "100/s, 1000/min".parse::<Policy>()?.with_algorithm(Algorithm::Gcra)?;
+    /// assert_eq!(policy.algorithm(), Algorithm::Gcra);
+    /// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// A combination the algorithm cannot enforce: minimum spacing outside
+    /// the sliding log; for [`Algorithm::Concurrency`] (better built with
+    /// [`Policy::concurrency`]), more than one rate or a cost above 1.
+    pub fn with_algorithm(mut self, algorithm: Algorithm) -> Result<Self, PolicyError> {
+        self.algorithm = algorithm;
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// [`Algorithm::FixedWindow`]: `policy.fixed_window()?`.
+    ///
+    /// # Errors
+    /// As [`with_algorithm`](Self::with_algorithm).
+    pub fn fixed_window(self) -> Result<Self, PolicyError> {
+        self.with_algorithm(Algorithm::FixedWindow)
+    }
+
+    /// [`Algorithm::SlidingWindow`]: `policy.sliding_window()?`.
+    ///
+    /// # Errors
+    /// As [`with_algorithm`](Self::with_algorithm).
+    pub fn sliding_window(self) -> Result<Self, PolicyError> {
+        self.with_algorithm(Algorithm::SlidingWindow)
+    }
+
+    /// [`Algorithm::Gcra`]: `policy.gcra()?`.
+    ///
+    /// # Errors
+    /// As [`with_algorithm`](Self::with_algorithm).
+    pub fn gcra(self) -> Result<Self, PolicyError> {
+        self.with_algorithm(Algorithm::Gcra)
+    }
+
+    fn validate(&self) -> Result<(), PolicyError> {
+        let unsupported = |what| {
+            Err(PolicyError::Unsupported {
+                algorithm: self.algorithm,
+                what,
+            })
+        };
+        if self.min_spacing.is_some() && self.algorithm != Algorithm::SlidingLog {
+            return unsupported(
+                "a minimum spacing (only the sliding log keeps the last request's time)",
+            );
+        }
+        if self.algorithm == Algorithm::Concurrency {
+            if self.rates.len() != 1 {
+                return unsupported("more than one rate");
+            }
+            if self.cost != 1 {
+                return unsupported("a cost above 1");
+            }
+        }
+        Ok(())
     }
 
     /// Require at least `spacing` between two admitted requests of one key
@@ -219,6 +440,7 @@ impl Policy {
             return Err(PolicyError::SpacingOutOfRange { spacing });
         }
         self.min_spacing = (!spacing.is_zero()).then_some(spacing);
+        self.validate()?;
         Ok(self)
     }
 
@@ -238,6 +460,7 @@ impl Policy {
             return Err(PolicyError::CostAboveMax { cost, rate: *rate });
         }
         self.cost = cost;
+        self.validate()?;
         Ok(self)
     }
 
@@ -264,9 +487,14 @@ impl Policy {
         self.cost
     }
 
-    /// How Redis runs this policy.
+    /// How Redis runs this policy (the sliding log only).
     pub fn execution(&self) -> Execution {
         self.execution
+    }
+
+    /// How requests are counted.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
     }
 
     /// The longest window of the policy: state older than this is dead.
@@ -358,6 +586,22 @@ pub enum PolicyError {
         input: String,
         /// What is wrong with it.
         reason: String,
+    },
+    /// An algorithm name the parser does not know.
+    #[error(
+        "unknown algorithm {input:?}: use sliding-log, fixed-window, sliding-window, gcra or concurrency"
+    )]
+    UnknownAlgorithm {
+        /// The text given.
+        input: String,
+    },
+    /// A setting the policy's algorithm cannot enforce.
+    #[error("the {algorithm} algorithm does not support {what}")]
+    Unsupported {
+        /// The policy's algorithm.
+        algorithm: Algorithm,
+        /// What it does not support.
+        what: &'static str,
     },
     /// An execution other than `transaction` or `script`.
     #[error("unknown execution {input:?}: use `transaction` or `script`")]
@@ -599,6 +843,49 @@ mod tests {
     fn sub_millisecond_windows_are_rejected() {
         let err = Rate::new(1, Duration::from_micros(10)).unwrap_err();
         assert!(matches!(err, PolicyError::WindowOutOfRange { .. }));
+    }
+
+    #[test]
+    fn algorithms_parse_and_reject_what_they_cannot_enforce() {
+        for a in Algorithm::ALL {
+            assert_eq!(a.name().parse::<Algorithm>().unwrap(), a);
+        }
+        assert!(
+            "leaky"
+                .parse::<Algorithm>()
+                .unwrap_err()
+                .to_string()
+                .contains("unknown algorithm")
+        );
+        let spaced = "3/s"
+            .parse::<Policy>()
+            .unwrap()
+            .with_min_spacing(Duration::from_millis(10))
+            .unwrap();
+        let err = spaced.gcra().unwrap_err().to_string();
+        assert!(
+            err.contains("gcra algorithm does not support a minimum spacing"),
+            "{err}"
+        );
+        let two: Policy = "3/s, 10/min".parse().unwrap();
+        assert!(two.clone().gcra().is_ok());
+        let err = two
+            .with_algorithm(Algorithm::Concurrency)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("more than one rate"), "{err}");
+        let c = Policy::concurrency(5).unwrap();
+        assert_eq!(c.rates()[0].window(), DEFAULT_LEASE);
+        assert!(c.clone().with_cost(2).is_err());
+        assert!(c.with_lease(Duration::ZERO).is_err());
+        assert!(
+            "3/s"
+                .parse::<Policy>()
+                .unwrap()
+                .with_lease(Duration::from_secs(1))
+                .is_err()
+        );
+        assert!(Policy::concurrency(0).is_err());
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::decision::Decision;
+use crate::decision::{Decision, Lease};
 use crate::policy::Policy;
 
 pub mod memory;
@@ -26,6 +26,19 @@ pub trait Store: Send + Sync + 'static {
         key: &str,
         policy: &Policy,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+
+    /// Give back the concurrency slot `lease` of `key`, taken by an admitted
+    /// [`Concurrency`](crate::Algorithm::Concurrency) check. The default does
+    /// nothing (for stores without that algorithm).
+    fn release(
+        &self,
+        key: &str,
+        policy: &Policy,
+        lease: Lease,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (key, policy, lease);
+        async { Ok(()) }
+    }
 }
 
 /// Why a store could not decide.
@@ -76,6 +89,13 @@ pub(crate) trait DynStore: Send + Sync + 'static {
         key: String,
         policy: Arc<Policy>,
     ) -> BoxFuture<Result<Decision, StoreError>>;
+
+    fn release_owned(
+        self: Arc<Self>,
+        key: String,
+        policy: Arc<Policy>,
+        lease: Lease,
+    ) -> BoxFuture<Result<(), StoreError>>;
 }
 
 impl<S: Store> DynStore for S {
@@ -85,5 +105,14 @@ impl<S: Store> DynStore for S {
         policy: Arc<Policy>,
     ) -> BoxFuture<Result<Decision, StoreError>> {
         Box::pin(async move { self.check(&key, &policy).await })
+    }
+
+    fn release_owned(
+        self: Arc<Self>,
+        key: String,
+        policy: Arc<Policy>,
+        lease: Lease,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        Box::pin(async move { self.release(&key, &policy, lease).await })
     }
 }

@@ -13,12 +13,17 @@ use redis::Value;
 
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
-use crate::policy::{Execution, Policy};
+use crate::decision::Lease;
+use crate::policy::{Algorithm, Execution, Policy};
 use crate::store::{Store, StoreError, bounded_key};
 
 mod clock_sync;
+mod concurrency;
 mod connection;
+mod fixed_window;
+mod gcra;
 mod sliding_log;
+mod sliding_window;
 
 pub use connection::{TrackedConnection, TrackedManager};
 pub use sliding_log::SLIDING_LOG_SCRIPT;
@@ -230,21 +235,46 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
+    async fn release(&self, key: &str, policy: &Policy, lease: Lease) -> Result<(), StoreError> {
+        if policy.algorithm() != Algorithm::Concurrency {
+            return Ok(());
+        }
+        self.release_lease(key, policy, lease).await
+    }
+
     async fn check(&self, key: &str, policy: &Policy) -> Result<Decision, StoreError> {
-        let redis_key = self.redis_key("log", key);
-        let id = self.ids.next();
+        let redis_key = self.redis_key(policy.algorithm().tag(), key);
+        let (lease, id) = self.ids.next();
         let (decision, cleanup) = self
             .with_timeout_do(async {
                 let mut retried = false;
                 loop {
                     let mut conn = self.source.get().await?;
-                    let result = match policy.execution() {
-                        Execution::Script => {
+                    let result = match (policy.algorithm(), policy.execution()) {
+                        (Algorithm::FixedWindow, _) => {
+                            fixed_window::check(conn.get(), &redis_key, policy)
+                                .await
+                                .map(|decision| (decision, None))
+                        }
+                        (Algorithm::SlidingWindow, _) => {
+                            sliding_window::check(conn.get(), &redis_key, policy)
+                                .await
+                                .map(|decision| (decision, None))
+                        }
+                        (Algorithm::Gcra, _) => gcra::check(conn.get(), &redis_key, policy)
+                            .await
+                            .map(|decision| (decision, None)),
+                        (Algorithm::Concurrency, _) => {
+                            concurrency::check(conn.get(), &redis_key, policy, lease)
+                                .await
+                                .map(|decision| (decision, None))
+                        }
+                        (_, Execution::Script) => {
                             sliding_log::script(conn.get(), &redis_key, policy, &id)
                                 .await
                                 .map(|decision| (decision, None))
                         }
-                        Execution::Transaction => {
+                        (_, Execution::Transaction) => {
                             sliding_log::transaction(
                                 conn.get(),
                                 &redis_key,
@@ -285,6 +315,29 @@ impl Store for RedisStore {
     }
 }
 
+impl RedisStore {
+    /// Give back a concurrency lease, within the timeout.
+    async fn release_lease(
+        &self,
+        key: &str,
+        policy: &Policy,
+        lease: Lease,
+    ) -> Result<(), StoreError> {
+        let redis_key = self.redis_key(policy.algorithm().tag(), key);
+        self.with_timeout_do(async {
+            let mut conn = self.source.get().await?;
+            let released = concurrency::release(conn.get(), &redis_key, lease).await;
+            if let Err(error) = &released
+                && is_connection_error(error)
+            {
+                conn.mark_broken();
+            }
+            released
+        })
+        .await
+    }
+}
+
 /// `{prefix}:{algorithm}:{key}` with `key` in a hash tag, hashed when needed.
 pub(crate) fn redis_key(prefix: &str, algorithm: &str, key: &str) -> String {
     format!("{prefix}:{algorithm}:{{{}}}", bounded_key(key))
@@ -306,12 +359,11 @@ impl RequestIds {
         }
     }
 
-    fn next(&self) -> String {
-        format!(
-            "{:016x}{:x}",
-            self.base,
-            self.next.fetch_add(1, Ordering::Relaxed)
-        )
+    /// A lease id and its text (the member written to Redis).
+    fn next(&self) -> (Lease, String) {
+        let id =
+            (u128::from(self.base) << 64) | u128::from(self.next.fetch_add(1, Ordering::Relaxed));
+        (Lease::new(id), format!("{id:032x}"))
     }
 }
 
@@ -370,7 +422,7 @@ mod tests {
         let a = RequestIds::new();
         let b = RequestIds::new();
         let ids: std::collections::HashSet<String> =
-            (0..1000).flat_map(|_| [a.next(), b.next()]).collect();
+            (0..1000).flat_map(|_| [a.next().1, b.next().1]).collect();
         assert_eq!(ids.len(), 2000);
     }
 }

@@ -1,16 +1,22 @@
-//! [`MemoryStore`]: the sliding log in process memory.
+//! [`MemoryStore`]: every algorithm in process memory. These are the
+//! reference semantics that the Redis scripts follow.
 
+use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
-use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, TryLockError};
-use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
-use crate::decision::{Decision, DecisionBuilder, RateState};
-use crate::policy::{Policy, duration_micros};
+use crate::decision::{Decision, Lease};
+use crate::policy::{Algorithm, Policy, duration_micros};
 use crate::store::{Store, StoreError, bounded_key};
+
+mod concurrency;
+mod fixed_window;
+mod gcra;
+mod sliding_log;
+mod sliding_window;
 
 const SHARDS: usize = 16;
 /// Every this many operations, one shard (in turn) drops its idle keys: each
@@ -23,15 +29,15 @@ const EVICTION_SAMPLE: usize = 8;
 pub const DEFAULT_MAX_KEYS: usize = 100_000;
 
 /// Rate limits held in this process: for one process, for tests, and as a
-/// fallback. The same sliding-log semantics as
+/// fallback. Every [`Algorithm`] with the same semantics as
 /// [`RedisStore`](crate::RedisStore), decided on an injectable [`Clock`].
 ///
 /// Memory is bounded: keys longer than
 /// [`MAX_RAW_KEY_LEN`](crate::store::MAX_RAW_KEY_LEN) bytes are held as a
-/// fixed-size hash, keys whose entries have all left the longest window
-/// are dropped, and when more than `max_keys` keys are active the least
-/// recently used of a small sample is evicted (as Redis's approximate LRU
-/// does), which forgets that key's history.
+/// fixed-size hash, keys whose state no longer matters are dropped, and when
+/// more than `max_keys` keys are held the one of a small sample whose state
+/// ends soonest is evicted (as Redis's approximate LRU does), which forgets
+/// that key's history.
 ///
 /// ```
 /// use std::time::Duration;
@@ -62,20 +68,68 @@ struct Inner {
     shards: Box<[Mutex<Shard>]>,
     max_keys_per_shard: usize,
     ops: AtomicU64,
+    leases: AtomicU64,
 }
 
 #[derive(Debug, Default)]
 struct Shard {
-    keys: HashMap<Box<str>, Log>,
+    /// One map per algorithm, so one key under two algorithms never mixes.
+    keys: [HashMap<Box<str>, Entry>; Algorithm::ALL.len()],
     inserts_since_sweep: u64,
 }
 
-#[derive(Debug, Default)]
-struct Log {
-    /// Entry timestamps in microseconds, oldest first; one per unit of cost.
-    entries: VecDeque<u64>,
-    /// How long this key's entries matter (the longest window it was checked with).
-    horizon: u64,
+#[derive(Debug)]
+struct Entry {
+    state: State,
+    /// When (µs) this state stops mattering: it can be dropped after.
+    expires_at: u64,
+}
+
+/// The state of one key under one algorithm.
+#[derive(Debug)]
+enum State {
+    Log(sliding_log::State),
+    Fixed(fixed_window::State),
+    Sliding(sliding_window::State),
+    Gcra(gcra::State),
+    Leases(concurrency::State),
+}
+
+impl State {
+    fn new(algorithm: Algorithm) -> Self {
+        match algorithm {
+            Algorithm::FixedWindow => Self::Fixed(Default::default()),
+            Algorithm::SlidingWindow => Self::Sliding(Default::default()),
+            Algorithm::Gcra => Self::Gcra(Default::default()),
+            Algorithm::Concurrency => Self::Leases(Default::default()),
+            _ => Self::Log(Default::default()),
+        }
+    }
+
+    /// Decide one request; returns the decision and when the state expires.
+    fn check(&mut self, now: u64, policy: &Policy, lease: Lease) -> (Decision, u64) {
+        if !self.matches(policy.algorithm()) {
+            *self = Self::new(policy.algorithm());
+        }
+        match self {
+            Self::Log(log) => sliding_log::check(log, now, policy),
+            Self::Fixed(counters) => fixed_window::check(counters, now, policy),
+            Self::Sliding(counters) => sliding_window::check(counters, now, policy),
+            Self::Gcra(tats) => gcra::check(tats, now, policy),
+            Self::Leases(leases) => concurrency::check(leases, now, policy, lease),
+        }
+    }
+
+    fn matches(&self, algorithm: Algorithm) -> bool {
+        matches!(
+            (self, algorithm),
+            (Self::Log(_), Algorithm::SlidingLog)
+                | (Self::Fixed(_), Algorithm::FixedWindow)
+                | (Self::Sliding(_), Algorithm::SlidingWindow)
+                | (Self::Gcra(_), Algorithm::Gcra)
+                | (Self::Leases(_), Algorithm::Concurrency)
+        )
+    }
 }
 
 impl MemoryStore {
@@ -105,16 +159,20 @@ impl MemoryStore {
                 shards,
                 max_keys_per_shard: max_keys.div_ceil(SHARDS).max(1),
                 ops: AtomicU64::new(0),
+                leases: AtomicU64::new(0),
             }),
         }
     }
 
-    /// How many keys the store holds now.
+    /// How many keys the store holds now (over every algorithm).
     pub fn len(&self) -> usize {
         self.inner
             .shards
             .iter()
-            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).keys.len())
+            .map(|s| {
+                let shard = s.lock().unwrap_or_else(PoisonError::into_inner);
+                shard.keys.iter().map(HashMap::len).sum::<usize>()
+            })
             .sum()
     }
 
@@ -123,37 +181,62 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    fn now(&self) -> u64 {
+        duration_micros(self.inner.clock.now())
+    }
+
+    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, Shard> {
+        let index = (self.inner.hasher.hash_one(key) as usize) % SHARDS;
+        self.inner.shards[index]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Take the decision synchronously (the [`Store`] impl calls this).
     pub fn check_now(&self, key: &str, policy: &Policy) -> Decision {
         let key = bounded_key(key);
         let key = key.as_ref();
-        let now = duration_micros(self.inner.clock.now());
+        let now = self.now();
         let op = self.inner.ops.fetch_add(1, Ordering::Relaxed);
         if op % SWEEP_STRIDE == SWEEP_STRIDE - 1 {
             self.sweep_one((op / SWEEP_STRIDE) as usize % SHARDS, now);
         }
-        let index = (self.inner.hasher.hash_one(key) as usize) % SHARDS;
-        let mut shard = self.inner.shards[index]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let horizon = duration_micros(policy.longest_window());
-        if let Some(log) = shard.keys.get_mut(key) {
-            log.horizon = log.horizon.max(horizon);
-            return check_log(&mut log.entries, now, policy);
+        let lease = Lease::new(u128::from(
+            self.inner.leases.fetch_add(1, Ordering::Relaxed),
+        ));
+        let algorithm = policy.algorithm().index();
+        let mut shard = self.shard(key);
+        if let Some(entry) = shard.keys[algorithm].get_mut(key) {
+            let (decision, expires_at) = entry.state.check(now, policy, lease);
+            entry.expires_at = expires_at;
+            return decision;
         }
-        if shard.keys.len() >= self.inner.max_keys_per_shard {
-            shard.make_room(now, self.inner.max_keys_per_shard);
-        }
-        let mut log = Log {
-            entries: VecDeque::new(),
-            horizon,
-        };
-        let decision = check_log(&mut log.entries, now, policy);
-        if !log.entries.is_empty() {
-            shard.keys.insert(key.into(), log);
+        let mut state = State::new(policy.algorithm());
+        let (decision, expires_at) = state.check(now, policy, lease);
+        if expires_at > now {
+            if shard.len() >= self.inner.max_keys_per_shard {
+                shard.make_room(now, self.inner.max_keys_per_shard);
+            }
+            shard.keys[algorithm].insert(key.into(), Entry { state, expires_at });
             shard.inserts_since_sweep += 1;
         }
         decision
+    }
+
+    /// Give back a concurrency slot synchronously (the [`Store`] impl calls
+    /// this).
+    pub fn release_now(&self, key: &str, policy: &Policy, lease: Lease) {
+        let key = bounded_key(key);
+        let key = key.as_ref();
+        let mut shard = self.shard(key);
+        let map = &mut shard.keys[policy.algorithm().index()];
+        if let Some(Entry {
+            state: State::Leases(leases),
+            ..
+        }) = map.get_mut(key)
+        {
+            leases.release(lease);
+        }
     }
 
     /// Sweep one shard, unless another thread holds it (it will be swept on
@@ -177,17 +260,24 @@ impl Store for MemoryStore {
     async fn check(&self, key: &str, policy: &Policy) -> Result<Decision, StoreError> {
         Ok(self.check_now(key, policy))
     }
+
+    async fn release(&self, key: &str, policy: &Policy, lease: Lease) -> Result<(), StoreError> {
+        self.release_now(key, policy, lease);
+        Ok(())
+    }
 }
 
 impl Shard {
-    /// Drop every key whose entries have all left its longest window.
+    fn len(&self) -> usize {
+        self.keys.iter().map(HashMap::len).sum()
+    }
+
+    /// Drop every key whose state no longer matters.
     fn sweep(&mut self, now: u64) {
         self.inserts_since_sweep = 0;
-        self.keys.retain(|_, log| {
-            log.entries
-                .back()
-                .is_some_and(|&newest| newest.saturating_add(log.horizon) > now)
-        });
+        for map in &mut self.keys {
+            map.retain(|_, entry| entry.expires_at > now);
+        }
     }
 
     /// Make room for one more key.
@@ -197,108 +287,26 @@ impl Shard {
         if self.inserts_since_sweep >= (max as u64 / 2).max(1) {
             self.sweep(now);
         }
-        while self.keys.len() >= max {
+        while self.len() >= max {
             let victim = self
                 .keys
                 .iter()
+                .enumerate()
+                .flat_map(|(i, map)| {
+                    map.iter()
+                        .take(EVICTION_SAMPLE)
+                        .map(move |(k, e)| (i, k, e))
+                })
                 .take(EVICTION_SAMPLE)
-                .min_by_key(|(_, log)| log.entries.back().copied().unwrap_or(0))
-                .map(|(key, _)| key.clone());
+                .min_by_key(|(_, _, entry)| entry.expires_at)
+                .map(|(i, key, _)| (i, key.clone()));
             match victim {
-                Some(key) => {
-                    self.keys.remove(&key);
+                Some((i, key)) => {
+                    self.keys[i].remove(&key);
                 }
                 None => break,
             }
         }
-    }
-}
-
-/// The sliding log: decide one request at `now` (microseconds) on `entries`
-/// (timestamps, oldest first). Admitted requests add `cost` entries; denied
-/// requests change nothing but the trimming of dead entries.
-pub(crate) fn check_log(entries: &mut VecDeque<u64>, now: u64, policy: &Policy) -> Decision {
-    let longest = duration_micros(policy.longest_window());
-    let dead_before = now.saturating_sub(longest);
-    while entries.front().is_some_and(|&t| t <= dead_before) {
-        entries.pop_front();
-    }
-    let cost = policy.cost();
-    let n = entries.len() as u64;
-    let newest = entries.back().copied();
-
-    let mut allowed = true;
-    let mut spacing_wait = Duration::ZERO;
-    if let (Some(spacing), Some(last)) = (policy.min_spacing(), newest) {
-        let ready_at = last.saturating_add(duration_micros(spacing));
-        if ready_at > now {
-            allowed = false;
-            spacing_wait = Duration::from_micros(ready_at - now);
-        }
-    }
-    // Count per rate: entries strictly inside (now - window, ∞).
-    let mut counts = [0u64; 8];
-    let mut counts_vec = Vec::new();
-    let rates = policy.rates();
-    let counts: &mut [u64] = if rates.len() <= counts.len() {
-        &mut counts[..rates.len()]
-    } else {
-        counts_vec.resize(rates.len(), 0);
-        &mut counts_vec
-    };
-    for (rate, count) in rates.iter().zip(counts.iter_mut()) {
-        let start = now.saturating_sub(rate.window_micros());
-        *count = n - entries.partition_point(|&t| t <= start) as u64;
-        if *count + cost > rate.max() {
-            allowed = false;
-        }
-    }
-
-    let mut builder = DecisionBuilder::new(allowed);
-    builder.wait(spacing_wait);
-    for (rate, &count) in rates.iter().zip(counts.iter()) {
-        let window = rate.window_micros();
-        let (remaining, reset, wait) = if allowed {
-            (rate.max() - count - cost, window, 0)
-        } else {
-            let reset = match newest {
-                Some(t) if count > 0 => (t + window).saturating_sub(now),
-                _ => 0,
-            };
-            let wait = if count + cost > rate.max() {
-                // Admitted once at most `max - cost` entries are left in the
-                // window: when the entry of reverse rank `max - cost` leaves.
-                let rank = rate.max() - cost;
-                let index = (n - 1 - rank) as usize;
-                entries
-                    .get(index)
-                    .map_or(window, |&t| (t + window).saturating_sub(now))
-            } else {
-                0
-            };
-            (rate.max().saturating_sub(count), reset, wait)
-        };
-        builder.rate(RateState {
-            rate: *rate,
-            remaining,
-            reset: Duration::from_micros(reset),
-            wait: Duration::from_micros(wait),
-        });
-    }
-    if allowed {
-        let at = entries.partition_point(|&t| t <= now);
-        if at == entries.len() {
-            entries.extend(std::iter::repeat_n(now, cost as usize));
-        } else {
-            for _ in 0..cost {
-                entries.insert(at, now);
-            }
-        }
-    }
-    match builder.build() {
-        Some(decision) => decision,
-        // `Policy` guarantees at least one rate.
-        None => unreachable!("a policy always has a rate"),
     }
 }
 

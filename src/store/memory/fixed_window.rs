@@ -1,0 +1,74 @@
+//! The fixed window in memory: the reference semantics of
+//! [`Algorithm::FixedWindow`](crate::Algorithm::FixedWindow).
+//!
+//! Each rate counts the requests admitted in the current window of
+//! wall-clock time, `[index × window, (index + 1) × window)` with
+//! `index = floor(now / window)`. A request is admitted if every rate has
+//! room for its cost; only then does it count, in every rate.
+
+use std::time::Duration;
+
+use crate::decision::{Decision, DecisionBuilder, RateStatus};
+use crate::policy::{Algorithm, Policy};
+
+/// One counter per rate, found by its window.
+pub(super) type State = Vec<Counter>;
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Counter {
+    window: u64,
+    index: u64,
+    count: u64,
+}
+
+pub(super) fn check(counters: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
+    let cost = policy.cost();
+    let rates = policy.rates();
+    // The count of each rate in the current window.
+    let counts: Vec<u64> = rates
+        .iter()
+        .map(|rate| {
+            let window = rate.window_micros();
+            let index = now / window;
+            counters
+                .iter()
+                .find(|c| c.window == window && c.index == index)
+                .map_or(0, |c| c.count)
+        })
+        .collect();
+    let allowed = rates
+        .iter()
+        .zip(&counts)
+        .all(|(rate, &count)| count + cost <= rate.max());
+
+    let mut builder = DecisionBuilder::new(allowed).algorithm(Algorithm::FixedWindow);
+    let mut expires_at = 0;
+    let mut next = Vec::with_capacity(rates.len());
+    for (rate, &count) in rates.iter().zip(&counts) {
+        let window = rate.window_micros();
+        let index = now / window;
+        let end = (index + 1) * window;
+        let count = if allowed { count + cost } else { count };
+        let denies = count + cost > rate.max() && !allowed;
+        builder.rate(RateStatus {
+            rate: *rate,
+            remaining: rate.max().saturating_sub(count),
+            reset: Duration::from_micros(if count > 0 { end - now } else { 0 }),
+            // The counter starts again at the next window.
+            wait: Duration::from_micros(if denies { end - now } else { 0 }),
+        });
+        if count > 0 {
+            expires_at = expires_at.max(end);
+            next.push(Counter {
+                window,
+                index,
+                count,
+            });
+        }
+    }
+    *counters = next;
+    match builder.build() {
+        Some(decision) => (decision, expires_at),
+        None => unreachable!("a policy always has a rate"),
+    }
+}

@@ -1,0 +1,139 @@
+//! The sliding window counter in memory: the reference semantics of
+//! [`Algorithm::SlidingWindow`](crate::Algorithm::SlidingWindow).
+//!
+//! Each rate keeps the count of the current fixed window and of the one
+//! before. At `elapsed` µs into the current window, the rolling count is
+//! estimated as `previous × (window − elapsed) / window + current`: the
+//! previous window weighted by how much of it the rolling window still
+//! covers. A request of cost `c` is admitted if, for every rate,
+//! `previous × (window − elapsed) + (current + c) × window ≤ max × window`
+//! (integer arithmetic, no rounding).
+
+use std::time::Duration;
+
+use crate::decision::{Decision, DecisionBuilder, RateStatus};
+use crate::policy::{Algorithm, Policy};
+
+/// Two counters per rate, found by its window.
+pub(super) type State = Vec<Counters>;
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Counters {
+    window: u64,
+    /// Index of the window `current` counts.
+    index: u64,
+    current: u64,
+    previous: u64,
+}
+
+/// The counters of `window` rolled forward to the window holding `now`.
+fn rolled(state: &State, window: u64, now: u64) -> Counters {
+    let index = now / window;
+    let (current, previous) = match state.iter().find(|c| c.window == window) {
+        Some(c) if c.index == index => (c.current, c.previous),
+        Some(c) if c.index + 1 == index => (0, c.current),
+        _ => (0, 0),
+    };
+    Counters {
+        window,
+        index,
+        current,
+        previous,
+    }
+}
+
+/// Whether `cost` more fits: `previous × (window − elapsed) + (current + cost) × window ≤ max × window`.
+fn fits(c: &Counters, elapsed: u64, cost: u64, max: u64) -> bool {
+    let w = u128::from(c.window);
+    u128::from(c.previous) * (w - u128::from(elapsed)) + u128::from(c.current + cost) * w
+        <= u128::from(max) * w
+}
+
+/// The smallest integer `elapsed` at which
+/// `previous × (window − elapsed) ≤ room × window`: with
+/// `x = room × window / previous`, that is `window − floor(x)`.
+fn elapsed_needed(previous: u64, window: u64, room: u64) -> u64 {
+    if previous == 0 {
+        return 0;
+    }
+    let w = u128::from(window);
+    let x = (u128::from(room) * w) / u128::from(previous);
+    u64::try_from(w.saturating_sub(x)).unwrap_or(u64::MAX)
+}
+
+/// Time from `now` until a request of `cost` fits, with no other request.
+fn wait(c: &Counters, now: u64, cost: u64, max: u64) -> u64 {
+    let start = c.index * c.window;
+    let elapsed = now - start;
+    // In this window, once enough of the previous one has slid out.
+    if c.current + cost <= max {
+        let needed = elapsed_needed(c.previous, c.window, max - c.current - cost);
+        if needed < c.window {
+            return needed.saturating_sub(elapsed);
+        }
+    }
+    // In the next window, where this window's count becomes the previous one.
+    let needed = elapsed_needed(c.current, c.window, max - cost);
+    (c.window - elapsed) + needed
+}
+
+pub(super) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
+    let cost = policy.cost();
+    let rates = policy.rates();
+    let counters: Vec<Counters> = rates
+        .iter()
+        .map(|rate| rolled(state, rate.window_micros(), now))
+        .collect();
+    let allowed = rates.iter().zip(&counters).all(|(rate, c)| {
+        let elapsed = now - c.index * c.window;
+        fits(c, elapsed, cost, rate.max())
+    });
+
+    let mut builder = DecisionBuilder::new(allowed).algorithm(Algorithm::SlidingWindow);
+    let mut expires_at = 0;
+    let mut next = Vec::with_capacity(rates.len());
+    for (rate, c) in rates.iter().zip(&counters) {
+        let mut c = *c;
+        let elapsed = now - c.index * c.window;
+        let w = u128::from(c.window);
+        let denies = !allowed && !fits(&c, elapsed, cost, rate.max());
+        let wait_us = if denies {
+            wait(&c, now, cost, rate.max())
+        } else {
+            0
+        };
+        if allowed {
+            c.current += cost;
+        }
+        // Requests that still fit now: floor((max × w − previous × (w − elapsed)) / w) − current.
+        let weighted = u128::from(c.previous) * (w - u128::from(elapsed));
+        let room = (u128::from(rate.max()) * w).saturating_sub(weighted) / w;
+        let remaining = u64::try_from(room)
+            .unwrap_or(u64::MAX)
+            .saturating_sub(c.current);
+        // The estimate is back to zero when both counted windows have slid out.
+        let end = (c.index + 1) * c.window;
+        let reset = if c.current > 0 {
+            end + c.window - now
+        } else if c.previous > 0 {
+            end - now
+        } else {
+            0
+        };
+        builder.rate(RateStatus {
+            rate: *rate,
+            remaining,
+            reset: Duration::from_micros(reset),
+            wait: Duration::from_micros(wait_us),
+        });
+        if c.current > 0 || c.previous > 0 {
+            expires_at = expires_at.max(now + reset);
+            next.push(c);
+        }
+    }
+    *state = next;
+    match builder.build() {
+        Some(decision) => (decision, expires_at),
+        None => unreachable!("a policy always has a rate"),
+    }
+}

@@ -314,6 +314,7 @@ impl Shard {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
+    use std::time::Duration;
 
     #[test]
     fn idle_keys_are_swept_and_the_key_count_is_bounded() {

@@ -2,11 +2,13 @@
 //! response the layer wrote itself.
 
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+
+use crate::future::LeaseGuard;
 
 pin_project! {
     /// The body of every response of [`RateLimit`](crate::RateLimit).
@@ -21,15 +23,16 @@ pin_project! {
     #[project = KindProj]
     #[derive(Debug)]
     enum Kind<B> {
-        Inner { #[pin] body: B },
+        // A concurrency slot is held until the body ends or is dropped.
+        Inner { #[pin] body: B, lease: Option<LeaseGuard> },
         Full { data: Option<Bytes> },
     }
 }
 
 impl<B> ResponseBody<B> {
-    pub(crate) fn inner(body: B) -> Self {
+    pub(crate) fn inner(body: B, lease: Option<LeaseGuard>) -> Self {
         Self {
-            kind: Kind::Inner { body },
+            kind: Kind::Inner { body, lease },
         }
     }
 
@@ -54,21 +57,28 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match self.project().kind.project() {
-            KindProj::Inner { body } => body.poll_frame(cx),
+            KindProj::Inner { body, lease } => {
+                let frame = ready!(body.poll_frame(cx));
+                if !matches!(frame, Some(Ok(_))) {
+                    // The body is done (or failed): give the slot back now.
+                    lease.take();
+                }
+                Poll::Ready(frame)
+            }
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Inner { body, .. } => body.is_end_stream(),
             Kind::Full { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body } => body.size_hint(),
+            Kind::Inner { body, .. } => body.size_hint(),
             Kind::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }

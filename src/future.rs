@@ -1,20 +1,22 @@
-//! [`ResponseFuture`]: waits for the store's decision, then for the inner
-//! service.
+//! [`ResponseFuture`]: waits for the store's decision (and, when delaying,
+//! for the key's turn), then for the inner service.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
+use tokio::time::Sleep;
 use tower_service::Service;
 
 use crate::body::ResponseBody;
-use crate::decision::Decision;
-use crate::layer::{FailMode, Settings};
+use crate::decision::{Decision, Lease};
+use crate::layer::{FailMode, Rejection, Settings};
 use crate::response;
 use crate::store::{BoxFuture, StoreError};
 
@@ -29,6 +31,17 @@ pin_project! {
     }
 }
 
+/// What a request waiting for a decision carries from state to state.
+struct Pending<S, ReqBody> {
+    request: Request<ReqBody>,
+    service: S,
+    settings: Arc<Settings>,
+    /// The key in the store, to check again after a delay or release a lease.
+    key: String,
+    /// Time spent delayed so far.
+    waited: Duration,
+}
+
 pin_project! {
     #[project = StateProj]
     enum State<S, ReqBody>
@@ -37,14 +50,17 @@ pin_project! {
     {
         Checking {
             check: BoxFuture<Result<Decision, StoreError>>,
-            request: Option<Request<ReqBody>>,
-            service: Option<S>,
-            settings: Arc<Settings>,
+            pending: Option<Pending<S, ReqBody>>,
+        },
+        Delaying {
+            sleep: Pin<Box<Sleep>>,
+            pending: Option<Pending<S, ReqBody>>,
         },
         Calling {
             #[pin]
             future: S::Future,
-            decision: Option<Decision>,
+            decision: Option<(Decision, Arc<Settings>)>,
+            lease: Option<LeaseGuard>,
         },
         Answered {
             response: Option<Response<Bytes>>,
@@ -61,6 +77,7 @@ where
             state: State::Calling {
                 future,
                 decision: None,
+                lease: None,
             },
         }
     }
@@ -74,17 +91,23 @@ where
     }
 
     pub(crate) fn checking(
-        check: BoxFuture<Result<Decision, StoreError>>,
         request: Request<ReqBody>,
         service: S,
         settings: Arc<Settings>,
+        key: String,
     ) -> Self {
+        let check =
+            Arc::clone(&settings.store).check_owned(key.clone(), Arc::clone(&settings.policy));
         Self {
             state: State::Checking {
                 check,
-                request: Some(request),
-                service: Some(service),
-                settings,
+                pending: Some(Pending {
+                    request,
+                    service,
+                    settings,
+                    key,
+                    waited: Duration::ZERO,
+                }),
             },
         }
     }
@@ -97,12 +120,57 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Checking { .. } => "checking",
+            State::Delaying { .. } => "delaying",
             State::Calling { .. } => "calling",
             State::Answered { .. } => "answered",
         };
         f.debug_struct("ResponseFuture")
             .field("state", &state)
             .finish()
+    }
+}
+
+/// What to do after a decision.
+enum Next {
+    Call(Option<Decision>),
+    Wait(Duration),
+    Answer(Response<Bytes>),
+}
+
+fn next_step(outcome: Result<Decision, StoreError>, settings: &Settings, waited: Duration) -> Next {
+    let decision = match outcome {
+        Ok(decision) => decision,
+        Err(error) => {
+            return match settings.fail_mode {
+                FailMode::Open => {
+                    tracing::warn!(%error, "rate limit store failed; admitting the request (FailMode::Open)");
+                    Next::Call(None)
+                }
+                FailMode::Closed => {
+                    tracing::warn!(%error, "rate limit store failed; answering 503 (FailMode::Closed)");
+                    Next::Answer(response::store_unavailable())
+                }
+            };
+        }
+    };
+    if decision.allowed() {
+        tracing::debug!(remaining = decision.remaining(), "rate limit: admitted");
+        return Next::Call(Some(decision));
+    }
+    let retry_after_ms = decision.retry_after().as_millis() as u64;
+    match &settings.rejection {
+        Rejection::Shadow => {
+            tracing::info!(retry_after_ms, policy = %settings.policy, "rate limit (shadow): would deny; letting through");
+            Next::Call(Some(decision))
+        }
+        Rejection::Delay { max_wait } if waited + decision.retry_after() <= *max_wait => {
+            tracing::debug!(retry_after_ms, "rate limit: delaying");
+            Next::Wait(decision.retry_after())
+        }
+        _ => {
+            tracing::debug!(retry_after_ms, "rate limit: denied");
+            Next::Answer(settings.denial(&decision))
+        }
     }
 }
 
@@ -116,69 +184,139 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Checking {
-                    check,
-                    request,
-                    service,
-                    settings,
-                } => {
+                StateProj::Checking { check, pending } => {
                     let outcome = ready!(check.as_mut().poll(cx));
-                    let (Some(mut request), Some(mut service)) = (request.take(), service.take())
-                    else {
+                    let Some(mut p) = pending.take() else {
                         // Only reachable if polled again after a panic inside poll.
                         return Poll::Ready(Ok(
                             response::store_unavailable().map(ResponseBody::full)
                         ));
                     };
-                    let decision = match outcome {
-                        Ok(decision) if decision.allowed() => {
-                            tracing::debug!(
-                                remaining = decision.remaining(),
-                                "rate limit: admitted"
-                            );
-                            request.extensions_mut().insert(decision.clone());
-                            Some(decision)
-                        }
-                        Ok(decision) => {
-                            tracing::debug!(
-                                retry_after_ms = decision.retry_after().as_millis() as u64,
-                                "rate limit: denied"
-                            );
-                            let denial = response::too_many_requests(&decision);
-                            this.state.set(State::Answered {
-                                response: Some(denial),
+                    match next_step(outcome, &p.settings, p.waited) {
+                        Next::Call(decision) => {
+                            // A concurrency slot, held until the response is done.
+                            let lease = decision
+                                .as_ref()
+                                .filter(|d| d.allowed())
+                                .and_then(Decision::lease)
+                                .map(|lease| LeaseGuard::new(&p.settings, &p.key, lease));
+                            if let Some(decision) = &decision {
+                                p.request.extensions_mut().insert(decision.clone());
+                            }
+                            let future = p.service.call(p.request);
+                            let decision = decision.map(|d| (d, p.settings));
+                            this.state.set(State::Calling {
+                                future,
+                                decision,
+                                lease,
                             });
-                            continue;
                         }
-                        Err(error) => match settings.fail_mode {
-                            FailMode::Open => {
-                                tracing::warn!(%error, "rate limit store failed; admitting the request (FailMode::Open)");
-                                None
-                            }
-                            FailMode::Closed => {
-                                tracing::warn!(%error, "rate limit store failed; answering 503 (FailMode::Closed)");
-                                this.state.set(State::Answered {
-                                    response: Some(response::store_unavailable()),
-                                });
-                                continue;
-                            }
-                        },
-                    };
-                    let future = service.call(request);
-                    this.state.set(State::Calling { future, decision });
-                }
-                StateProj::Calling { future, decision } => {
-                    let mut response = ready!(future.poll(cx))?;
-                    if let Some(decision) = decision {
-                        response::set_headers(response.headers_mut(), decision);
+                        Next::Wait(wait) => {
+                            p.waited += wait;
+                            this.state.set(State::Delaying {
+                                sleep: Box::pin(tokio::time::sleep(wait)),
+                                pending: Some(p),
+                            });
+                        }
+                        Next::Answer(response) => {
+                            this.state.set(State::Answered {
+                                response: Some(response),
+                            });
+                        }
                     }
-                    return Poll::Ready(Ok(response.map(ResponseBody::inner)));
+                }
+                StateProj::Delaying { sleep, pending } => {
+                    ready!(sleep.as_mut().poll(cx));
+                    let Some(p) = pending.take() else {
+                        return Poll::Ready(Ok(
+                            response::store_unavailable().map(ResponseBody::full)
+                        ));
+                    };
+                    let check = Arc::clone(&p.settings.store)
+                        .check_owned(p.key.clone(), Arc::clone(&p.settings.policy));
+                    this.state.set(State::Checking {
+                        check,
+                        pending: Some(p),
+                    });
+                }
+                StateProj::Calling {
+                    future,
+                    decision,
+                    lease,
+                } => {
+                    let mut response = ready!(future.poll(cx))?;
+                    if let Some((decision, settings)) = decision {
+                        settings.set_headers(response.headers_mut(), decision);
+                    }
+                    let lease = lease.take();
+                    return Poll::Ready(Ok(response.map(|body| ResponseBody::inner(body, lease))));
                 }
                 StateProj::Answered { response } => {
                     let response = response.take().unwrap_or_else(response::store_unavailable);
                     return Poll::Ready(Ok(response.map(ResponseBody::full)));
                 }
             }
+        }
+    }
+}
+
+/// A concurrency slot held by a request: given back when dropped (the
+/// response body finished or dropped, the handler failed or panicked, the
+/// client went away).
+pub(crate) struct LeaseGuard {
+    settings: Arc<Settings>,
+    key: String,
+    lease: Lease,
+}
+
+impl LeaseGuard {
+    fn new(settings: &Arc<Settings>, key: &str, lease: Lease) -> Self {
+        Self {
+            settings: Arc::clone(settings),
+            key: key.to_owned(),
+            lease,
+        }
+    }
+}
+
+impl fmt::Debug for LeaseGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseGuard")
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        let mut release = Arc::clone(&self.settings.store).release_owned(
+            std::mem::take(&mut self.key),
+            Arc::clone(&self.settings.policy),
+            self.lease,
+        );
+        // Poll once here: an in-process store releases at once, so the slot
+        // is free before the next request is checked. A store that must wait
+        // (Redis) goes on in a task.
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match release.as_mut().poll(&mut cx) {
+            Poll::Ready(Ok(())) => return,
+            Poll::Ready(Err(error)) => {
+                tracing::warn!(%error, "could not release a concurrency lease; it frees itself when it expires");
+                return;
+            }
+            Poll::Pending => {}
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    if let Err(error) = release.await {
+                        tracing::warn!(%error, "could not release a concurrency lease; it frees itself when it expires");
+                    }
+                });
+            }
+            Err(_) => tracing::warn!(
+                "no tokio runtime to release a concurrency lease; it frees itself when it expires"
+            ),
         }
     }
 }

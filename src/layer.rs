@@ -2,9 +2,13 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
+use bytes::Bytes;
+use http::Response;
 use tower_layer::Layer;
 
+use crate::decision::Decision;
 use crate::policy::Policy;
 use crate::service::RateLimit;
 use crate::store::{DynStore, Store};
@@ -19,6 +23,91 @@ pub enum FailMode {
     Open,
     /// Answer `503 Service Unavailable`.
     Closed,
+}
+
+/// Builds the response to a denied request from its decision
+/// ([`Rejection::Custom`]).
+pub type Responder = dyn Fn(&Decision) -> Response<Bytes> + Send + Sync;
+
+/// What to do with a request its key's limit denies.
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// Answer `429 Too Many Requests` with `Retry-After` (the default).
+    #[default]
+    Reject,
+    /// Shape instead of police: when the request would be admitted within
+    /// `max_wait`, wait and check again (as often as needed, never waiting
+    /// more than `max_wait` in all); otherwise reject it.
+    Delay {
+        /// The longest a request may be held back.
+        max_wait: Duration,
+    },
+    /// Answer with the response the closure builds from the decision (a
+    /// degraded answer, a JSON body, a redirect). The rate-limit headers and
+    /// `Retry-After` are added unless the closure set them.
+    Custom(Arc<Responder>),
+    /// Dry run: decide, set the headers, log the denial at `info`, but let
+    /// the request through: to roll out a new limit safely.
+    Shadow,
+}
+
+impl Rejection {
+    /// [`Rejection::Delay`] for at most `max_wait`.
+    pub fn delay(max_wait: Duration) -> Self {
+        Self::Delay { max_wait }
+    }
+
+    /// [`Rejection::Custom`] with `respond`.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::{Response, StatusCode};
+    /// use tower_redis_ratelimit::{MemoryStore, Policy, RateLimitLayer, Rejection, key};
+    ///
+    /// let degrade = Rejection::custom(|decision| {
+    ///     let body = format!("{{\"cached\":true,\"retry_in_ms\":{}}}", decision.retry_after().as_millis());
+    ///     let mut response = Response::new(Bytes::from(body));
+    ///     *response.status_mut() = StatusCode::OK;
+    ///     response
+    /// });
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), "5/s".parse::<Policy>()?, key::global())
+    ///     .with_rejection(degrade);
+    /// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
+    /// ```
+    pub fn custom(respond: impl Fn(&Decision) -> Response<Bytes> + Send + Sync + 'static) -> Self {
+        Self::Custom(Arc::new(respond))
+    }
+}
+
+impl fmt::Debug for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Reject => f.write_str("Reject"),
+            Self::Delay { max_wait } => {
+                f.debug_struct("Delay").field("max_wait", max_wait).finish()
+            }
+            Self::Custom(_) => f.write_str("Custom(..)"),
+            Self::Shadow => f.write_str("Shadow"),
+        }
+    }
+}
+
+/// Which rate-limit fields responses carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum HeaderStyle {
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`
+    /// (the default).
+    #[default]
+    XRateLimit,
+    /// The IETF fields of draft-ietf-httpapi-ratelimit-headers-11:
+    /// `RateLimit-Policy` (every rate: `"3/s";q=3;w=1`) and `RateLimit`
+    /// (every rate's remaining quota and seconds: `"3/s";r=2;t=1`), as
+    /// RFC 9651 structured fields.
+    Ietf,
+    /// Both.
+    Both,
 }
 
 /// Rate-limits every request of the wrapped service under the key its
@@ -45,9 +134,60 @@ pub(crate) struct Settings {
     /// Namespaces the keys of this layer in the store.
     pub(crate) name: Arc<str>,
     pub(crate) fail_mode: FailMode,
+    pub(crate) rejection: Rejection,
+    pub(crate) headers: HeaderStyle,
+    pub(crate) problem_json: bool,
 }
 
 impl Settings {
+    /// Put the rate-limit fields of `decision` on `headers`, in the chosen
+    /// style.
+    pub(crate) fn set_headers(&self, headers: &mut http::HeaderMap, decision: &Decision) {
+        if matches!(self.headers, HeaderStyle::XRateLimit | HeaderStyle::Both) {
+            crate::response::set_headers(headers, decision);
+        }
+        if matches!(self.headers, HeaderStyle::Ietf | HeaderStyle::Both) {
+            crate::response::set_ietf_headers(headers, &self.policy, decision);
+        }
+    }
+
+    /// The response to a denied request.
+    pub(crate) fn denial(&self, decision: &Decision) -> Response<Bytes> {
+        let mut response = match &self.rejection {
+            Rejection::Custom(respond) => {
+                let mut response = respond(decision);
+                let mut fields = http::HeaderMap::new();
+                self.set_headers(&mut fields, decision);
+                fields.insert(
+                    http::header::RETRY_AFTER,
+                    http::HeaderValue::from(crate::response::retry_after_secs(decision)),
+                );
+                for (name, value) in &fields {
+                    if !response.headers().contains_key(name) {
+                        response.headers_mut().insert(name.clone(), value.clone());
+                    }
+                }
+                return response;
+            }
+            _ if self.problem_json => crate::response::problem_json(decision, &self.policy),
+            _ => crate::response::too_many_requests(decision),
+        };
+        // The builders set the X-RateLimit fields; switch to the chosen style.
+        if self.headers == HeaderStyle::Ietf {
+            for name in [
+                &crate::response::X_RATELIMIT_LIMIT,
+                &crate::response::X_RATELIMIT_REMAINING,
+                &crate::response::X_RATELIMIT_RESET,
+            ] {
+                response.headers_mut().remove(name);
+            }
+        }
+        if self.headers != HeaderStyle::XRateLimit {
+            crate::response::set_ietf_headers(response.headers_mut(), &self.policy, decision);
+        }
+        response
+    }
+
     /// The store key of an extracted key: `{name}:{key}`.
     pub(crate) fn store_key(&self, key: &str) -> String {
         let mut out = String::with_capacity(self.name.len() + 1 + key.len());
@@ -68,6 +208,9 @@ impl<K> RateLimitLayer<K> {
                 policy: Arc::new(policy),
                 name: Arc::from(name),
                 fail_mode: FailMode::default(),
+                rejection: Rejection::default(),
+                headers: HeaderStyle::default(),
+                problem_json: false,
             }),
             key: Arc::new(key),
         }
@@ -77,6 +220,27 @@ impl<K> RateLimitLayer<K> {
     #[must_use]
     pub fn with_fail_mode(self, fail_mode: FailMode) -> Self {
         self.map_settings(|s| s.fail_mode = fail_mode)
+    }
+
+    /// What to do with denied requests (default [`Rejection::Reject`]).
+    #[must_use]
+    pub fn with_rejection(self, rejection: Rejection) -> Self {
+        self.map_settings(|s| s.rejection = rejection)
+    }
+
+    /// Which rate-limit fields responses carry (default
+    /// [`HeaderStyle::XRateLimit`]).
+    #[must_use]
+    pub fn with_headers(self, style: HeaderStyle) -> Self {
+        self.map_settings(|s| s.headers = style)
+    }
+
+    /// Answer denials with an RFC 9457 `application/problem+json` body
+    /// (type, title, detail with the retry time, and the violated policies)
+    /// instead of plain text.
+    #[must_use]
+    pub fn with_problem_json(self, enabled: bool) -> Self {
+        self.map_settings(|s| s.problem_json = enabled)
     }
 
     /// Name this limit. Keys are counted per name, so two layers sharing a
@@ -108,6 +272,9 @@ impl<K> RateLimitLayer<K> {
             policy: Arc::clone(&self.settings.policy),
             name: Arc::clone(&self.settings.name),
             fail_mode: self.settings.fail_mode,
+            rejection: self.settings.rejection.clone(),
+            headers: self.settings.headers,
+            problem_json: self.settings.problem_json,
         };
         change(&mut settings);
         self.settings = Arc::new(settings);
@@ -134,6 +301,8 @@ impl<K> fmt::Debug for RateLimitLayer<K> {
             .field("policy", &self.settings.policy.to_string())
             .field("name", &self.settings.name)
             .field("fail_mode", &self.settings.fail_mode)
+            .field("rejection", &self.settings.rejection)
+            .field("headers", &self.settings.headers)
             .finish_non_exhaustive()
     }
 }

@@ -16,7 +16,7 @@ pub use clock::{Clock, ManualClock, SkewedClock, SystemClock};
 pub use decision::{Decision, Lease, RateStatus};
 pub use future::ResponseFuture;
 pub use key::KeyExtractor;
-pub use layer::{FailMode, RateLimitLayer};
+pub use layer::{FailMode, HeaderStyle, RateLimitLayer, Rejection};
 pub use policy::{Algorithm, Execution, Policy, PolicyError, Rate};
 pub use service::RateLimit;
 pub use store::memory::MemoryStore;

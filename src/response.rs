@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 
-use sfv::{Integer, KeyRef, ListSerializer, StringRef, key_ref, string_ref};
+use sfv::{Integer, KeyRef, ListSerializer, RefBareItem, StringRef, key_ref, string_ref};
 
 use crate::decision::{Decision, RateStatus};
 use crate::policy::{Algorithm, Policy, Rate};
@@ -39,8 +39,9 @@ const T: &KeyRef = key_ref("t");
 const CONCURRENT_REQUESTS: &StringRef = string_ref("concurrent-requests");
 
 /// The `type` of the problem+json denial. RFC 9457 allows `about:blank`, but a
-/// URI of its own lets a client tell this 429 from any other; it points at
-/// the crate docs, whose "Rate limited" section explains the denial.
+/// URI of its own lets a client tell this 429 from any other. It is an
+/// identifier first, so it must not change: it names the crate docs'
+/// "Rate limited" section (a README heading `Rate limited` gives the anchor).
 pub(crate) const PROBLEM_TYPE: &str =
     "https://docs.rs/tower-redis-ratelimit/latest/tower_redis_ratelimit/#rate-limited";
 
@@ -87,9 +88,14 @@ fn sf_integer(n: u64) -> Integer {
 }
 
 /// The name of a rate in the IETF fields and in `violated_policies`: its
-/// text form, `"3/s"`, `"20/min"` (unique within a policy: windows are).
-fn rate_name(rate: Rate) -> String {
-    rate.to_string()
+/// text form, `"3/s"`, `"20/min"` (unique within a policy: windows are), or
+/// `"concurrency"` for a concurrency limit, whose window is only a lease time.
+fn rate_name(algorithm: Algorithm, rate: Rate) -> String {
+    if algorithm == Algorithm::Concurrency {
+        "concurrency".to_owned()
+    } else {
+        rate.to_string()
+    }
 }
 
 /// Whether this rate is one that keeps the request out.
@@ -113,17 +119,19 @@ fn ietf_reset_secs(decision: &Decision, status: &RateStatus) -> u64 {
 fn ratelimit_policy_value(policy: &Policy, algorithm: Algorithm) -> Option<String> {
     let mut list = ListSerializer::new();
     for &rate in policy.rates() {
-        let name = rate_name(rate);
-        let item = list
-            .bare_item(StringRef::from_str(&name).ok()?)
-            .parameter(Q, sf_integer(rate.max()));
-        if algorithm == Algorithm::Concurrency {
-            // A concurrency limit has no window: the rate's window is the
-            // lease of a crashed process's slot, not a quota period.
-            let _ = item.parameter(QU, CONCURRENT_REQUESTS);
+        let name = rate_name(algorithm, rate);
+        let extent: (&KeyRef, RefBareItem<'_>) = if algorithm == Algorithm::Concurrency {
+            // A concurrency limit has no window: the rate's window is only
+            // the lease after which a crashed process's slot frees itself.
+            (QU, CONCURRENT_REQUESTS.into())
         } else {
-            let _ = item.parameter(W, sf_integer(ceil_secs(rate.window()).max(1)));
-        }
+            (W, sf_integer(ceil_secs(rate.window()).max(1)).into())
+        };
+        // The serializer writes into `list`; what it returns only chains.
+        let _ = list
+            .bare_item(StringRef::from_str(&name).ok()?)
+            .parameter(Q, sf_integer(rate.max()))
+            .parameters([extent]);
     }
     list.finish()
 }
@@ -132,13 +140,15 @@ fn ratelimit_policy_value(policy: &Policy, algorithm: Algorithm) -> Option<Strin
 fn ratelimit_value(decision: &Decision) -> Option<String> {
     let mut list = ListSerializer::new();
     for status in decision.rates() {
-        let name = rate_name(status.rate());
-        let item = list
+        let name = rate_name(decision.algorithm(), status.rate());
+        // No `t` for a concurrency limit: a slot frees when a request ends,
+        // not at a time the limiter knows.
+        let t = (decision.algorithm() != Algorithm::Concurrency)
+            .then(|| (T, sf_integer(ietf_reset_secs(decision, status))));
+        let _ = list
             .bare_item(StringRef::from_str(&name).ok()?)
-            .parameter(R, sf_integer(status.remaining()));
-        if decision.algorithm() != Algorithm::Concurrency {
-            let _ = item.parameter(T, sf_integer(ietf_reset_secs(decision, status)));
-        }
+            .parameter(R, sf_integer(status.remaining()))
+            .parameters(t);
     }
     list.finish()
 }
@@ -146,8 +156,6 @@ fn ratelimit_value(decision: &Decision) -> Option<String> {
 /// Set `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11)
 /// for `decision`, taken under `policy`: one list member per rate, in the
 /// policy's order, serialised as RFC 9651 structured fields.
-// Wired into the layer by the next change.
-#[allow(dead_code)]
 pub(crate) fn set_ietf_headers(headers: &mut HeaderMap, policy: &Policy, decision: &Decision) {
     let fields = [
         (
@@ -203,15 +211,13 @@ pub(crate) fn too_many_requests(decision: &Decision) -> Response<Bytes> {
 ///
 /// `violated_policies` names the rates that deny the request, as in
 /// `RateLimit-Policy`; it is empty when only the policy's minimum spacing does.
-// Wired into the layer by the next change.
-#[allow(dead_code)]
 pub(crate) fn problem_json(decision: &Decision, policy: &Policy) -> Response<Bytes> {
     let secs = retry_after_secs(decision);
     let violated: Vec<String> = decision
         .rates()
         .iter()
         .filter(|status| denies(decision, status))
-        .map(|status| rate_name(status.rate()))
+        .map(|status| rate_name(decision.algorithm(), status.rate()))
         .collect();
     let phrase = match policy.min_spacing() {
         Some(spacing) if violated.is_empty() => {
@@ -253,4 +259,300 @@ pub(crate) fn misconfigured(error: &crate::key::KeyError) -> Response<Bytes> {
         StatusCode::INTERNAL_SERVER_ERROR,
         format!("Rate limiter misconfigured: {error}\n"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::DecisionBuilder;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// The state of `rate` ("3/s") for one request.
+    fn status(rate: &str, remaining: u64, reset: Duration, wait: Duration) -> RateStatus {
+        RateStatus {
+            rate: rate.parse().unwrap(),
+            remaining,
+            reset,
+            wait,
+        }
+    }
+
+    fn decision(allowed: bool, algorithm: Algorithm, rates: &[RateStatus]) -> Decision {
+        let mut b = DecisionBuilder::new(allowed).algorithm(algorithm);
+        for &s in rates {
+            b.rate(s);
+        }
+        b.build().unwrap()
+    }
+
+    fn header<'a>(headers: &'a HeaderMap, name: &HeaderName) -> &'a str {
+        headers.get(name).unwrap().to_str().unwrap()
+    }
+
+    fn ietf(policy: &Policy, decision: &Decision) -> (String, String) {
+        let mut headers = HeaderMap::new();
+        set_ietf_headers(&mut headers, policy, decision);
+        (
+            header(&headers, &RATELIMIT_POLICY).to_owned(),
+            header(&headers, &RATELIMIT).to_owned(),
+        )
+    }
+
+    #[test]
+    fn ietf_fields_of_the_design_example() {
+        let policy: Policy = "3/s, 20/min".parse().unwrap();
+        let d = decision(
+            true,
+            Algorithm::SlidingLog,
+            &[
+                status("3/s", 2, ms(1000), Duration::ZERO),
+                status("20/min", 19, ms(59_200), Duration::ZERO),
+            ],
+        );
+        let (policy_field, ratelimit) = ietf(&policy, &d);
+        assert_eq!(policy_field, r#""3/s";q=3;w=1, "20/min";q=20;w=60"#);
+        assert_eq!(ratelimit, r#""3/s";r=2;t=1, "20/min";r=19;t=60"#);
+    }
+
+    #[test]
+    fn windows_round_up_to_whole_seconds_and_at_least_one() {
+        let policy: Policy = "1/250ms, 2/1500ms, 100/15m, 5/d".parse().unwrap();
+        let d = decision(
+            true,
+            Algorithm::Gcra,
+            &[
+                status("1/250ms", 0, ms(250), Duration::ZERO),
+                status("2/1500ms", 1, ms(750), Duration::ZERO),
+                status("100/15m", 99, ms(9_000), Duration::ZERO),
+                status("5/d", 4, Duration::ZERO, Duration::ZERO),
+            ],
+        );
+        let (policy_field, ratelimit) = ietf(&policy, &d);
+        assert_eq!(
+            policy_field,
+            r#""1/250ms";q=1;w=1, "2/1500ms";q=2;w=2, "100/15m";q=100;w=900, "5/d";q=5;w=86400"#
+        );
+        assert_eq!(
+            ratelimit,
+            r#""1/250ms";r=0;t=1, "2/1500ms";r=1;t=1, "100/15m";r=99;t=9, "5/d";r=4;t=0"#
+        );
+    }
+
+    #[test]
+    fn a_denying_rate_reports_its_wait_which_retry_after_covers() {
+        let policy: Policy = "3/s, 20/min, 100/h".parse().unwrap();
+        let d = decision(
+            false,
+            Algorithm::SlidingLog,
+            &[
+                // Full, but admits again in 0.4 s although it resets in 0.9 s.
+                status("3/s", 0, ms(900), ms(400)),
+                // Full: admits again in 30.2 s, resets in 59.5 s.
+                status("20/min", 0, ms(59_500), ms(30_200)),
+                // Admits this request: its reset is reported.
+                status("100/h", 50, ms(3_000_500), Duration::ZERO),
+            ],
+        );
+        let (_, ratelimit) = ietf(&policy, &d);
+        assert_eq!(
+            ratelimit,
+            r#""3/s";r=0;t=1, "20/min";r=0;t=31, "100/h";r=50;t=3001"#
+        );
+        let response = too_many_requests(&d);
+        assert_eq!(header(response.headers(), &RETRY_AFTER), "31");
+        assert_eq!(retry_after_secs(&d), 31);
+    }
+
+    #[test]
+    fn an_admitted_request_reports_resets_even_if_a_wait_was_recorded() {
+        // Waits only count for denied requests, as in DecisionBuilder.
+        let policy: Policy = "3/s".parse().unwrap();
+        let d = decision(
+            true,
+            Algorithm::FixedWindow,
+            &[status("3/s", 0, ms(800), ms(300))],
+        );
+        assert_eq!(ietf(&policy, &d).1, r#""3/s";r=0;t=1"#);
+    }
+
+    #[test]
+    fn concurrency_has_a_unit_and_no_window_or_reset() {
+        let policy = Policy::concurrency(10).unwrap();
+        let admitted = decision(
+            true,
+            Algorithm::Concurrency,
+            &[status("10/min", 9, Duration::ZERO, Duration::ZERO)],
+        );
+        let (policy_field, ratelimit) = ietf(&policy, &admitted);
+        assert_eq!(
+            policy_field,
+            r#""concurrency";q=10;qu="concurrent-requests""#
+        );
+        assert_eq!(ratelimit, r#""concurrency";r=9"#);
+
+        let denied = decision(
+            false,
+            Algorithm::Concurrency,
+            &[status("10/min", 0, Duration::ZERO, ms(250))],
+        );
+        assert_eq!(ietf(&policy, &denied).1, r#""concurrency";r=0"#);
+    }
+
+    #[test]
+    fn integers_beyond_the_structured_field_range_are_capped() {
+        let max = crate::policy::MAX_MAX;
+        let policy = Policy::new([Rate::new(max, Duration::from_secs(1)).unwrap()]).unwrap();
+        let d = decision(
+            true,
+            Algorithm::Gcra,
+            &[RateStatus {
+                rate: policy.rates()[0],
+                remaining: max - 1,
+                reset: ms(1),
+                wait: Duration::ZERO,
+            }],
+        );
+        let (policy_field, ratelimit) = ietf(&policy, &d);
+        let name = format!("{max}/s");
+        assert_eq!(policy_field, format!(r#""{name}";q=999999999999999;w=1"#));
+        assert_eq!(ratelimit, format!(r#""{name}";r=999999999999999;t=1"#));
+    }
+
+    #[test]
+    fn ietf_headers_replace_earlier_values() {
+        let policy: Policy = "3/s".parse().unwrap();
+        let d = decision(
+            true,
+            Algorithm::SlidingLog,
+            &[status("3/s", 2, ms(1000), Duration::ZERO)],
+        );
+        let mut headers = HeaderMap::new();
+        headers.insert(RATELIMIT.clone(), HeaderValue::from_static("stale"));
+        set_ietf_headers(&mut headers, &policy, &d);
+        assert_eq!(headers.get_all(&RATELIMIT).iter().count(), 1);
+        assert_eq!(header(&headers, &RATELIMIT), r#""3/s";r=2;t=1"#);
+    }
+
+    fn body_text(response: &Response<Bytes>) -> &str {
+        std::str::from_utf8(response.body()).unwrap()
+    }
+
+    #[test]
+    fn too_many_requests_names_the_limit() {
+        let d = decision(
+            false,
+            Algorithm::SlidingLog,
+            &[status("3/s", 0, ms(900), ms(400))],
+        );
+        let response = too_many_requests(&d);
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            body_text(&response),
+            "Too many requests: the limit is 3/s. Retry in 1 s.\n"
+        );
+        assert_eq!(header(response.headers(), &RETRY_AFTER), "1");
+        assert_eq!(header(response.headers(), &X_RATELIMIT_LIMIT), "3");
+    }
+
+    #[test]
+    fn too_many_requests_of_a_concurrency_limit_counts_requests_in_flight() {
+        let d = decision(
+            false,
+            Algorithm::Concurrency,
+            &[status("10/min", 0, Duration::ZERO, ms(250))],
+        );
+        assert_eq!(
+            body_text(&too_many_requests(&d)),
+            "Too many requests: at most 10 requests may be in flight. Retry in 1 s.\n"
+        );
+        let one = decision(
+            false,
+            Algorithm::Concurrency,
+            &[status("1/30s", 0, Duration::ZERO, ms(1000))],
+        );
+        assert_eq!(
+            body_text(&too_many_requests(&one)),
+            "Too many requests: at most 1 request may be in flight. Retry in 1 s.\n"
+        );
+    }
+
+    #[test]
+    fn problem_json_is_an_rfc_9457_document() {
+        let policy: Policy = "3/s, 20/min, 100/h".parse().unwrap();
+        let d = decision(
+            false,
+            Algorithm::SlidingLog,
+            &[
+                status("3/s", 0, ms(900), ms(400)),
+                status("20/min", 0, ms(59_500), ms(30_200)),
+                status("100/h", 50, ms(3_000_500), Duration::ZERO),
+            ],
+        );
+        let response = problem_json(&d, &policy);
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        let headers = response.headers();
+        assert_eq!(header(headers, &CONTENT_TYPE), "application/problem+json");
+        assert_eq!(header(headers, &RETRY_AFTER), "31");
+        assert_eq!(header(headers, &X_RATELIMIT_LIMIT), "20");
+        assert_eq!(header(headers, &X_RATELIMIT_REMAINING), "0");
+        assert_eq!(header(headers, &X_RATELIMIT_RESET), "60");
+
+        let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "type": "https://docs.rs/tower-redis-ratelimit/latest/tower_redis_ratelimit/#rate-limited",
+                "title": "Too Many Requests",
+                "status": 429,
+                "detail": "Too many requests: the limit is 20/min. Retry in 31 s.",
+                "violated_policies": ["3/s", "20/min"],
+                "retry_after": 31,
+            })
+        );
+    }
+
+    #[test]
+    fn problem_json_of_a_spacing_denial_names_the_spacing() {
+        let policy: Policy = "3/s"
+            .parse::<Policy>()
+            .unwrap()
+            .with_min_spacing(ms(100))
+            .unwrap();
+        let mut b = DecisionBuilder::new(false);
+        b.rate(status("3/s", 2, ms(500), Duration::ZERO));
+        b.wait(ms(70));
+        let d = b.build().unwrap();
+        let response = problem_json(&d, &policy);
+        let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+        assert_eq!(body["violated_policies"], serde_json::json!([]));
+        assert_eq!(body["retry_after"], 1);
+        assert_eq!(
+            body["detail"],
+            "Too many requests: requests must be at least 100ms apart. Retry in 1 s."
+        );
+        assert_eq!(header(response.headers(), &RETRY_AFTER), "1");
+    }
+
+    #[test]
+    fn problem_json_of_a_concurrency_limit() {
+        let policy = Policy::concurrency(2).unwrap();
+        let d = decision(
+            false,
+            Algorithm::Concurrency,
+            &[status("2/min", 0, Duration::ZERO, ms(1000))],
+        );
+        let body: serde_json::Value =
+            serde_json::from_slice(problem_json(&d, &policy).body()).unwrap();
+        assert_eq!(
+            body["violated_policies"],
+            serde_json::json!(["concurrency"])
+        );
+        assert_eq!(
+            body["detail"],
+            "Too many requests: at most 2 requests may be in flight. Retry in 1 s."
+        );
+    }
 }

@@ -99,11 +99,8 @@ where
                 // The ready service goes with the request; a clone stays.
                 let clone = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, clone);
-                let check = Arc::clone(&self.settings.store).check_owned(
-                    self.settings.store_key(&key),
-                    Arc::clone(&self.settings.policy),
-                );
-                ResponseFuture::checking(check, request, ready, Arc::clone(&self.settings))
+                let key = self.settings.store_key(&key);
+                ResponseFuture::checking(request, ready, Arc::clone(&self.settings), key)
             }
         }
     }

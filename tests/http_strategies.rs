@@ -1,0 +1,279 @@
+//! Rejection strategies, header styles and concurrency leases through an
+//! axum Router.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use axum::{Router, body::Bytes};
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use tokio::sync::Semaphore;
+use tower::ServiceExt;
+use tower_redis_ratelimit::{
+    HeaderStyle, MemoryStore, Policy, RateLimitLayer, Rejection, Store, key,
+};
+
+fn app<St: Store>(
+    store: St,
+    policy: Policy,
+    configure: impl FnOnce(RateLimitLayer<key::PeerIp>) -> RateLimitLayer<key::PeerIp>,
+) -> Router {
+    let limiter = configure(RateLimitLayer::new(store, policy, key::peer_ip()));
+    Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(limiter)
+}
+
+fn request(path: &str) -> Request<Body> {
+    let mut req = Request::get(path).body(Body::empty()).unwrap();
+    let addr: SocketAddr = "198.51.100.1:40000".parse().unwrap();
+    req.extensions_mut().insert(ConnectInfo(addr));
+    req
+}
+
+async fn send(app: &Router) -> (Response<()>, String) {
+    let response = app.clone().oneshot(request("/")).await.unwrap();
+    let (parts, body) = response.into_parts();
+    let bytes = body.collect().await.unwrap().to_bytes();
+    (
+        Response::from_parts(parts, ()),
+        String::from_utf8(bytes.to_vec()).unwrap(),
+    )
+}
+
+fn header<'a>(response: &'a Response<()>, name: &str) -> Option<&'a str> {
+    response.headers().get(name).map(|v| v.to_str().unwrap())
+}
+
+fn policy(text: &str) -> Policy {
+    text.parse().unwrap()
+}
+
+#[tokio::test]
+async fn shadow_mode_decides_but_never_blocks() {
+    let app = app(MemoryStore::new(), policy("2/10s"), |l| {
+        l.with_rejection(Rejection::Shadow)
+    });
+    let mut remaining = Vec::new();
+    for _ in 0..5 {
+        let (res, body) = send(&app).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(body, "hello");
+        remaining.push(header(&res, "x-ratelimit-remaining").unwrap().to_owned());
+    }
+    assert_eq!(remaining, ["1", "0", "0", "0", "0"]);
+}
+
+#[tokio::test]
+async fn delay_shapes_requests_that_would_soon_be_admitted() {
+    let shaped = app(MemoryStore::new(), policy("2/400ms"), |l| {
+        l.with_rejection(Rejection::delay(Duration::from_secs(1)))
+    });
+    let started = Instant::now();
+    for _ in 0..4 {
+        let (res, _) = send(&shaped).await;
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    // The third and fourth waited for the first two to leave the window.
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(390), "took {took:?}");
+
+    let impatient = app(MemoryStore::new(), policy("2/10s"), |l| {
+        l.with_rejection(Rejection::delay(Duration::from_millis(100)))
+    });
+    send(&impatient).await;
+    send(&impatient).await;
+    let started = Instant::now();
+    let (res, _) = send(&impatient).await;
+    assert_eq!(
+        res.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "a 10 s wait exceeds max_wait"
+    );
+    assert!(started.elapsed() < Duration::from_millis(100));
+}
+
+#[tokio::test]
+async fn custom_rejection_builds_the_response() {
+    let degrade = Rejection::custom(|decision| {
+        let mut response = http::Response::new(Bytes::from(format!(
+            "{{\"degraded\":true,\"limit\":{}}}",
+            decision.limit()
+        )));
+        response
+            .headers_mut()
+            .insert("content-type", "application/json".parse().unwrap());
+        response
+    });
+    let app = app(MemoryStore::new(), policy("1/10s"), |l| {
+        l.with_rejection(degrade)
+    });
+    send(&app).await;
+    let (res, body) = send(&app).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(body, "{\"degraded\":true,\"limit\":1}");
+    assert_eq!(header(&res, "retry-after"), Some("10"));
+    assert_eq!(header(&res, "x-ratelimit-remaining"), Some("0"));
+}
+
+#[tokio::test]
+async fn problem_json_denials() {
+    let app = app(MemoryStore::new(), policy("1/10s, 5/min"), |l| {
+        l.with_problem_json(true)
+    });
+    send(&app).await;
+    let (res, body) = send(&app).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        header(&res, "content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(header(&res, "retry-after"), Some("10"));
+    assert!(body.contains("\"status\":429"), "{body}");
+    assert!(body.contains("\"violated_policies\":[\"1/10s\"]"), "{body}");
+    assert!(body.contains("10"), "{body}");
+}
+
+#[tokio::test]
+async fn ietf_fields_and_both_styles() {
+    let ietf = app(MemoryStore::new(), policy("2/s, 20/min"), |l| {
+        l.with_headers(HeaderStyle::Ietf)
+    });
+    let (res, _) = send(&ietf).await;
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some("\"2/s\";q=2;w=1, \"20/min\";q=20;w=60")
+    );
+    assert_eq!(
+        header(&res, "ratelimit"),
+        Some("\"2/s\";r=1;t=1, \"20/min\";r=19;t=60")
+    );
+    assert!(header(&res, "x-ratelimit-limit").is_none());
+    send(&ietf).await;
+    let (denied, _) = send(&ietf).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(denied.headers().get("x-ratelimit-limit").is_none());
+    let retry: u64 = header(&denied, "retry-after").unwrap().parse().unwrap();
+    // Retry-After is never earlier than the t of the denying rate.
+    let limit = header(&denied, "ratelimit").unwrap();
+    let t: u64 = limit
+        .split(", ")
+        .next()
+        .and_then(|item| item.split(";t=").nth(1))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry >= t, "Retry-After {retry} < t {t} in {limit}");
+
+    let both = app(MemoryStore::new(), policy("2/s"), |l| {
+        l.with_headers(HeaderStyle::Both)
+    });
+    let (res, _) = send(&both).await;
+    assert!(header(&res, "x-ratelimit-limit").is_some());
+    assert!(header(&res, "ratelimit").is_some());
+}
+
+/// A concurrency limit of 2 with handlers held open by a semaphore.
+fn concurrency_app(gate: Arc<Semaphore>) -> Router {
+    let limiter = RateLimitLayer::new(
+        MemoryStore::new(),
+        Policy::concurrency(2).unwrap(),
+        key::peer_ip(),
+    );
+    Router::new()
+        .route(
+            "/",
+            get(move || {
+                let gate = Arc::clone(&gate);
+                async move {
+                    let _permit = gate.acquire().await.unwrap();
+                    "done"
+                }
+            }),
+        )
+        .route(
+            "/panic",
+            get(|| async {
+                let crash = true;
+                if crash {
+                    panic!("handler panicked");
+                }
+                "unreachable"
+            }),
+        )
+        .layer(limiter)
+}
+
+#[tokio::test]
+async fn concurrency_leases_are_released_when_responses_end() {
+    let gate = Arc::new(Semaphore::new(0));
+    let app = concurrency_app(Arc::clone(&gate));
+    // Two requests in flight, held by the gate.
+    let first = tokio::spawn(app.clone().oneshot(request("/")));
+    let second = tokio::spawn(app.clone().oneshot(request("/")));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (denied, body) = send(&app).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(body.contains("in flight"), "{body}");
+    assert_eq!(header(&denied, "x-ratelimit-limit"), Some("2"));
+    assert_eq!(header(&denied, "retry-after"), Some("1"));
+
+    // The first finishes and its body is read to the end: its slot is free.
+    gate.add_permits(1);
+    let response = first.await.unwrap().unwrap();
+    assert_eq!(response.headers()["x-ratelimit-remaining"], "1");
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "done");
+    gate.add_permits(1);
+    let third = tokio::spawn(app.clone().oneshot(request("/")));
+    // The second finishes; its body is dropped unread: its slot is free too.
+    drop(second.await.unwrap().unwrap());
+    gate.add_permits(1);
+    assert_eq!(third.await.unwrap().unwrap().status(), StatusCode::OK);
+    // Both slots free again: two more in flight fit.
+    gate.add_permits(2);
+    let (a, _) = send(&app).await;
+    let (b, _) = send(&app).await;
+    assert_eq!((a.status(), b.status()), (StatusCode::OK, StatusCode::OK));
+}
+
+#[tokio::test]
+async fn concurrency_leases_survive_panics_and_disconnects() {
+    let gate = Arc::new(Semaphore::new(0));
+    let app = concurrency_app(Arc::clone(&gate));
+    // A handler that panics gives its slot back.
+    for _ in 0..3 {
+        let crashed = tokio::spawn(app.clone().oneshot(request("/panic"))).await;
+        assert!(crashed.unwrap_err().is_panic());
+    }
+    // A client that goes away (the response future dropped) gives it back.
+    for _ in 0..3 {
+        let waiting = tokio::spawn(app.clone().oneshot(request("/")));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        waiting.abort();
+        assert!(waiting.await.unwrap_err().is_cancelled());
+    }
+    // Releases are spawned: give them a moment, then both slots are free.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    gate.add_permits(2);
+    let (a, _) = send(&app).await;
+    let (b, _) = send(&app).await;
+    assert_eq!((a.status(), b.status()), (StatusCode::OK, StatusCode::OK));
+    let held = tokio::spawn(app.clone().oneshot(request("/")));
+    let held2 = tokio::spawn(app.clone().oneshot(request("/")));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (c, _) = send(&app).await;
+    assert_eq!(
+        c.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "the limit still holds"
+    );
+    gate.add_permits(2);
+    held.await.unwrap().unwrap();
+    held2.await.unwrap().unwrap();
+}

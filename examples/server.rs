@@ -12,6 +12,11 @@
 //! | `RATE_LIMIT` | `5/10s`          | the policy, such as `3/s, 20/min`                    |
 //! | `KEY`        | `ip`             | `ip` (the peer address) or `header:NAME`             |
 //! | `EXECUTION`  | `transaction`    | how Redis runs the check: `transaction` or `script`  |
+//! | `ALGORITHM`  | `sliding-log`    | `sliding-log`, `fixed-window`, `sliding-window`, `gcra` or `concurrency` |
+//!
+//! With `ALGORITHM=concurrency`, `RATE_LIMIT` is one rate read as "at most N
+//! requests in flight / lease time": `5/30s` allows 5 at once, and a slot of
+//! a crashed process frees itself after 30 s.
 //!
 //! An empty variable counts as unset. `GET /` answers `hello` and is
 //! limited; `GET /health` is never limited. A bad setting is reported on
@@ -25,7 +30,7 @@ use axum::Router;
 use axum::routing::get;
 use tokio::net::TcpListener;
 use tower_redis_ratelimit::{
-    Execution, MemoryStore, Policy, RateLimitLayer, RedisStore, Store, key,
+    Algorithm, Execution, MemoryStore, Policy, RateLimitLayer, RedisStore, Store, key,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -89,6 +94,7 @@ fn log_start(settings: &Settings, listener: &TcpListener) {
         store = %store,
         policy = %settings.policy,
         key = %settings.key,
+        algorithm = %settings.policy.algorithm(),
         execution = %settings.policy.execution(),
         "listening on http://{addr}"
     );
@@ -155,7 +161,7 @@ fn without_password(url: &str) -> String {
 struct Settings {
     bind: String,
     redis_url: Option<String>,
-    /// The policy, with its execution.
+    /// The policy, with its algorithm and execution.
     policy: Policy,
     key: ClientKey,
 }
@@ -180,6 +186,17 @@ impl Settings {
             })?,
         };
 
+        let algorithm = match var("ALGORITHM")? {
+            None => Algorithm::SlidingLog,
+            Some(text) => text
+                .parse()
+                .map_err(|error| BadSetting::new("ALGORITHM", error))?,
+        };
+        let policy = policy
+            .with_execution(execution)
+            .with_algorithm(algorithm)
+            .map_err(|error| BadSetting::new("ALGORITHM", error))?;
+
         let key = match var("KEY")? {
             None => ClientKey::PeerIp,
             Some(text) => {
@@ -190,7 +207,7 @@ impl Settings {
         Ok(Self {
             bind,
             redis_url,
-            policy: policy.with_execution(execution),
+            policy,
             key,
         })
     }

@@ -135,12 +135,48 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 pub enum Algorithm {
     /// The sorted-set rolling window: a request is admitted if fewer than
     /// `max` requests were admitted in the last `window`. Exact.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::{ManualClock, MemoryStore, Policy};
+    ///
+    /// let clock = ManualClock::new(Duration::from_secs(1_000)); // on a window boundary
+    /// let store = MemoryStore::with_clock(clock.clone());
+    /// let policy: Policy = "2/s".parse()?;
+    /// assert!(store.check_now("k", &policy).allowed());
+    /// clock.advance(Duration::from_millis(600));
+    /// assert!(store.check_now("k", &policy).allowed());
+    /// assert!(!store.check_now("k", &policy).allowed());
+    /// // The first request leaves the rolling window 1 s after it came.
+    /// clock.advance(Duration::from_millis(400));
+    /// assert!(store.check_now("k", &policy).allowed());
+    /// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
+    /// ```
     #[default]
     SlidingLog,
     /// A counter per window of wall-clock time (`floor(now / window)`),
     /// reset at each window's start. Exact within a window, but a client can
     /// send `max` at the end of one window and `max` at the start of the
     /// next: up to 2× max in any rolling window.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::{ManualClock, MemoryStore, Policy};
+    ///
+    /// let clock = ManualClock::new(Duration::from_secs(1_000)); // on a window boundary
+    /// let store = MemoryStore::with_clock(clock.clone());
+    /// let policy = "2/s".parse::<Policy>()?.fixed_window()?;
+    /// clock.advance(Duration::from_millis(900));
+    /// assert!(store.check_now("k", &policy).allowed());
+    /// assert!(store.check_now("k", &policy).allowed());
+    /// let denied = store.check_now("k", &policy);
+    /// assert_eq!(denied.retry_after(), Duration::from_millis(100)); // the window's end
+    /// clock.advance(Duration::from_millis(100));
+    /// // A new window: two more, four within 200 ms (the edge effect).
+    /// assert!(store.check_now("k", &policy).allowed());
+    /// assert!(store.check_now("k", &policy).allowed());
+    /// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
+    /// ```
     FixedWindow,
     /// The count of the current fixed window plus the previous window's
     /// count weighted by how much of it the rolling window still covers.
@@ -149,17 +185,71 @@ pub enum Algorithm {
     /// `max + previous × elapsed fraction` (< 2× max) in the worst case, when
     /// the previous window's traffic all came at its very end, and exactly
     /// `max` for evenly spread traffic.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::{ManualClock, MemoryStore, Policy};
+    ///
+    /// let clock = ManualClock::new(Duration::from_secs(1_000)); // on a window boundary
+    /// let store = MemoryStore::with_clock(clock.clone());
+    /// let policy = "10/s".parse::<Policy>()?.sliding_window()?;
+    /// for _ in 0..10 {
+    ///     assert!(store.check_now("k", &policy).allowed());
+    /// }
+    /// // Half-way through the next window, half of the previous one counts:
+    /// // 10 × 0.5 = 5, so 5 more fit.
+    /// clock.advance(Duration::from_millis(1_500));
+    /// for _ in 0..5 {
+    ///     assert!(store.check_now("k", &policy).allowed());
+    /// }
+    /// assert!(!store.check_now("k", &policy).allowed());
+    /// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
+    /// ```
     SlidingWindow,
     /// The generic cell rate algorithm: a token bucket of capacity `max`
     /// refilled at `max / window`, kept as one theoretical arrival time per
     /// rate and refilled lazily. Admits bursts of up to `max`, then one
     /// request every `window / max`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::{ManualClock, MemoryStore, Policy};
+    ///
+    /// let clock = ManualClock::new(Duration::from_secs(1_000)); // on a window boundary
+    /// let store = MemoryStore::with_clock(clock.clone());
+    /// let policy = "4/s".parse::<Policy>()?.gcra()?;
+    /// for _ in 0..4 {
+    ///     assert!(store.check_now("k", &policy).allowed()); // a burst of 4
+    /// }
+    /// let denied = store.check_now("k", &policy);
+    /// assert_eq!(denied.retry_after(), Duration::from_millis(250)); // one token per 250 ms
+    /// clock.advance(Duration::from_millis(250));
+    /// assert!(store.check_now("k", &policy).allowed());
+    /// assert!(!store.check_now("k", &policy).allowed());
+    /// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
+    /// ```
     Gcra,
     /// At most `max` requests of one key in flight at once, across every
     /// process: a lease is taken before the inner service is called and
     /// released when the response body is finished or dropped. A lease of
     /// a crashed process expires after the rate's window (the lease time,
     /// see [`Policy::concurrency`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::{ManualClock, MemoryStore, Policy};
+    ///
+    /// let clock = ManualClock::new(Duration::from_secs(1_000)); // on a window boundary
+    /// let store = MemoryStore::with_clock(clock.clone());
+    /// let policy = Policy::concurrency(2)?;
+    /// let first = store.check_now("k", &policy);
+    /// assert!(store.check_now("k", &policy).allowed());
+    /// assert!(!store.check_now("k", &policy).allowed()); // two in flight
+    /// // The layer gives the lease back when the response is done.
+    /// store.release_now("k", &policy, first.lease().unwrap());
+    /// assert!(store.check_now("k", &policy).allowed());
+    /// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
+    /// ```
     Concurrency,
 }
 

@@ -59,6 +59,11 @@ pub enum StoreError {
     UnexpectedReply(String),
 }
 
+/// The longest `retry_after` of a denied concurrency request: slots usually
+/// free within one request's duration, long before the oldest lease expires,
+/// and the limiter cannot know when.
+pub const CONCURRENCY_RETRY_CAP: Duration = Duration::from_secs(1);
+
 /// Keys longer than this many bytes are stored under their hash.
 pub const MAX_RAW_KEY_LEN: usize = 128;
 

@@ -10,10 +10,7 @@ use std::time::Duration;
 
 use crate::decision::{Decision, DecisionBuilder, Lease, RateStatus};
 use crate::policy::{Algorithm, Policy};
-
-/// The longest `retry_after` of a denied request: slots usually free within
-/// one request's duration, long before the lease of the oldest one expires.
-pub(crate) const RETRY_CAP: Duration = Duration::from_secs(1);
+use crate::store::CONCURRENCY_RETRY_CAP;
 
 /// The leases held: (lease, expiry µs).
 #[derive(Debug, Default)]
@@ -34,14 +31,15 @@ pub(super) fn check(state: &mut State, now: u64, policy: &Policy, lease: Lease) 
     let allowed = held < rate.max();
     let mut builder = DecisionBuilder::new(allowed).algorithm(Algorithm::Concurrency);
     // A slot frees when a request finishes, which the limiter cannot know:
-    // suggest retrying after the soonest lease expiry, at most RETRY_CAP.
+    // suggest retrying after the soonest lease expiry, at most CONCURRENCY_RETRY_CAP.
     let soonest = state.leases.iter().map(|&(_, expiry)| expiry).min();
     builder.rate(RateStatus {
         rate,
-        remaining: rate.max() - held - u64::from(allowed),
+        // Saturating: a key checked with a lower max may hold more leases.
+        remaining: rate.max().saturating_sub(held + u64::from(allowed)),
         reset: Duration::ZERO,
         wait: match (allowed, soonest) {
-            (false, Some(expiry)) => Duration::from_micros(expiry - now).min(RETRY_CAP),
+            (false, Some(expiry)) => Duration::from_micros(expiry - now).min(CONCURRENCY_RETRY_CAP),
             _ => Duration::ZERO,
         },
     });

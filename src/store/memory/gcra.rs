@@ -2,66 +2,80 @@
 //! [`Algorithm::Gcra`](crate::Algorithm::Gcra).
 //!
 //! Each rate is a token bucket of capacity `max` refilled at one token per
-//! `T = window / max`, kept as a theoretical arrival time (TAT, in µs as an
-//! `f64`, exactly as the Redis script keeps it). A request of cost `c` at
-//! `now` moves the TAT to `max(TAT, now) + c·T` and is admitted if that is at
-//! most `now + window`. The arithmetic is the same IEEE operations in the
-//! same order as the Lua script, so both give the same answers.
+//! `T = window / max`, kept as a theoretical arrival time (TAT). The
+//! arithmetic works on the TAT's offset from now, `d` (µs, an `f64`), where
+//! magnitudes are small: at today's timestamps (~1.7e15 µs) a double only
+//! resolves 0.25 µs, which would round intervals and lose bursts. The TAT is
+//! stored as whole µs plus a fraction.
+//!
+//! A request of cost `c` at `now` moves the offset to `max(d, 0) + c·T` and
+//! is admitted if that is at most the window (with a relative tolerance of
+//! 1e-9 for the rounding of sums of `T`). The Redis script does the same
+//! IEEE operations in the same order, so both give the same answers.
 
 use std::time::Duration;
 
 use crate::decision::{Decision, DecisionBuilder, RateStatus};
 use crate::policy::{Algorithm, Policy};
 
-/// One TAT per rate, found by its window.
-pub(super) type State = Vec<(u64, f64)>;
+/// Relative tolerance of the admission test and the token count.
+pub(crate) const EPSILON: f64 = 1e-9;
+
+/// One TAT per rate, found by its window: (window µs, TAT whole µs, TAT fraction).
+pub(super) type State = Vec<(u64, u64, f64)>;
 
 pub(super) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
     let cost = policy.cost() as f64;
-    let now_f = now as f64;
     let rates = policy.rates();
-    // (window, T, TAT from now on, TAT after this request)
+    // (window, T, offset now, offset after this request)
     let plans: Vec<(f64, f64, f64, f64)> = rates
         .iter()
         .map(|rate| {
             let window = rate.window_micros();
             let w = window as f64;
             let interval = w / rate.max() as f64;
-            let stored = state
+            let offset = state
                 .iter()
-                .find(|(win, _)| *win == window)
-                .map_or(now_f, |&(_, tat)| tat);
-            let tat = stored.max(now_f);
-            (w, interval, tat, tat + cost * interval)
+                .find(|(win, _, _)| *win == window)
+                .map_or(0.0, |&(_, whole, frac)| {
+                    (whole as i64 - now as i64) as f64 + frac
+                });
+            let d = offset.max(0.0);
+            (w, interval, d, d + cost * interval)
         })
         .collect();
-    let allowed = plans.iter().all(|&(w, _, _, new_tat)| new_tat - now_f <= w);
+    let allowed = plans
+        .iter()
+        .all(|&(w, _, _, new_d)| new_d <= w * (1.0 + EPSILON));
 
     let mut builder = DecisionBuilder::new(allowed).algorithm(Algorithm::Gcra);
     let mut expires_at = 0u64;
     let mut next = Vec::with_capacity(rates.len());
-    for (rate, &(w, interval, tat, new_tat)) in rates.iter().zip(&plans) {
-        let kept = if allowed { new_tat } else { tat };
-        let denies = !allowed && new_tat - now_f > w;
-        // Tokens left now: how many more intervals fit before now + window.
-        let remaining = ((now_f + w - kept) / interval).floor().max(0.0) as u64;
+    for (rate, &(w, interval, d, new_d)) in rates.iter().zip(&plans) {
+        let kept = if allowed { new_d } else { d };
+        let denies = !allowed && new_d > w * (1.0 + EPSILON);
+        // Tokens left now: how many more intervals fit in the window.
+        let remaining = ((w - kept) / interval + EPSILON).floor().max(0.0) as u64;
         builder.rate(RateStatus {
             rate: *rate,
             remaining: remaining.min(rate.max()),
-            reset: micros_ceil(kept - now_f),
-            // Admitted once now + window reaches the new TAT.
+            reset: micros_ceil(kept),
+            // Admitted once the offset has shrunk to the window.
             wait: if denies {
-                micros_ceil(new_tat - w - now_f)
+                micros_ceil(new_d - w)
             } else {
                 Duration::ZERO
             },
         });
-        if kept > now_f {
-            expires_at = expires_at.max(kept.ceil() as u64);
-            next.push((rate.window_micros(), kept));
+        if kept > 0.0 {
+            let whole = kept.floor();
+            expires_at = expires_at.max(now + kept.ceil() as u64);
+            next.push((rate.window_micros(), now + whole as u64, kept - whole));
         }
     }
-    *state = next;
+    if allowed {
+        *state = next;
+    }
     match builder.build() {
         Some(decision) => (decision, expires_at),
         None => unreachable!("a policy always has a rate"),
@@ -73,5 +87,39 @@ fn micros_ceil(us: f64) -> Duration {
         Duration::from_micros(us.ceil() as u64)
     } else {
         Duration::ZERO
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// At today's timestamps, a burst of exactly `max` fits for awkward
+    /// intervals, and very high rates are still enforced.
+    #[test]
+    fn bursts_are_exact_at_real_timestamps() {
+        let now = 1_763_800_000_000_000u64;
+        // Intervals of 142857.14 µs, 20408.16 µs, 0.33 µs and 0.1 µs.
+        for text in [
+            "7/1s",
+            "49/1s",
+            "3/1s",
+            "1000/1s",
+            "30000/10ms",
+            "10000/1ms",
+        ] {
+            let policy: Policy = text.parse::<Policy>().unwrap().gcra().unwrap();
+            let max = policy.rates()[0].max();
+            let mut state = State::new();
+            for i in 0..max {
+                assert!(
+                    check(&mut state, now, &policy).0.allowed(),
+                    "{text}: request {i} of {max}"
+                );
+            }
+            let denied = check(&mut state, now, &policy).0;
+            assert!(!denied.allowed(), "{text}: request {} of {max}", max + 1);
+            assert!(denied.retry_after() > Duration::ZERO, "{text}");
+        }
     }
 }

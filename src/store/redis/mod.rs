@@ -25,7 +25,9 @@ mod gcra;
 mod sliding_log;
 mod sliding_window;
 
+pub use concurrency::CONCURRENCY_SCRIPT;
 pub use connection::{TrackedConnection, TrackedManager};
+pub use gcra::GCRA_SCRIPT;
 pub use sliding_log::SLIDING_LOG_SCRIPT;
 
 use clock_sync::ClockSync;

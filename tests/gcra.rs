@@ -1,0 +1,347 @@
+//! GCRA (token bucket) on every store: MemoryStore on a manual clock (exact
+//! values) and RedisStore's Lua script against a real redis-server (real
+//! time, margins), plus Redis-only checks of exactness under contention and
+//! of the key's layout and expiry.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::RedisServer;
+use support::harness::{Harness, MS};
+use tokio::sync::Barrier;
+use tower_redis_ratelimit::{Algorithm, Execution, Policy, RedisStore, Store};
+
+/// `max` admitted at once (remaining and reset counting down), then denied
+/// until one interval (`window / max`) has passed.
+async fn burst_then_denied(h: Harness) {
+    let p = h.policy("4/1s").gcra().unwrap();
+    let t0 = h.mark();
+    for (remaining, reset_ms) in [(3, 250), (2, 500), (1, 750), (0, 1000)] {
+        let d = h.check("k", &p).await;
+        assert!(d.allowed(), "request {} of the burst", 4 - remaining);
+        assert_eq!(d.algorithm(), Algorithm::Gcra);
+        assert_eq!((d.limit(), d.remaining()), (4, remaining));
+        assert_eq!(d.retry_after(), Duration::ZERO);
+        h.assert_near(
+            d.reset(),
+            (reset_ms * MS).saturating_sub(h.since(t0)),
+            "reset",
+        );
+    }
+    let d = h.check("k", &p).await;
+    assert!(!d.allowed());
+    assert_eq!((d.limit(), d.remaining()), (4, 0));
+    h.assert_near(
+        d.retry_after(),
+        (250 * MS).saturating_sub(h.since(t0)),
+        "retry_after",
+    );
+    h.assert_near(
+        d.reset(),
+        Duration::from_secs(1).saturating_sub(h.since(t0)),
+        "reset of a denied request",
+    );
+    // Denied requests take nothing: still denied, still the same wait.
+    assert!(!h.check("k", &p).await.allowed());
+}
+
+/// After the burst, one more request every `window / max`, never two.
+async fn steady_refill(h: Harness) {
+    let p = h.policy("4/1s").gcra().unwrap();
+    for _ in 0..4 {
+        assert!(h.check("k", &p).await.allowed());
+    }
+    assert!(!h.check("k", &p).await.allowed());
+    for round in 0..3 {
+        h.advance_past(250 * MS).await;
+        let d = h.check("k", &p).await;
+        assert!(d.allowed(), "round {round}: one token came back");
+        assert_eq!(d.remaining(), 0, "round {round}");
+        let d = h.check("k", &p).await;
+        assert!(!d.allowed(), "round {round}: only one token came back");
+    }
+    // A full window idle refills the whole bucket, and no more.
+    h.advance_past(Duration::from_secs(1)).await;
+    for remaining in [3, 2, 1, 0] {
+        let d = h.check("k", &p).await;
+        assert!(d.allowed());
+        assert_eq!(d.remaining(), remaining);
+    }
+    assert!(!h.check("k", &p).await.allowed());
+}
+
+/// Waiting `retry_after` is enough, and on the manual clock one microsecond
+/// less is not.
+async fn retry_after_is_exact_and_honest(h: Harness) {
+    let p = h.policy("2/1s").gcra().unwrap();
+    assert!(h.check("k", &p).await.allowed());
+    h.advance(100 * MS).await;
+    assert!(h.check("k", &p).await.allowed());
+    let denied = h.check("k", &p).await;
+    assert!(!denied.allowed());
+    let wait = denied.retry_after();
+    assert!(
+        wait > Duration::ZERO && wait <= 500 * MS,
+        "retry_after {wait:?}"
+    );
+    if let Harness::Memory { .. } = h {
+        assert_eq!(wait, 400 * MS);
+        h.advance(wait - Duration::from_micros(1)).await;
+        let d = h.check("k", &p).await;
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Duration::from_micros(1));
+        h.advance(Duration::from_micros(1)).await;
+    } else {
+        h.advance(wait).await;
+    }
+    let d = h.check("k", &p).await;
+    assert!(d.allowed(), "waiting retry_after must be enough");
+    assert_eq!(d.remaining(), 0);
+}
+
+/// A request of cost `c` takes `c` tokens; a denied one takes none, so a
+/// cheaper request still fits.
+async fn cost_takes_several_tokens(h: Harness) {
+    let p = h.policy("5/1s").gcra().unwrap().with_cost(2).unwrap();
+    let t0 = h.mark();
+    let d = h.check("k", &p).await;
+    assert!(d.allowed());
+    assert_eq!(d.remaining(), 3);
+    h.assert_near(d.reset(), 400 * MS, "reset after cost 2");
+    assert_eq!(h.check("k", &p).await.remaining(), 1);
+    let d = h.check("k", &p).await;
+    assert!(!d.allowed());
+    assert_eq!(d.remaining(), 1);
+    // Two tokens are back one interval (200 ms) after the bucket had one.
+    h.assert_near(
+        d.retry_after(),
+        (200 * MS).saturating_sub(h.since(t0)),
+        "retry_after of cost 2",
+    );
+    let cheap = h.policy("5/1s").gcra().unwrap();
+    let d = h.check("k", &cheap).await;
+    assert!(d.allowed(), "one token is left for a request of cost 1");
+    assert_eq!(d.remaining(), 0);
+}
+
+/// `2/500ms, 3/3s`: a request counts against every rate or none.
+async fn multi_rate_is_all_or_nothing(h: Harness) {
+    let p = h.policy("2/500ms, 3/3s").gcra().unwrap();
+    let t0 = h.mark();
+    let d = h.check("k", &p).await;
+    assert!(d.allowed());
+    assert_eq!(d.rates().len(), 2);
+    assert_eq!(
+        (d.limit(), d.remaining()),
+        (2, 1),
+        "the rate with least remaining"
+    );
+    assert_eq!(d.rates()[1].remaining(), 2);
+    let d = h.check("k", &p).await;
+    assert!(d.allowed());
+    assert_eq!((d.limit(), d.remaining()), (2, 0));
+    let d = h.check("k", &p).await;
+    assert!(!d.allowed());
+    assert_eq!(d.limit(), 2, "denied by the short rate");
+    assert!(
+        d.rates()[1].wait().is_zero(),
+        "the long rate would admit it"
+    );
+    h.assert_near(
+        d.retry_after(),
+        (250 * MS).saturating_sub(h.since(t0)),
+        "short retry_after",
+    );
+    h.advance_past(500 * MS).await;
+    // The denied request took nothing from the long rate.
+    let d = h.check("k", &p).await;
+    assert!(d.allowed());
+    assert_eq!((d.limit(), d.remaining()), (3, 0));
+    let d = h.check("k", &p).await;
+    assert!(!d.allowed());
+    assert_eq!(d.limit(), 3, "denied by the long rate");
+    assert!(
+        d.rates()[0].wait().is_zero(),
+        "the short rate would admit it"
+    );
+    h.assert_near(
+        d.retry_after(),
+        Duration::from_secs(1).saturating_sub(h.since(t0)),
+        "long retry_after",
+    );
+    h.assert_near(
+        d.reset(),
+        Duration::from_secs(3).saturating_sub(h.since(t0)),
+        "long reset",
+    );
+}
+
+/// Remaining and reset follow the partial refill between requests.
+async fn remaining_and_reset_follow_the_refill(h: Harness) {
+    let p = h.policy("4/1s").gcra().unwrap();
+    let t0 = h.mark();
+    assert!(h.check("k", &p).await.allowed());
+    let d = h.check("k", &p).await;
+    assert_eq!(d.remaining(), 2);
+    h.assert_near(d.reset(), 500 * MS, "reset after two");
+    h.advance(100 * MS).await;
+    // 2.4 tokens, one taken: 1.4 left; full 750 ms after t0.
+    let d = h.check("k", &p).await;
+    assert!(d.allowed());
+    assert_eq!(d.remaining(), 1);
+    h.assert_near(
+        d.reset(),
+        (750 * MS).saturating_sub(h.since(t0)),
+        "reset after a partial refill",
+    );
+    h.advance_past(Duration::from_secs(1)).await;
+    let d = h.check("k", &p).await;
+    assert_eq!(d.remaining(), 3, "a full bucket again");
+    h.assert_near(d.reset(), 250 * MS, "reset of a fresh bucket");
+}
+
+async fn keys_are_independent(h: Harness) {
+    let p = h.policy("1/1s").gcra().unwrap();
+    assert!(h.check("a", &p).await.allowed());
+    assert!(!h.check("a", &p).await.allowed());
+    assert!(h.check("b", &p).await.allowed());
+    assert!(h.check("a b {c}", &p).await.allowed());
+    assert!(!h.check("a b {c}", &p).await.allowed());
+}
+
+macro_rules! suite {
+    ($backend:ident, $make:expr) => {
+        mod $backend {
+            use super::*;
+
+            suite!(@cases $make;
+                burst_then_denied,
+                steady_refill,
+                retry_after_is_exact_and_honest,
+                cost_takes_several_tokens,
+                multi_rate_is_all_or_nothing,
+                remaining_and_reset_follow_the_refill,
+                keys_are_independent,
+            );
+        }
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $case() {
+                super::$case($make).await;
+            }
+        )*
+    };
+}
+
+suite!(memory, Harness::memory());
+suite!(redis, Harness::redis(Execution::Script).await);
+
+/// Two independent stores (two pools, as two processes would have) send 500
+/// checks of one key at once: exactly the burst is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_admits_exactly_the_limit_under_contention() {
+    let server = RedisServer::start();
+    let stores = [
+        RedisStore::connect(&server.url()).await.unwrap(),
+        RedisStore::connect(&server.url()).await.unwrap(),
+    ];
+    let policy = Arc::new("100/60s".parse::<Policy>().unwrap().gcra().unwrap());
+    let total = 500;
+    let barrier = Arc::new(Barrier::new(total));
+    let mut tasks = Vec::with_capacity(total);
+    for i in 0..total {
+        let store = stores[i % 2].clone();
+        let policy = Arc::clone(&policy);
+        let barrier = Arc::clone(&barrier);
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            // A generous timeout: this test is about counting, not speed.
+            let store = store.with_timeout(Duration::from_secs(10));
+            store.check("hot", &policy).await.unwrap().allowed()
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += usize::from(task.await.unwrap());
+    }
+    assert_eq!(admitted, 100);
+}
+
+/// One hash per key, one field per rate (the window in µs), gone once every
+/// TAT is in the past.
+#[tokio::test]
+async fn redis_key_holds_one_tat_per_rate_and_expires() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let policy: Policy = "2/200ms, 5/400ms"
+        .parse::<Policy>()
+        .unwrap()
+        .gcra()
+        .unwrap();
+    assert!(store.check("k", &policy).await.unwrap().allowed());
+    let key = store.redis_key("gcra", "k");
+    assert_eq!(key, "rl:gcra:{k}");
+    assert!(server.command(&["TYPE", &key]).contains("hash"));
+    let fields = server.command(&["HKEYS", &key]);
+    assert!(
+        fields.contains("200000") && fields.contains("400000"),
+        "{fields}"
+    );
+    let short = server.command(&["HGET", &key, "200000"]);
+    // "<whole µs> <fraction>": 200 ms / 2 = 100000 µs exactly, no fraction.
+    let value = short.lines().nth(1).unwrap();
+    let (whole, frac) = value.split_once(' ').unwrap();
+    let whole: u64 = whole.parse().unwrap();
+    let frac: f64 = frac.parse().unwrap();
+    assert!(
+        whole > 1_000_000_000_000_000,
+        "a TAT in µs since the epoch: {short}"
+    );
+    assert!((0.0..1.0).contains(&frac), "{short}");
+    let pttl: i64 = server
+        .command(&["PTTL", &key])
+        .trim()
+        .trim_start_matches(':')
+        .parse()
+        .unwrap();
+    // The latest TAT is 100 ms ahead (200 ms / 2; the other is 400 ms / 5).
+    assert!(pttl > 0 && pttl <= 100, "PTTL {pttl}");
+    tokio::time::sleep(150 * MS).await;
+    assert!(server.command(&["EXISTS", &key]).starts_with(":0"));
+    // Denied requests write nothing.
+    let one: Policy = "1/1s".parse::<Policy>().unwrap().gcra().unwrap();
+    assert!(store.check("d", &one).await.unwrap().allowed());
+    let key = store.redis_key("gcra", "d");
+    let before = server.command(&["HGET", &key, "1000000"]);
+    assert!(!store.check("d", &one).await.unwrap().allowed());
+    assert_eq!(server.command(&["HGET", &key, "1000000"]), before);
+    // A flushed script cache (a Redis restart, a failover) is reloaded.
+    assert!(server.command(&["SCRIPT", "FLUSH"]).starts_with("+OK"));
+    assert!(store.check("e", &one).await.unwrap().allowed());
+}
+
+/// Awkward intervals (10 s / 7) at real timestamps: a burst of exactly max,
+/// on Redis as in memory (the TAT is kept as an offset, not a raw double).
+#[tokio::test]
+async fn redis_bursts_are_exact_for_awkward_intervals() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    for max in [7u64, 49] {
+        let policy: Policy = format!("{max}/10s")
+            .parse::<Policy>()
+            .unwrap()
+            .gcra()
+            .unwrap();
+        let key = format!("burst-{max}");
+        for i in 0..max {
+            let d = store.check(&key, &policy).await.unwrap();
+            assert!(d.allowed(), "request {i} of {max}");
+        }
+        assert!(!store.check(&key, &policy).await.unwrap().allowed());
+    }
+}

@@ -2,6 +2,8 @@
 //! axum Router.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -276,4 +278,55 @@ async fn concurrency_leases_survive_panics_and_disconnects() {
     gate.add_permits(2);
     held.await.unwrap().unwrap();
     held2.await.unwrap().unwrap();
+}
+
+/// The same through Redis, where a release finishes in a spawned task.
+#[tokio::test]
+async fn concurrency_leases_through_redis() {
+    let server = support::RedisServer::start();
+    let store = tower_redis_ratelimit::RedisStore::connect(&server.url())
+        .await
+        .unwrap();
+    let gate = Arc::new(Semaphore::new(0));
+    let held = Arc::clone(&gate);
+    let limiter = RateLimitLayer::new(store, Policy::concurrency(1).unwrap(), key::peer_ip())
+        .with_name("api");
+    let app = Router::new()
+        .route(
+            "/",
+            get(move || {
+                let gate = Arc::clone(&held);
+                async move {
+                    let _permit = gate.acquire().await.unwrap();
+                    "done"
+                }
+            }),
+        )
+        .layer(limiter);
+    let first = tokio::spawn(app.clone().oneshot(request("/")));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (denied, _) = send(&app).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        server
+            .command(&["ZCARD", "rl:conc:{api:198.51.100.1}"])
+            .trim(),
+        ":1"
+    );
+    gate.add_permits(1);
+    let response = first.await.unwrap().unwrap();
+    response.into_body().collect().await.unwrap();
+    // The release reaches Redis shortly after the body ended.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while server
+        .command(&["ZCARD", "rl:conc:{api:198.51.100.1}"])
+        .trim()
+        != ":0"
+    {
+        assert!(Instant::now() < deadline, "the lease was not released");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    gate.add_permits(1);
+    let (res, body) = send(&app).await;
+    assert_eq!((res.status(), body.as_str()), (StatusCode::OK, "done"));
 }

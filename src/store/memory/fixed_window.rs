@@ -66,6 +66,14 @@ pub(super) fn check(counters: &mut State, now: u64, policy: &Policy) -> (Decisio
             });
         }
     }
+    // Counters of other windows (another policy on this key) stay while
+    // their window lasts, as the Redis hash keeps their fields.
+    for other in counters.iter() {
+        if !next.iter().any(|c| c.window == other.window) && other.index == now / other.window {
+            expires_at = expires_at.max((other.index + 1) * other.window);
+            next.push(*other);
+        }
+    }
     *counters = next;
     match builder.build() {
         Some(decision) => (decision, expires_at),

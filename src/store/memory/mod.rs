@@ -316,6 +316,32 @@ mod tests {
     use crate::clock::ManualClock;
     use std::time::Duration;
 
+    /// Two policies counting one key keep each other's counters, as the
+    /// Redis hash keeps each window's field.
+    #[test]
+    fn policies_sharing_a_key_keep_each_others_counters() {
+        let clock = ManualClock::new(Duration::from_secs(1_000));
+        let store = MemoryStore::with_clock(clock);
+        for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+            let short = "2/1s"
+                .parse::<Policy>()
+                .unwrap()
+                .with_algorithm(algorithm)
+                .unwrap();
+            let long = "100/min"
+                .parse::<Policy>()
+                .unwrap()
+                .with_algorithm(algorithm)
+                .unwrap();
+            let mut admitted = 0;
+            for _ in 0..10 {
+                admitted += usize::from(store.check_now("k", &short).allowed());
+                store.check_now("k", &long);
+            }
+            assert_eq!(admitted, 2, "{algorithm}");
+        }
+    }
+
     #[test]
     fn idle_keys_are_swept_and_the_key_count_is_bounded() {
         let clock = ManualClock::new(Duration::from_secs(1_000));

@@ -131,6 +131,14 @@ pub(super) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, 
             next.push(c);
         }
     }
+    // Counters of other windows (another policy on this key) stay while
+    // they still count, as the Redis hash keeps their fields.
+    for other in state.iter() {
+        if !next.iter().any(|c| c.window == other.window) && other.index + 1 >= now / other.window {
+            expires_at = expires_at.max((other.index + 2) * other.window);
+            next.push(*other);
+        }
+    }
     *state = next;
     match builder.build() {
         Some(decision) => (decision, expires_at),

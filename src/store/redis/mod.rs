@@ -27,8 +27,10 @@ mod sliding_window;
 
 pub use concurrency::CONCURRENCY_SCRIPT;
 pub use connection::{TrackedConnection, TrackedManager};
+pub use fixed_window::FIXED_WINDOW_SCRIPT;
 pub use gcra::GCRA_SCRIPT;
 pub use sliding_log::SLIDING_LOG_SCRIPT;
+pub use sliding_window::SLIDING_WINDOW_SCRIPT;
 
 use clock_sync::ClockSync;
 use connection::{Source, TrackedConnection as Tracked, is_connection_error};

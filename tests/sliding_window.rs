@@ -1,0 +1,901 @@
+//! The sliding window counter ([`Algorithm::SlidingWindow`]) run against
+//! every store: MemoryStore on a manual clock (exact values) and RedisStore's
+//! Lua script against a real redis-server (real time, margins); and its
+//! documented error bound, measured on the manual clock.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use support::RedisServer;
+use support::harness::{Harness, MS, Mark};
+use tokio::sync::Barrier;
+use tower_redis_ratelimit::policy::{MAX_COST, MAX_MAX, MAX_WINDOW};
+use tower_redis_ratelimit::{
+    Algorithm, Clock, Execution, Policy, PolicyError, Rate, RedisStore, Store,
+};
+
+const US: Duration = Duration::from_micros(1);
+
+/// How far past a window boundary the Redis harness lands, so the boundary
+/// is behind us on Redis's clock too.
+const MARGIN: Duration = Duration::from_millis(20);
+
+/// Move to the start of the next window of `window` (wall-clock windows:
+/// multiples of `window` since the epoch) and return a mark at that start.
+/// Exact on the manual clock; on real time, a little past it.
+async fn align(h: &Harness, window: Duration) -> Mark {
+    match h {
+        Harness::Memory { clock, .. } => {
+            let rem = micros(clock.now()) % micros(window);
+            if rem != 0 {
+                clock.advance(Duration::from_micros(micros(window) - rem));
+            }
+            Mark::Clock(clock.now())
+        }
+        Harness::Redis { .. } => {
+            let now = micros(SystemTime::now().duration_since(UNIX_EPOCH).unwrap());
+            let w = micros(window);
+            let boundary = (now / w + 1) * w;
+            tokio::time::sleep(Duration::from_micros(boundary - now) + MARGIN).await;
+            let now = micros(SystemTime::now().duration_since(UNIX_EPOCH).unwrap());
+            Mark::Real(Instant::now() - Duration::from_micros(now - boundary))
+        }
+    }
+}
+
+/// Let time pass until `offset` after `mark` (on real time, plus a margin
+/// when `past` is set, so that instant is behind us on Redis's clock too).
+async fn advance_to(h: &Harness, mark: Mark, offset: Duration, past: bool) {
+    let target = match h {
+        Harness::Redis { .. } if past => offset + MARGIN,
+        _ => offset,
+    };
+    let elapsed = h.since(mark);
+    assert!(
+        elapsed <= target,
+        "already {elapsed:?} past the mark, wanted {target:?}: the machine is too slow"
+    );
+    h.advance(target - elapsed).await;
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap()
+}
+
+fn sliding(h: &Harness, text: &str) -> Policy {
+    h.policy(text).sliding_window().unwrap()
+}
+
+async fn admits_max_then_denies(h: Harness) {
+    let p = sliding(&h, "3/1s");
+    let start = align(&h, Duration::from_secs(1)).await;
+    for remaining in [2, 1, 0] {
+        let d = h.check("k", &p).await;
+        assert!(d.allowed());
+        assert_eq!(d.algorithm(), Algorithm::SlidingWindow);
+        assert_eq!((d.limit(), d.remaining()), (3, remaining));
+        // Back to zero once this window and the next have passed.
+        h.assert_near(
+            d.reset(),
+            Duration::from_secs(2).saturating_sub(h.since(start)),
+            "reset",
+        );
+        assert_eq!(d.retry_after(), Duration::ZERO);
+    }
+    h.advance(300 * MS).await;
+    let d = h.check("k", &p).await;
+    assert!(!d.allowed());
+    assert_eq!((d.limit(), d.remaining()), (3, 0));
+    // Not before the next window, and there only once a third of this
+    // window's 3 has slid out: 3 × (1 s − e) + 1 × 1 s ≤ 3 × 1 s at
+    // e = 333 334 µs.
+    let expected = Duration::from_micros(1_333_334).saturating_sub(h.since(start));
+    h.assert_near(d.retry_after(), expected, "retry_after");
+    h.assert_near(
+        d.reset(),
+        Duration::from_secs(2).saturating_sub(h.since(start)),
+        "reset",
+    );
+    if let Harness::Memory { .. } = h {
+        assert_eq!(d.retry_after(), Duration::from_micros(1_033_334));
+    }
+    // Denied requests do not count.
+    assert!(!h.check("k", &p).await.allowed());
+    advance_to(&h, start, Duration::from_secs(2), true).await;
+    assert_eq!(
+        h.check("k", &p).await.remaining(),
+        2,
+        "both windows slid out"
+    );
+}
+
+/// At a window edge the previous window still weighs: `3/1s` filled at the
+/// start of one window admits again a third into the next, not at its start.
+async fn the_previous_window_weighs_across_the_edge(h: Harness) {
+    let p = sliding(&h, "3/1s");
+    let start = align(&h, Duration::from_secs(1)).await;
+    for _ in 0..3 {
+        assert!(h.check("k", &p).await.allowed());
+    }
+    advance_to(&h, start, Duration::from_secs(1), true).await;
+    let d = h.check("k", &p).await;
+    assert!(!d.allowed(), "a fixed window would admit here");
+    h.assert_near(
+        d.retry_after(),
+        Duration::from_micros(1_333_334).saturating_sub(h.since(start)),
+        "retry_after",
+    );
+    h.assert_near(
+        d.reset(),
+        Duration::from_secs(1).saturating_sub(h.since(start) - Duration::from_secs(1)),
+        "reset: when the previous window has slid out",
+    );
+    if let Harness::Memory { .. } = h {
+        assert_eq!(d.retry_after(), Duration::from_micros(333_334));
+        advance_to(&h, start, Duration::from_micros(1_333_333), false).await;
+        let d = h.check("k", &p).await;
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), US);
+    }
+    advance_to(&h, start, Duration::from_micros(1_333_334), true).await;
+    let d = h.check("k", &p).await;
+    assert!(d.allowed());
+    // 3 × (1 − 1/3) = 2 still weigh, and this one.
+    assert_eq!(d.remaining(), 0);
+    h.assert_near(
+        d.reset(),
+        Duration::from_secs(3).saturating_sub(h.since(start)),
+        "reset",
+    );
+    // Two thirds in, one more fits.
+    advance_to(&h, start, Duration::from_micros(1_666_667), true).await;
+    assert!(h.check("k", &p).await.allowed());
+    assert!(!h.check("k", &p).await.allowed());
+}
+
+/// `2c/200ms, 3c/1s` with cost `c`: a request denied by one rate does not
+/// count in the other.
+async fn several_rates(h: Harness, cost: u64) {
+    let p = sliding(&h, &format!("{}/200ms, {}/1s", 2 * cost, 3 * cost))
+        .with_cost(cost)
+        .unwrap();
+    let start = align(&h, Duration::from_secs(1)).await;
+    let d = h.check("k", &p).await;
+    assert!(d.allowed());
+    assert_eq!((d.limit(), d.remaining()), (2 * cost, cost));
+    let d = h.check("k", &p).await;
+    assert_eq!((d.limit(), d.remaining()), (2 * cost, 0));
+    for _ in 0..3 {
+        let d = h.check("k", &p).await;
+        assert!(!d.allowed());
+        assert_eq!(d.limit(), 2 * cost, "denied by the short rate");
+        // Next short window, once half of this one's 2c slid out.
+        h.assert_near(
+            d.retry_after(),
+            (300 * MS).saturating_sub(h.since(start)),
+            "short retry_after",
+        );
+        let [short, long] = d.rates() else {
+            panic!("two rates")
+        };
+        assert_eq!(short.remaining(), 0);
+        assert!(!short.wait().is_zero());
+        assert_eq!(long.remaining(), cost, "the denied request did not count");
+        assert_eq!(long.wait(), Duration::ZERO, "the long rate admits it");
+    }
+    advance_to(&h, start, 300 * MS, true).await;
+    let d = h.check("k", &p).await;
+    assert!(
+        d.allowed(),
+        "the denied requests did not count in the long rate"
+    );
+    // Both rates are full; the headline is the one full for longer.
+    assert_eq!((d.limit(), d.remaining()), (3 * cost, 0));
+    assert_eq!(d.rates()[0].remaining(), 0);
+    let d = h.check("k", &p).await;
+    assert!(!d.allowed());
+    assert_eq!(d.limit(), 3 * cost, "the long rate keeps it out longest");
+    // Next long window, once a third of this one's 3c slid out.
+    h.assert_near(
+        d.retry_after(),
+        Duration::from_micros(1_333_334).saturating_sub(h.since(start)),
+        "long retry_after",
+    );
+    if let Harness::Memory { .. } = h {
+        assert_eq!(d.retry_after(), Duration::from_micros(1_033_334));
+        assert_eq!(d.rates()[0].wait(), 100 * MS);
+    }
+    // In the third short window only the c admitted at 300 ms weigh (half
+    // of them, 100 ms in): had the denied request counted, 2c would.
+    advance_to(&h, start, 500 * MS, true).await;
+    let d = h.check("k", &p).await;
+    assert!(!d.allowed());
+    assert_eq!(d.limit(), 3 * cost);
+    assert_eq!(d.rates()[0].remaining(), 2 * cost - cost.div_ceil(2));
+    assert_eq!(d.rates()[0].wait(), Duration::ZERO);
+}
+
+async fn multi_rate_is_all_or_nothing(h: Harness) {
+    several_rates(h, 1).await;
+}
+
+async fn cost_with_several_rates(h: Harness) {
+    several_rates(h, 2).await;
+}
+
+async fn cost(h: Harness) {
+    let p = sliding(&h, "5/1s").with_cost(2).unwrap();
+    let start = align(&h, Duration::from_secs(1)).await;
+    let d = h.check("k", &p).await;
+    assert!(d.allowed());
+    assert_eq!(d.remaining(), 3);
+    assert_eq!(h.check("k", &p).await.remaining(), 1);
+    let d = h.check("k", &p).await;
+    assert!(!d.allowed());
+    assert_eq!(d.remaining(), 1);
+    // Next window, once a quarter of this one's 4 slid out: 4 × (1 − e) + 2 ≤ 5.
+    h.assert_near(
+        d.retry_after(),
+        Duration::from_millis(1250).saturating_sub(h.since(start)),
+        "cost retry_after",
+    );
+    // One unit is still free for a cheaper request of the same window.
+    let cheap = sliding(&h, "5/1s");
+    let d = h.check("k", &cheap).await;
+    assert!(d.allowed());
+    assert_eq!(d.remaining(), 0);
+    assert!(!h.check("k", &cheap).await.allowed());
+}
+
+/// Bursts until denied, then wait retry_after, several times: both kinds of
+/// wait (later in this window, or in the next one) are enough, and on the
+/// manual clock one microsecond less is not.
+async fn retry_after_is_honest(h: Harness) {
+    let p = sliding(&h, "3/1s");
+    align(&h, Duration::from_secs(1)).await;
+    let mut denials = 0;
+    for round in 0..5 {
+        let mut admitted = 0;
+        let denied = loop {
+            let d = h.check("k", &p).await;
+            if !d.allowed() {
+                break d;
+            }
+            admitted += 1;
+        };
+        assert!(admitted >= 1 || round > 0, "nothing admitted");
+        denials += 1;
+        let wait = denied.retry_after();
+        assert!(
+            wait > Duration::ZERO && wait <= Duration::from_secs(2),
+            "{wait:?}"
+        );
+        if let Harness::Memory { .. } = h {
+            h.advance(wait - US).await;
+            let d = h.check("k", &p).await;
+            assert!(!d.allowed(), "round {round}: admitted 1 µs early");
+            assert_eq!(d.retry_after(), US);
+            h.advance(US).await;
+        } else {
+            h.advance(wait).await;
+        }
+        assert!(
+            h.check("k", &p).await.allowed(),
+            "round {round}: waiting retry_after must be enough"
+        );
+        // Move off the edge so the next round starts elsewhere in a window.
+        h.advance(137 * MS).await;
+    }
+    assert_eq!(denials, 5);
+}
+
+async fn keys_are_independent(h: Harness) {
+    let p = sliding(&h, "1/1s");
+    align(&h, Duration::from_secs(1)).await;
+    assert!(h.check("a", &p).await.allowed());
+    assert!(!h.check("a", &p).await.allowed());
+    assert!(h.check("b", &p).await.allowed());
+    assert!(h.check("a b {c}", &p).await.allowed());
+    assert!(!h.check("a b {c}", &p).await.allowed());
+}
+
+/// The largest max, cost and window, and a short window whose weighted
+/// products are far beyond 2^53: no overflow, sensible values.
+async fn huge_limits(h: Harness) {
+    let p = Policy::new([
+        Rate::new(MAX_MAX, 200 * MS).unwrap(),
+        Rate::new(MAX_COST, Duration::from_secs(1)).unwrap(),
+        Rate::new(MAX_MAX, MAX_WINDOW).unwrap(),
+    ])
+    .unwrap()
+    .with_execution(Execution::Script)
+    .sliding_window()
+    .unwrap()
+    .with_cost(MAX_COST)
+    .unwrap();
+    let start = align(&h, Duration::from_secs(1)).await;
+    let d = h.check("k", &p).await;
+    assert!(d.allowed());
+    assert_eq!(d.rates()[0].remaining(), MAX_MAX - MAX_COST);
+    assert_eq!(d.rates()[2].remaining(), MAX_MAX - MAX_COST);
+    assert!(d.rates()[2].reset() <= 2 * MAX_WINDOW);
+    let d = h.check("k", &p).await;
+    assert!(!d.allowed());
+    assert_eq!(d.limit(), MAX_COST);
+    assert_eq!(d.rates()[0].remaining(), MAX_MAX - MAX_COST);
+    assert_eq!(d.rates()[0].wait(), Duration::ZERO);
+    assert_eq!(d.rates()[2].remaining(), MAX_MAX - MAX_COST);
+    // In the next 200 ms window the previous MAX_COST still weigh (all of
+    // them at its start): remaining is max − MAX_COST × (w − e) / w.
+    advance_to(&h, start, 200 * MS, true).await;
+    let d = h.check("k", &p).await;
+    assert!(!d.allowed());
+    let remaining = d.rates()[0].remaining();
+    assert!(
+        (MAX_MAX - MAX_COST..MAX_MAX).contains(&remaining),
+        "{remaining}"
+    );
+    if let Harness::Memory { .. } = h {
+        assert_eq!(remaining, MAX_MAX - MAX_COST);
+    }
+}
+
+macro_rules! suite {
+    ($backend:ident, $make:expr) => {
+        mod $backend {
+            use super::*;
+
+            suite!(@cases $make;
+                admits_max_then_denies,
+                the_previous_window_weighs_across_the_edge,
+                multi_rate_is_all_or_nothing,
+                cost_with_several_rates,
+                cost,
+                retry_after_is_honest,
+                keys_are_independent,
+                huge_limits,
+            );
+        }
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $case() {
+                super::$case($make).await;
+            }
+        )*
+    };
+}
+
+suite!(memory, Harness::memory());
+suite!(redis, Harness::redis(Execution::Script).await);
+
+// ---------------------------------------------------------------------------
+// The error bound, measured on the manual clock.
+
+/// What a traffic pattern got through one `max/window` limit.
+struct Run {
+    max: u64,
+    window: u64,
+    /// Admitted requests, µs since the first window's start.
+    admitted: Vec<u64>,
+}
+
+/// Offer one request at each of `offsets` (µs since the start of a window,
+/// ascending) to a `max/window` sliding window counter on a manual clock.
+async fn run(max: u64, window: Duration, offsets: impl IntoIterator<Item = u64>) -> Run {
+    let h = Harness::memory();
+    let p = sliding(&h, &format!("{max}/{}ms", window.as_millis()));
+    let start = align(&h, window).await;
+    let mut admitted = Vec::new();
+    for offset in offsets {
+        advance_to(&h, start, Duration::from_micros(offset), false).await;
+        if h.check("k", &p).await.allowed() {
+            admitted.push(offset);
+        }
+    }
+    Run {
+        max,
+        window: micros(window),
+        admitted,
+    }
+}
+
+/// The worst rolling window of a run.
+#[derive(Debug)]
+struct Worst {
+    /// The most requests admitted in any rolling window `[s, s + window)`.
+    count: u64,
+    /// Where that rolling window starts, µs since the first window's start.
+    start: u64,
+    /// The most admitted above `max` in a rolling window, as a fraction of
+    /// `max`.
+    excess: f64,
+}
+
+impl Run {
+    /// Check every rolling window of the run against the documented bound
+    /// and return the worst one among those starting at `from` µs or later.
+    ///
+    /// A rolling window `[s, s + w)` with `s` at `e` µs into fixed window
+    /// `i` ends at `e` µs into window `i + 1`; the algorithm admits at most
+    /// `max + previous × e / w` in it, where `previous` is what window `i`
+    /// admitted. The count of a rolling window only changes where an
+    /// admitted request enters or leaves it, so stepping `s` through every
+    /// admitted request's time (and one µs after it) visits every count.
+    fn check_bound(&self, from: u64) -> Worst {
+        let (max, w) = (self.max, self.window);
+        let in_window = |i: u64| self.admitted.iter().filter(|&&t| t / w == i).count() as u64;
+        let mut worst = Worst {
+            count: 0,
+            start: 0,
+            excess: -1.0,
+        };
+        let starts = self.admitted.iter().flat_map(|&t| [t, t + 1]);
+        for s in starts {
+            let count = self
+                .admitted
+                .iter()
+                .filter(|&&t| t >= s && t < s + w)
+                .count() as u64;
+            let (i, e) = (s / w, s % w);
+            let previous = in_window(i);
+            assert!(
+                u128::from(count) * u128::from(w)
+                    <= u128::from(max) * u128::from(w) + u128::from(previous) * u128::from(e),
+                "[{s}, {}) admitted {count}: above max {max} + previous {previous} × {e}/{w}",
+                s + w
+            );
+            assert!(count < 2 * max, "{count} in [{s}, {})", s + w);
+            if s >= from && count > worst.count {
+                worst = Worst {
+                    count,
+                    start: s,
+                    excess: (count as f64 - max as f64) / max as f64,
+                };
+            }
+        }
+        worst
+    }
+}
+
+/// The worst case of the documentation: the previous window's traffic all
+/// in its very last microsecond, then a client asking as fast as it can.
+#[tokio::test]
+async fn error_bound_with_the_previous_window_all_at_its_end() {
+    let (max, w) = (100, Duration::from_secs(1));
+    let wu = micros(w);
+    // max + 1 requests in the last µs of window 0, then one every 100 µs
+    // through windows 1 to 3.
+    let burst = std::iter::repeat_n(wu - 1, 101);
+    let hammer = (wu..4 * wu).step_by(100);
+    let run = run(max, w, burst.chain(hammer)).await;
+    assert_eq!(
+        run.admitted.iter().filter(|&&t| t == wu - 1).count(),
+        100,
+        "the burst fills window 0"
+    );
+    let worst = run.check_bound(0);
+    eprintln!(
+        "previous window at its end, {max}/1s hammered every 100 µs: worst rolling window \
+         [{} µs, +1 s) admitted {} ({:+.1}% over max); {} admitted in 4 windows",
+        worst.start,
+        worst.count,
+        100.0 * worst.excess,
+        run.admitted.len()
+    );
+    // max at the end of window 0, then window 1 admits up to
+    // max × e / w by e µs in: 100 + 99 in [w − 1 µs, 2w − 1 µs).
+    assert_eq!(worst.count, 2 * max - 1);
+    assert_eq!(worst.start, wu - 1);
+}
+
+/// Bursts of max at the very end of every other window.
+#[tokio::test]
+async fn error_bound_with_bursts_at_window_ends() {
+    let (max, w) = (50, Duration::from_millis(100));
+    let wu = micros(w);
+    let mut offsets = Vec::new();
+    for i in 0..20 {
+        // A burst at the end of window i, a stream through window i + 1.
+        let end = (2 * i + 1) * wu - 1;
+        offsets.extend(std::iter::repeat_n(end, max as usize + 1));
+        offsets.extend((end + 1..end + 1 + wu).step_by(37));
+    }
+    let run = run(max, w, offsets).await;
+    let worst = run.check_bound(0);
+    eprintln!(
+        "bursts of {max} at every other window end, then a stream: worst rolling window \
+         admitted {} ({:+.1}% over max)",
+        worst.count,
+        100.0 * worst.excess
+    );
+    assert_eq!(worst.count, 2 * max - 1);
+}
+
+/// Traffic spread evenly at `factor_percent` % of the limit's rate over 10
+/// windows: the worst rolling window overall, the worst from the third
+/// window on (once the first window's start-up burst has slid out), and how
+/// many were admitted of how many offered.
+async fn evenly_spread(factor_percent: u64) -> (Worst, Worst, usize, usize) {
+    let (max, w) = (100, Duration::from_secs(1));
+    let wu = micros(w);
+    // One request every w / (max × factor), starting at an arbitrary point
+    // of a window.
+    let gap = wu * 100 / (max * factor_percent);
+    let offsets: Vec<u64> = (0..)
+        .map(|j| 123_457 + j * gap)
+        .take_while(|&t| t < 10 * wu)
+        .collect();
+    let offered = offsets.len();
+    let run = run(max, w, offsets).await;
+    (
+        run.check_bound(0),
+        run.check_bound(2 * wu),
+        run.admitted.len(),
+        offered,
+    )
+}
+
+#[tokio::test]
+async fn error_bound_with_evenly_spread_traffic() {
+    for factor in [50, 100, 101, 150, 200, 1000] {
+        let (worst, steady, admitted, offered) = evenly_spread(factor).await;
+        eprintln!(
+            "even traffic at {factor}% of 100/1s: worst rolling window admitted {} \
+             ({:+.1}% over max), {} once steady ({:+.1}%); {admitted} of {offered} admitted",
+            worst.count,
+            100.0 * worst.excess,
+            steady.count,
+            100.0 * steady.excess,
+        );
+        if factor <= 100 {
+            // Admitted traffic that is itself evenly spread: never above max.
+            assert!(worst.count <= 100, "{factor}%: {worst:?}");
+        } else {
+            // Overload makes the admitted traffic uneven; the first window
+            // admits max at once, 123 ms in, and the next window still
+            // admits its share of 100 × 0.123 in the rolling window.
+            assert!(worst.count <= 113, "{factor}%: {worst:?}");
+            assert!(steady.count <= 100, "{factor}%: {steady:?}");
+        }
+    }
+}
+
+/// Bursty pseudo-random traffic: the bound holds for every rolling window.
+#[tokio::test]
+async fn error_bound_with_random_traffic() {
+    let (max, w) = (20, Duration::from_millis(100));
+    let wu = micros(w);
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut t = 0;
+    let mut offsets = Vec::new();
+    while t < 200 * wu {
+        // Quiet spells and bursts.
+        t += match next() % 10 {
+            0 => next() % wu,
+            1..=3 => 0,
+            _ => next() % (wu / 50),
+        };
+        offsets.push(t);
+    }
+    let run = run(max, w, offsets).await;
+    let worst = run.check_bound(0);
+    eprintln!(
+        "random bursty traffic on {max}/100ms: worst rolling window admitted {} ({:+.1}% over \
+         max); {} admitted",
+        worst.count,
+        100.0 * worst.excess,
+        run.admitted.len()
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Redis only.
+
+/// Wait until at least `room` is left before the next boundary of `window`.
+async fn away_from_a_boundary(window: Duration, room: Duration) {
+    let now = micros(SystemTime::now().duration_since(UNIX_EPOCH).unwrap());
+    let w = micros(window);
+    let left = w - now % w;
+    if left < micros(room) {
+        tokio::time::sleep(Duration::from_micros(left) + MARGIN).await;
+    }
+}
+
+async fn admitted_under_contention(server: &RedisServer, policy: Policy, total: usize) -> usize {
+    let stores = [
+        RedisStore::connect(&server.url()).await.unwrap(),
+        RedisStore::connect(&server.url()).await.unwrap(),
+    ];
+    let policy = Arc::new(policy);
+    let barrier = Arc::new(Barrier::new(total));
+    let mut tasks = Vec::with_capacity(total);
+    for i in 0..total {
+        let store = stores[i % 2].clone();
+        let policy = Arc::clone(&policy);
+        let barrier = Arc::clone(&barrier);
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            // A generous timeout: this test is about counting, not speed.
+            let store = store.with_timeout(Duration::from_secs(10));
+            store.check("hot", &policy).await.unwrap().allowed()
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += usize::from(task.await.unwrap());
+    }
+    admitted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn never_admits_more_than_the_limit_under_contention() {
+    let server = RedisServer::start();
+    let policy: Policy = "100/60s"
+        .parse::<Policy>()
+        .unwrap()
+        .sliding_window()
+        .unwrap();
+    // Across a window edge the previous window's weight slides out and one
+    // or two more may rightly be admitted: keep the burst inside a window.
+    away_from_a_boundary(Duration::from_secs(60), Duration::from_secs(10)).await;
+    let admitted = admitted_under_contention(&server, policy, 500).await;
+    eprintln!("sliding window counter admitted {admitted} of 500 (limit 100)");
+    assert!(admitted <= 100, "admitted {admitted}");
+    // With no previous window the counter is exact.
+    assert_eq!(admitted, 100);
+    let stored = server.command(&["HGET", "rl:swc:{hot}", "60000000"]);
+    assert!(stored.trim().ends_with(":100:0"), "{stored:?}");
+}
+
+#[tokio::test]
+async fn the_key_expires_when_both_windows_slid_out() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let p: Policy = "2/100ms, 5/500ms"
+        .parse::<Policy>()
+        .unwrap()
+        .sliding_window()
+        .unwrap();
+    away_from_a_boundary(500 * MS, 200 * MS).await;
+    let now = micros(SystemTime::now().duration_since(UNIX_EPOCH).unwrap());
+    let left = Duration::from_micros(500_000 - now % 500_000);
+    assert!(store.check("k", &p).await.unwrap().allowed());
+    let key = "rl:swc:{k}";
+    let pttl: u64 = server
+        .command(&["PTTL", key])
+        .trim()
+        .trim_start_matches(':')
+        .parse()
+        .unwrap();
+    // Until the end of the 500 ms window after this one.
+    assert!(
+        Duration::from_millis(pttl) > left + 400 * MS
+            && Duration::from_millis(pttl) <= left + 502 * MS,
+        "PTTL {pttl} ms, window ends in {left:?}"
+    );
+    tokio::time::sleep(left + 300 * MS).await;
+    assert_eq!(
+        server.command(&["EXISTS", key]).trim(),
+        ":1",
+        "still weighs"
+    );
+    tokio::time::sleep(200 * MS + MARGIN).await;
+    assert_eq!(server.command(&["EXISTS", key]).trim(), ":0");
+}
+
+#[tokio::test]
+async fn the_script_is_loaded_again_after_a_flush() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let p: Policy = "100/1s"
+        .parse::<Policy>()
+        .unwrap()
+        .sliding_window()
+        .unwrap();
+    assert!(store.check("k", &p).await.unwrap().allowed());
+    assert!(server.command(&["SCRIPT", "FLUSH"]).starts_with("+OK"));
+    assert!(store.check("k", &p).await.unwrap().allowed());
+}
+
+/// The script, with Redis's `TIME` replaced by a time the test sets, against
+/// the memory store on a manual clock at the same microsecond: the same
+/// decisions and the same values while `max × window ≤ 2^53` (where Redis's
+/// doubles are exact), on random policies, costs and times that often land
+/// on window edges and one microsecond before them.
+#[tokio::test]
+async fn the_script_matches_the_memory_store_to_the_microsecond() {
+    let server = RedisServer::start();
+    let mismatches = differential::run(
+        &server,
+        include_str!("../src/store/redis/scripts/sliding_window.lua"),
+        Policy::sliding_window,
+        1 << 53,
+    )
+    .await;
+    assert_eq!(mismatches, 0);
+}
+
+/// Beyond `max × window = 2^53` Redis's doubles round the weighted products
+/// (for example `10^7/day`): measure how often that changes anything on
+/// random times.
+#[tokio::test]
+async fn the_script_stays_close_to_the_memory_store_beyond_2_pow_53() {
+    let server = RedisServer::start();
+    let mismatches = differential::run(
+        &server,
+        include_str!("../src/store/redis/scripts/sliding_window.lua"),
+        Policy::sliding_window,
+        u128::MAX,
+    )
+    .await;
+    eprintln!("{mismatches} checks differ with products beyond 2^53");
+    // Only a check on the very microsecond of a boundary can differ; the
+    // counts of a test are far too small to put one there often.
+    assert!(mismatches <= 10, "{mismatches}");
+}
+
+/// Random policies and times, decided by a Lua script on a fixed `TIME` and
+/// by the memory store on the same microsecond.
+mod differential {
+    use super::*;
+
+    /// A small random generator (xorshift), deterministic across runs.
+    pub(super) struct Rng(u64);
+
+    impl Rng {
+        pub(super) fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+
+        pub(super) fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    const WINDOWS_US: [u64; 9] = [
+        1_000,
+        7_000,
+        100_000,
+        1_000_000,
+        3_000_000,
+        60_000_000,
+        3_600_000_000,
+        86_400_000_000,
+        316_224_000_000_000,
+    ];
+
+    fn random_policy(
+        rng: &mut Rng,
+        algorithm: fn(Policy) -> Result<Policy, PolicyError>,
+        limit: u128,
+    ) -> Policy {
+        loop {
+            let n = 1 + rng.below(3) as usize;
+            let mut rates = Vec::new();
+            for _ in 0..n {
+                let window = WINDOWS_US[rng.below(WINDOWS_US.len() as u64) as usize];
+                let max = match rng.below(4) {
+                    0 => 1,
+                    1 | 2 => 1 + rng.below(10),
+                    _ => 1 + rng.below(MAX_MAX),
+                };
+                if u128::from(max) * u128::from(window) > limit {
+                    continue;
+                }
+                rates.push(Rate::new(max, Duration::from_micros(window)).unwrap());
+            }
+            rates.sort_by_key(Rate::window);
+            rates.dedup_by_key(|r| r.window());
+            let Ok(policy) = Policy::new(rates) else {
+                continue;
+            };
+            let smallest = policy.rates().iter().map(Rate::max).min().unwrap();
+            let cost = match rng.below(3) {
+                0 => 1 + rng.below(smallest.min(MAX_COST)),
+                _ => 1,
+            };
+            return algorithm(policy.with_cost(cost).unwrap()).unwrap();
+        }
+    }
+
+    /// The next time to check at: often a window edge of one of the rates,
+    /// or one microsecond before it.
+    fn next_time(rng: &mut Rng, policy: &Policy, now: u64) -> u64 {
+        let rates = policy.rates();
+        let w = micros(rates[rng.below(rates.len() as u64) as usize].window());
+        let edge = (now / w + 1 + rng.below(2)) * w;
+        match rng.below(8) {
+            0 => now,
+            1 => now + 1,
+            2 => edge,
+            3 => edge - 1,
+            4 => now + rng.below(w),
+            5 => now + rng.below(w / 3 + 1),
+            6 => edge + rng.below(w),
+            _ => now + rng.below(micros(policy.longest_window()) * 3),
+        }
+    }
+
+    /// How many checks differed (each is printed).
+    pub(super) async fn run(
+        server: &RedisServer,
+        source: &str,
+        algorithm: fn(Policy) -> Result<Policy, PolicyError>,
+        limit: u128,
+    ) -> usize {
+        let fake = "local t = redis.call('HMGET', 'fake-time', 's', 'us')";
+        assert!(source.contains("local t = redis.call('TIME')"));
+        let script = ::redis::Script::new(&source.replace("local t = redis.call('TIME')", fake));
+        let client = ::redis::Client::open(server.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let mut mismatches = 0;
+        let (mut checks, mut denied) = (0, 0);
+        for round in 0..300 {
+            let policy = random_policy(&mut rng, algorithm, limit);
+            let Harness::Memory { store, clock } = Harness::memory() else {
+                unreachable!()
+            };
+            let key = format!("k{round}");
+            // In the future (2033 on), so keys do not expire on Redis's real
+            // clock; below 2^53 µs, where Redis's doubles are exact.
+            let mut now = 2_000_000_000_000_000 + rng.below(1 << 40);
+            for _ in 0..40 {
+                now = next_time(&mut rng, &policy, now);
+                if now >= 8_000_000_000_000_000 {
+                    break;
+                }
+                ::redis::cmd("HSET")
+                    .arg("fake-time")
+                    .arg("s")
+                    .arg(now / 1_000_000)
+                    .arg("us")
+                    .arg(now % 1_000_000)
+                    .exec_async(&mut conn)
+                    .await
+                    .unwrap();
+                let mut invocation = script.key(&key);
+                invocation.arg(policy.cost());
+                for rate in policy.rates() {
+                    invocation.arg(rate.max()).arg(micros(rate.window()));
+                }
+                let reply: Vec<u64> = invocation.invoke_async(&mut conn).await.unwrap();
+                clock.set(Duration::from_micros(now));
+                let d = store.check("k", &policy).await.unwrap();
+                let mut expected = vec![u64::from(d.allowed())];
+                for rate in d.rates() {
+                    expected.extend([rate.remaining(), micros(rate.reset()), micros(rate.wait())]);
+                }
+                checks += 1;
+                denied += usize::from(!d.allowed());
+                if reply != expected {
+                    mismatches += 1;
+                    eprintln!(
+                        "{policy} cost {} at {now}: script {reply:?}, memory {expected:?}",
+                        policy.cost()
+                    );
+                }
+            }
+        }
+        eprintln!("{checks} checks ({denied} denied), {mismatches} differ");
+        assert!(
+            denied > checks / 10 && denied < checks * 9 / 10,
+            "{denied} of {checks} denied"
+        );
+        mismatches
+    }
+}

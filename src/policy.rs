@@ -474,6 +474,35 @@ impl Policy {
         Ok(self)
     }
 
+    /// A token bucket ([`Algorithm::Gcra`]) refilled at `refill` and holding
+    /// up to `burst` tokens: `token_bucket(10/s, 50)` admits a burst of 50,
+    /// then 10 a second. It is the rate `burst` per `burst / refill` (here
+    /// `50/5s`), the window rounded to the microsecond.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::{Policy, Rate};
+    ///
+    /// let policy = Policy::token_bucket(Rate::per_second(10)?, 50)?;
+    /// assert_eq!(policy.rates()[0].max(), 50);
+    /// assert_eq!(policy.rates()[0].window(), Duration::from_secs(5));
+    /// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// A zero burst, or a bucket whose window falls outside
+    /// [`MIN_WINDOW`]..=[`MAX_WINDOW`].
+    pub fn token_bucket(refill: Rate, burst: u64) -> Result<Self, PolicyError> {
+        if burst == 0 {
+            return Err(PolicyError::ZeroMax {
+                rate: format!("token bucket of {refill} with burst 0"),
+            });
+        }
+        let micros = u128::from(refill.window_micros()) * u128::from(burst) / u128::from(refill.max());
+        let window = Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX));
+        Self::new([Rate::new(burst, window)?])?.gcra()
+    }
+
     /// [`Algorithm::FixedWindow`]: `policy.fixed_window()?`.
     ///
     /// # Errors

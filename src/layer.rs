@@ -137,6 +137,8 @@ pub(crate) struct Settings {
     pub(crate) rejection: Rejection,
     pub(crate) headers: HeaderStyle,
     pub(crate) problem_json: bool,
+    /// Keys never limited.
+    pub(crate) allowed: Arc<std::collections::HashSet<String>>,
 }
 
 impl Settings {
@@ -211,6 +213,7 @@ impl<K> RateLimitLayer<K> {
                 rejection: Rejection::default(),
                 headers: HeaderStyle::default(),
                 problem_json: false,
+                allowed: Arc::default(),
             }),
             key: Arc::new(key),
         }
@@ -241,6 +244,25 @@ impl<K> RateLimitLayer<K> {
     #[must_use]
     pub fn with_problem_json(self, enabled: bool) -> Self {
         self.map_settings(|s| s.problem_json = enabled)
+    }
+
+    /// Never limit requests whose key (as the extractor gives it, e.g. an
+    /// address or an API key) is one of `keys`: trusted internal callers,
+    /// the applications authorised for a resource. Their responses carry no
+    /// rate-limit headers. Adds to the keys already allowed.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{MemoryStore, Policy, RateLimitLayer, key};
+    ///
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), "10/s".parse::<Policy>()?, key::header("x-api-key"))
+    ///     .with_allowed_keys(["internal-batch-job", "monitoring"]);
+    /// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
+    /// ```
+    #[must_use]
+    pub fn with_allowed_keys<S: Into<String>>(self, keys: impl IntoIterator<Item = S>) -> Self {
+        let mut allowed = (*self.settings.allowed).clone();
+        allowed.extend(keys.into_iter().map(Into::into));
+        self.map_settings(|s| s.allowed = Arc::new(allowed))
     }
 
     /// Name this limit. Keys are counted per name, so two layers sharing a
@@ -275,6 +297,7 @@ impl<K> RateLimitLayer<K> {
             rejection: self.settings.rejection.clone(),
             headers: self.settings.headers,
             problem_json: self.settings.problem_json,
+            allowed: Arc::clone(&self.settings.allowed),
         };
         change(&mut settings);
         self.settings = Arc::new(settings);

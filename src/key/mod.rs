@@ -28,6 +28,10 @@ use std::net::{IpAddr, SocketAddr};
 use http::Request;
 use http::header::HeaderName;
 
+mod client_ip;
+
+pub use client_ip::{ClientIp, DEFAULT_IPV6_PREFIX, MAX_HOPS, ProxyHeader, TrustError, client_ip};
+
 /// Picks the key of a request.
 pub trait KeyExtractor<B>: Send + Sync + 'static {
     /// The key of `request`; `Ok(None)` lets it through unlimited.
@@ -69,22 +73,34 @@ impl KeyError {
 /// Read from axum's `ConnectInfo<SocketAddr>` (serve the router with
 /// `into_make_service_with_connect_info::<SocketAddr>()`) or from a plain
 /// `SocketAddr` request extension (for hyper servers that insert one).
-/// IPv4-mapped IPv6 addresses count as their IPv4 address. Headers are never
-/// read, so a client cannot choose its key.
+/// IPv4-mapped IPv6 addresses count as their IPv4 address; IPv6 clients are
+/// grouped by their /64 (`2001:db8:1:2::/64`; see
+/// [`ipv6_prefix`](PeerIp::ipv6_prefix)). Headers are never read, so a
+/// client cannot choose its key; behind proxies use [`client_ip`].
 ///
 /// Without the peer address the layer answers 500 with a message saying how
 /// to fix the set-up; it does not let requests through unlimited.
 pub fn peer_ip() -> PeerIp {
-    PeerIp { _priv: () }
+    PeerIp {
+        ipv6_prefix: DEFAULT_IPV6_PREFIX,
+    }
 }
 
 /// See [`peer_ip`].
 #[derive(Debug, Clone, Copy)]
 pub struct PeerIp {
-    _priv: (),
+    ipv6_prefix: u8,
 }
 
 impl PeerIp {
+    /// Group IPv6 clients by this prefix length (default
+    /// [`DEFAULT_IPV6_PREFIX`]; 128 counts each address on its own).
+    #[must_use]
+    pub fn ipv6_prefix(mut self, len: u8) -> Self {
+        self.ipv6_prefix = len.min(128);
+        self
+    }
+
     fn addr<B>(request: &Request<B>) -> Option<SocketAddr> {
         #[cfg(feature = "axum")]
         if let Some(info) = request
@@ -100,7 +116,10 @@ impl PeerIp {
 impl<B> KeyExtractor<B> for PeerIp {
     fn extract(&self, request: &Request<B>) -> Result<Option<String>, KeyError> {
         match Self::addr(request) {
-            Some(addr) => Ok(Some(canonical_ip(addr.ip()).to_string())),
+            Some(addr) => Ok(Some(client_ip::group(
+                canonical_ip(addr.ip()),
+                self.ipv6_prefix,
+            ))),
             None => Err(KeyError::new(
                 "key::peer_ip() found no peer address in the request",
                 "serve the axum Router with `into_make_service_with_connect_info::<SocketAddr>()` \
@@ -293,7 +312,7 @@ macro_rules! combinators {
     )*};
 }
 
-combinators!(PeerIp, Header, Global, Path, And<A, C>, Or<A, C>);
+combinators!(PeerIp, ClientIp, Header, Global, Path, And<A, C>, Or<A, C>);
 
 /// Combine any two extractors (closures included): see [`And`].
 pub fn and<A, C>(first: A, second: C) -> And<A, C> {
@@ -347,8 +366,10 @@ mod tests {
         r.extensions_mut().insert(axum::extract::ConnectInfo(addr));
         assert_eq!(
             peer_ip().extract(&r).unwrap().as_deref(),
-            Some("2001:db8::1")
+            Some("2001:db8::/64")
         );
+        let each = peer_ip().ipv6_prefix(128);
+        assert_eq!(each.extract(&r).unwrap().as_deref(), Some("2001:db8::1"));
     }
 
     #[test]

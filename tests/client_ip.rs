@@ -1,0 +1,130 @@
+//! Client addresses behind trusted proxies and allowed keys, through an axum
+//! Router.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use http::{Request, StatusCode};
+use tower::ServiceExt;
+use tower_redis_ratelimit::{MemoryStore, Policy, RateLimitLayer, key};
+
+fn request(peer: &str, forwarded_for: Option<&str>) -> Request<Body> {
+    let mut builder = Request::get("/");
+    if let Some(value) = forwarded_for {
+        builder = builder.header("x-forwarded-for", value);
+    }
+    let mut req = builder.body(Body::empty()).unwrap();
+    let addr: SocketAddr = peer.parse().unwrap();
+    req.extensions_mut().insert(ConnectInfo(addr));
+    req
+}
+
+async fn status(app: &Router, req: Request<Body>) -> StatusCode {
+    app.clone().oneshot(req).await.unwrap().status()
+}
+
+#[tokio::test]
+async fn clients_behind_a_trusted_proxy_have_their_own_budgets() {
+    let extractor = key::client_ip().trusting(["10.0.0.0/8"]).unwrap();
+    let limiter = RateLimitLayer::new(
+        MemoryStore::new(),
+        "1/10s".parse::<Policy>().unwrap(),
+        extractor,
+    );
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(limiter);
+    let proxy = "10.0.0.2:5000";
+    // Two clients through the same proxy: one request each is admitted.
+    assert_eq!(
+        status(&app, request(proxy, Some("203.0.113.1"))).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&app, request(proxy, Some("203.0.113.2"))).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&app, request(proxy, Some("203.0.113.1"))).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // A client that prepends a fake address to the header is still itself.
+    assert_eq!(
+        status(&app, request(proxy, Some("198.51.100.50, 203.0.113.2"))).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // A client connecting directly cannot pose as someone else.
+    let direct = "198.51.100.9:4000";
+    assert_eq!(
+        status(&app, request(direct, Some("203.0.113.77"))).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&app, request(direct, Some("203.0.113.78"))).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn ipv6_clients_share_their_64() {
+    let limiter = RateLimitLayer::new(
+        MemoryStore::new(),
+        "2/10s".parse::<Policy>().unwrap(),
+        key::peer_ip(),
+    );
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(limiter);
+    // One subscriber rotating through addresses of its /64.
+    assert_eq!(
+        status(&app, request("[2001:db8:1:2::a]:1", None)).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&app, request("[2001:db8:1:2::b]:1", None)).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&app, request("[2001:db8:1:2:ffff::c]:1", None)).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Another /64 has its own budget.
+    assert_eq!(
+        status(&app, request("[2001:db8:1:3::a]:1", None)).await,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn allowed_keys_are_never_limited() {
+    let limiter = RateLimitLayer::new(
+        MemoryStore::new(),
+        "1/10s".parse::<Policy>().unwrap(),
+        key::peer_ip(),
+    )
+    .with_allowed_keys(["10.0.0.5"]);
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(limiter);
+    for _ in 0..5 {
+        let response = app
+            .clone()
+            .oneshot(request("10.0.0.5:1", None))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(response.headers().get("x-ratelimit-limit").is_none());
+    }
+    assert_eq!(
+        status(&app, request("10.0.0.6:1", None)).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&app, request("10.0.0.6:1", None)).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}

@@ -498,7 +498,8 @@ impl Policy {
                 rate: format!("token bucket of {refill} with burst 0"),
             });
         }
-        let micros = u128::from(refill.window_micros()) * u128::from(burst) / u128::from(refill.max());
+        let micros =
+            u128::from(refill.window_micros()) * u128::from(burst) / u128::from(refill.max());
         let window = Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX));
         Self::new([Rate::new(burst, window)?])?.gcra()
     }

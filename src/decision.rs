@@ -62,6 +62,24 @@ impl Decision {
         self.lease
     }
 
+    /// The same decision `by` later: every wait and reset shortened by it.
+    pub(crate) fn aged(&self, by: Duration) -> Self {
+        let age = |d: Duration| crate::deny_cache::age(d, by);
+        let mut aged = self.clone();
+        aged.reset = age(self.reset);
+        aged.retry_after = age(self.retry_after);
+        aged.rates = self
+            .rates
+            .iter()
+            .map(|s| RateStatus {
+                reset: age(s.reset),
+                wait: age(s.wait),
+                ..*s
+            })
+            .collect();
+        aged
+    }
+
     /// The same decision holding `lease`.
     pub(crate) fn with_lease(mut self, lease: Lease) -> Self {
         self.lease = Some(lease);

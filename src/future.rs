@@ -6,7 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -40,6 +40,8 @@ struct Pending<S, ReqBody> {
     key: String,
     /// Time spent delayed so far.
     waited: Duration,
+    /// When the current check was sent.
+    sent: Instant,
 }
 
 pin_project! {
@@ -107,6 +109,7 @@ where
                     settings,
                     key,
                     waited: Duration::ZERO,
+                    sent: Instant::now(),
                 }),
             },
         }
@@ -137,7 +140,13 @@ enum Next {
     Answer(Response<Bytes>),
 }
 
-fn next_step(outcome: Result<Decision, StoreError>, settings: &Settings, waited: Duration) -> Next {
+fn next_step(
+    outcome: Result<Decision, StoreError>,
+    settings: &Settings,
+    key: &str,
+    waited: Duration,
+    sent: Instant,
+) -> Next {
     let decision = match outcome {
         Ok(decision) => decision,
         Err(error) => {
@@ -169,6 +178,7 @@ fn next_step(outcome: Result<Decision, StoreError>, settings: &Settings, waited:
         }
         _ => {
             tracing::debug!(retry_after_ms, "rate limit: denied");
+            settings.remember_denial(key, &decision, sent);
             Next::Answer(settings.denial(&decision))
         }
     }
@@ -192,7 +202,7 @@ where
                             response::store_unavailable().map(ResponseBody::full)
                         ));
                     };
-                    match next_step(outcome, &p.settings, p.waited) {
+                    match next_step(outcome, &p.settings, &p.key, p.waited, p.sent) {
                         Next::Call(decision) => {
                             // A concurrency slot, held until the response is done.
                             let lease = decision
@@ -227,11 +237,12 @@ where
                 }
                 StateProj::Delaying { sleep, pending } => {
                     ready!(sleep.as_mut().poll(cx));
-                    let Some(p) = pending.take() else {
+                    let Some(mut p) = pending.take() else {
                         return Poll::Ready(Ok(
                             response::store_unavailable().map(ResponseBody::full)
                         ));
                     };
+                    p.sent = Instant::now();
                     let check = Arc::clone(&p.settings.store)
                         .check_owned(p.key.clone(), Arc::clone(&p.settings.policy));
                     this.state.set(State::Checking {

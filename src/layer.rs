@@ -9,9 +9,12 @@ use http::Response;
 use tower_layer::Layer;
 
 use crate::decision::Decision;
+use crate::deny_cache::{DEFAULT_DENY_CACHE_SIZE, DenyCache};
 use crate::policy::Policy;
 use crate::service::RateLimit;
-use crate::store::{DynStore, Store};
+use crate::store::DynStore;
+#[allow(unused_imports)] // for rustdoc links
+use crate::store::Store;
 
 /// What to do when the store cannot decide (Redis down, slow or failing).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -139,9 +142,31 @@ pub(crate) struct Settings {
     pub(crate) problem_json: bool,
     /// Keys never limited.
     pub(crate) allowed: Arc<std::collections::HashSet<String>>,
+    /// Denials held in process (`None`: off).
+    pub(crate) deny_cache: Option<Arc<DenyCache>>,
 }
 
 impl Settings {
+    /// The deny cache, when it may answer for this layer.
+    fn usable_deny_cache(&self) -> Option<&DenyCache> {
+        let answers_at_once = matches!(self.rejection, Rejection::Reject | Rejection::Custom(_));
+        self.deny_cache
+            .as_deref()
+            .filter(|_| answers_at_once && self.store.denials_are_final_dyn(&self.policy))
+    }
+
+    /// A denial of `key` still held in the deny cache.
+    pub(crate) fn cached_denial(&self, key: &str) -> Option<Decision> {
+        self.usable_deny_cache()?.get(key)
+    }
+
+    /// Remember a denial from the store, decided after `sent`.
+    pub(crate) fn remember_denial(&self, key: &str, decision: &Decision, sent: std::time::Instant) {
+        if let Some(cache) = self.usable_deny_cache() {
+            cache.insert(key, decision, sent);
+        }
+    }
+
     /// Put the rate-limit fields of `decision` on `headers`, in the chosen
     /// style.
     pub(crate) fn set_headers(&self, headers: &mut http::HeaderMap, decision: &Decision) {
@@ -214,6 +239,7 @@ impl<K> RateLimitLayer<K> {
                 headers: HeaderStyle::default(),
                 problem_json: false,
                 allowed: Arc::default(),
+                deny_cache: Some(Arc::new(DenyCache::new(DEFAULT_DENY_CACHE_SIZE))),
             }),
             key: Arc::new(key),
         }
@@ -265,6 +291,19 @@ impl<K> RateLimitLayer<K> {
         self.map_settings(|s| s.allowed = Arc::new(allowed))
     }
 
+    /// Hold denials in process: once the store denies a key until `t`, the
+    /// key's requests are denied locally until `t`, with no round trip, so a
+    /// flood from one key costs the store nothing. Used only where that is
+    /// exact ([`Store::denials_are_final`]: a cached denial never refuses a
+    /// request the store would admit) and when denials are answered at once
+    /// ([`Rejection::Reject`] or [`Rejection::Custom`]). At most `capacity`
+    /// keys are held (default 10,000; on); 0 turns the cache off.
+    #[must_use]
+    pub fn with_deny_cache(self, capacity: usize) -> Self {
+        let cache = (capacity > 0).then(|| Arc::new(DenyCache::new(capacity)));
+        self.map_settings(|s| s.deny_cache = cache)
+    }
+
     /// Name this limit. Keys are counted per name, so two layers sharing a
     /// store and a key extractor keep separate counts unless they share a
     /// name. The default is the policy text without spaces (`"3/s,20/min"`):
@@ -298,6 +337,7 @@ impl<K> RateLimitLayer<K> {
             headers: self.settings.headers,
             problem_json: self.settings.problem_json,
             allowed: Arc::clone(&self.settings.allowed),
+            deny_cache: self.settings.deny_cache.clone(),
         };
         change(&mut settings);
         self.settings = Arc::new(settings);

@@ -3,6 +3,7 @@
 pub mod body;
 pub mod clock;
 pub mod decision;
+mod deny_cache;
 pub mod future;
 pub mod key;
 pub mod layer;

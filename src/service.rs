@@ -103,6 +103,13 @@ where
                 let clone = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, clone);
                 let key = self.settings.store_key(&key);
+                if let Some(denied) = self.settings.cached_denial(&key) {
+                    tracing::debug!(
+                        retry_after_ms = denied.retry_after().as_millis() as u64,
+                        "rate limit: denied (deny cache)"
+                    );
+                    return ResponseFuture::answered(self.settings.denial(&denied));
+                }
                 ResponseFuture::checking(request, ready, Arc::clone(&self.settings), key)
             }
         }

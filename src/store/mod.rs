@@ -27,6 +27,15 @@ pub trait Store: Send + Sync + 'static {
         policy: &Policy,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
 
+    /// Whether a denial of `policy` with `retry_after = t` is final: no
+    /// request of that key is admitted before `t`, whatever other clients do
+    /// meanwhile. The layer then denies the key locally until `t` with no
+    /// round trip (the deny cache). The default, `false`, never caches.
+    fn denials_are_final(&self, policy: &Policy) -> bool {
+        let _ = policy;
+        false
+    }
+
     /// Give back the concurrency slot `lease` of `key`, taken by an admitted
     /// [`Concurrency`](crate::Algorithm::Concurrency) check. The default does
     /// nothing (for stores without that algorithm).
@@ -101,6 +110,8 @@ pub(crate) trait DynStore: Send + Sync + 'static {
         policy: Arc<Policy>,
         lease: Lease,
     ) -> BoxFuture<Result<(), StoreError>>;
+
+    fn denials_are_final_dyn(&self, policy: &Policy) -> bool;
 }
 
 impl<S: Store> DynStore for S {
@@ -119,5 +130,9 @@ impl<S: Store> DynStore for S {
         lease: Lease,
     ) -> BoxFuture<Result<(), StoreError>> {
         Box::pin(async move { self.release(&key, &policy, lease).await })
+    }
+
+    fn denials_are_final_dyn(&self, policy: &Policy) -> bool {
+        self.denials_are_final(policy)
     }
 }

@@ -239,6 +239,19 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
+    /// Final for the algorithms where other clients can only push a key's
+    /// admission later: the sliding log in `Script` execution, the fixed and
+    /// sliding windows, GCRA. Not for the `Transaction` execution (a retry
+    /// time may come from another client's denied entry, removed a moment
+    /// later) nor the concurrency limit (any release frees a slot).
+    fn denials_are_final(&self, policy: &Policy) -> bool {
+        match policy.algorithm() {
+            Algorithm::SlidingLog => policy.execution() == Execution::Script,
+            Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::Gcra => true,
+            _ => false,
+        }
+    }
+
     async fn release(&self, key: &str, policy: &Policy, lease: Lease) -> Result<(), StoreError> {
         if policy.algorithm() != Algorithm::Concurrency {
             return Ok(());

@@ -1,0 +1,155 @@
+//! The local deny cache: a key denied until `t` is denied in process until
+//! `t`, with no round trip to the store, for stores whose denials are final
+//! ([`Store::denials_are_final`](crate::Store::denials_are_final)).
+
+use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::decision::Decision;
+
+const SHARDS: usize = 16;
+
+/// The default bound on the number of keys the deny cache holds.
+pub(crate) const DEFAULT_DENY_CACHE_SIZE: usize = 10_000;
+
+#[derive(Debug)]
+pub(crate) struct DenyCache {
+    hasher: RandomState,
+    shards: Box<[Mutex<HashMap<String, Entry>>]>,
+    per_shard: usize,
+}
+
+#[derive(Debug)]
+struct Entry {
+    until: Instant,
+    /// The denial, as of `at`.
+    decision: Decision,
+    at: Instant,
+}
+
+impl DenyCache {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            hasher: RandomState::new(),
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            per_shard: capacity.div_ceil(SHARDS).max(1),
+        }
+    }
+
+    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        let index = (self.hasher.hash_one(key) as usize) % SHARDS;
+        self.shards[index]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The cached denial of `key`, aged to now, if it still holds.
+    pub(crate) fn get(&self, key: &str) -> Option<Decision> {
+        let now = Instant::now();
+        let mut shard = self.shard(key);
+        let entry = shard.get(key)?;
+        if entry.until <= now {
+            shard.remove(key);
+            return None;
+        }
+        Some(entry.decision.aged(now - entry.at))
+    }
+
+    /// Remember that `key` is denied until `sent + decision.retry_after()`,
+    /// `sent` being when the check was sent: the store decided after that,
+    /// so the key cannot be admitted before this deadline.
+    pub(crate) fn insert(&self, key: &str, decision: &Decision, sent: Instant) {
+        let until = sent + decision.retry_after();
+        let now = Instant::now();
+        if until <= now {
+            return;
+        }
+        let mut shard = self.shard(key);
+        if shard.len() >= self.per_shard && !shard.contains_key(key) {
+            shard.retain(|_, e| e.until > now);
+            if shard.len() >= self.per_shard {
+                // Full of live denials: forget the one ending soonest among a few.
+                let victim = shard
+                    .iter()
+                    .take(8)
+                    .min_by_key(|(_, e)| e.until)
+                    .map(|(k, _)| k.clone());
+                if let Some(victim) = victim {
+                    shard.remove(&victim);
+                }
+            }
+        }
+        shard.insert(
+            key.to_owned(),
+            Entry {
+                until,
+                decision: decision.aged(now.saturating_duration_since(sent)),
+                at: now,
+            },
+        );
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .sum()
+    }
+}
+
+/// Let `d` pass on a decision's durations.
+pub(crate) fn age(d: Duration, by: Duration) -> Duration {
+    d.saturating_sub(by)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::{DecisionBuilder, RateStatus};
+    use crate::policy::Rate;
+
+    fn denial(wait_ms: u64) -> Decision {
+        let mut b = DecisionBuilder::new(false);
+        b.rate(RateStatus {
+            rate: Rate::per_second(1).unwrap(),
+            remaining: 0,
+            reset: Duration::from_millis(wait_ms),
+            wait: Duration::from_millis(wait_ms),
+        });
+        b.build().unwrap()
+    }
+
+    #[test]
+    fn denials_are_held_until_their_deadline_then_dropped() {
+        let cache = DenyCache::new(100);
+        cache.insert("k", &denial(60), Instant::now());
+        let cached = cache.get("k").unwrap();
+        assert!(cached.retry_after() <= Duration::from_millis(60));
+        assert!(cached.retry_after() > Duration::from_millis(30));
+        std::thread::sleep(Duration::from_millis(70));
+        assert!(cache.get("k").is_none());
+        assert_eq!(cache.len(), 0);
+    }
+
+    #[test]
+    fn a_key_flood_stays_within_the_bound() {
+        let cache = DenyCache::new(1_000);
+        let now = Instant::now();
+        for i in 0..100_000 {
+            cache.insert(&format!("k{i}"), &denial(60_000), now);
+        }
+        assert!(cache.len() <= 1_000 + SHARDS, "{}", cache.len());
+    }
+
+    #[test]
+    fn the_deadline_counts_from_when_the_check_was_sent() {
+        let cache = DenyCache::new(10);
+        let sent = Instant::now() - Duration::from_millis(50);
+        cache.insert("k", &denial(40), sent);
+        assert!(cache.get("k").is_none(), "the denial ended 10 ms ago");
+    }
+}

@@ -98,8 +98,7 @@ where
         settings: Arc<Settings>,
         key: String,
     ) -> Self {
-        let check =
-            Arc::clone(&settings.store).check_owned(key.clone(), Arc::clone(&settings.policy));
+        let check = settings.check(&key);
         Self {
             state: State::Checking {
                 check,
@@ -147,19 +146,56 @@ fn next_step(
     waited: Duration,
     sent: Instant,
 ) -> Next {
+    // Only the store's own denials may be cached: a fallback's would
+    // outlive the outage and refuse requests the store admits.
+    let from_store = outcome.is_ok();
     let decision = match outcome {
-        Ok(decision) => decision,
+        Ok(decision) => {
+            settings.store_answered(true);
+            decision
+        }
         Err(error) => {
-            return match settings.fail_mode {
+            // While the circuit is open nothing was asked: no news for the
+            // breaker, and no warning per request.
+            let circuit_open = matches!(error, StoreError::CircuitOpen);
+            if !circuit_open {
+                settings.store_answered(false);
+            }
+            match &settings.fail_mode {
                 FailMode::Open => {
-                    tracing::warn!(%error, "rate limit store failed; admitting the request (FailMode::Open)");
-                    Next::Call(None)
+                    if circuit_open {
+                        tracing::debug!(
+                            "rate limit: circuit open; admitting the request (FailMode::Open)"
+                        );
+                    } else {
+                        tracing::warn!(%error, "rate limit store failed; admitting the request (FailMode::Open)");
+                    }
+                    return Next::Call(None);
                 }
-                FailMode::Closed => {
-                    tracing::warn!(%error, "rate limit store failed; answering 503 (FailMode::Closed)");
-                    Next::Answer(response::store_unavailable())
+                FailMode::Fallback { .. } => {
+                    if circuit_open {
+                        tracing::debug!(
+                            "rate limit: circuit open; limiting in process (FailMode::Fallback)"
+                        );
+                    } else {
+                        tracing::warn!(%error, "rate limit store failed; limiting in process (FailMode::Fallback)");
+                    }
+                    match settings.fallback_decision(key) {
+                        Some(decision) => decision,
+                        None => return Next::Call(None),
+                    }
                 }
-            };
+                _ => {
+                    if circuit_open {
+                        tracing::debug!(
+                            "rate limit: circuit open; answering 503 (FailMode::Closed)"
+                        );
+                    } else {
+                        tracing::warn!(%error, "rate limit store failed; answering 503 (FailMode::Closed)");
+                    }
+                    return Next::Answer(response::store_unavailable());
+                }
+            }
         }
     };
     if decision.allowed() {
@@ -178,7 +214,9 @@ fn next_step(
         }
         _ => {
             tracing::debug!(retry_after_ms, "rate limit: denied");
-            settings.remember_denial(key, &decision, sent);
+            if from_store {
+                settings.remember_denial(key, &decision, sent);
+            }
             Next::Answer(settings.denial(&decision))
         }
     }
@@ -243,8 +281,7 @@ where
                         ));
                     };
                     p.sent = Instant::now();
-                    let check = Arc::clone(&p.settings.store)
-                        .check_owned(p.key.clone(), Arc::clone(&p.settings.policy));
+                    let check = p.settings.check(&p.key);
                     this.state.set(State::Checking {
                         check,
                         pending: Some(p),

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use http::Response;
 use tower_layer::Layer;
 
+use crate::breaker::{Breaker, CircuitBreaker};
 use crate::decision::Decision;
 use crate::deny_cache::{DEFAULT_DENY_CACHE_SIZE, DenyCache};
 use crate::policy::Policy;
@@ -15,9 +16,11 @@ use crate::service::RateLimit;
 use crate::store::DynStore;
 #[allow(unused_imports)] // for rustdoc links
 use crate::store::Store;
+use crate::store::memory::MemoryStore;
 
-/// What to do when the store cannot decide (Redis down, slow or failing).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// What to do when the store cannot decide (Redis down, slow or failing,
+/// or the circuit breaker open).
+#[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub enum FailMode {
     /// Admit the request without limiting it, and log the failure at warn
@@ -26,6 +29,34 @@ pub enum FailMode {
     Open,
     /// Answer `503 Service Unavailable`.
     Closed,
+    /// Limit in this process while the store fails, with the same policy
+    /// divided among `instances` processes (each rate's max divided by
+    /// `instances`, rounded down, at least the cost), and go back to the
+    /// store when it answers again. Build it with [`FailMode::fallback`].
+    Fallback {
+        /// Where the limits are held meanwhile.
+        store: MemoryStore,
+        /// How many processes share the limit.
+        instances: u32,
+    },
+}
+
+impl FailMode {
+    /// [`FailMode::Fallback`] to `store`, for `instances` processes sharing
+    /// the limit (1 when this process is alone).
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{FailMode, MemoryStore};
+    ///
+    /// // Four replicas: while Redis is down each allows a quarter of the limit.
+    /// let mode = FailMode::fallback(MemoryStore::new(), 4);
+    /// ```
+    pub fn fallback(store: MemoryStore, instances: u32) -> Self {
+        Self::Fallback {
+            store,
+            instances: instances.max(1),
+        }
+    }
 }
 
 /// Builds the response to a denied request from its decision
@@ -144,9 +175,48 @@ pub(crate) struct Settings {
     pub(crate) allowed: Arc<std::collections::HashSet<String>>,
     /// Denials held in process (`None`: off).
     pub(crate) deny_cache: Option<Arc<DenyCache>>,
+    /// Shared by every clone of the layer's services.
+    pub(crate) breaker: Option<Arc<Breaker>>,
+    /// The policy the fallback store enforces.
+    pub(crate) fallback_policy: Option<Arc<Policy>>,
 }
 
 impl Settings {
+    /// The check of `key`: the store's, or a failure at once while the
+    /// circuit is open.
+    pub(crate) fn check(
+        self: &Arc<Self>,
+        key: &str,
+    ) -> crate::store::BoxFuture<Result<Decision, crate::store::StoreError>> {
+        if let Some(breaker) = &self.breaker
+            && breaker.permit() == crate::breaker::Permit::Skip
+        {
+            return Box::pin(std::future::ready(Err(
+                crate::store::StoreError::CircuitOpen,
+            )));
+        }
+        Arc::clone(&self.store).check_owned(key.to_owned(), Arc::clone(&self.policy))
+    }
+
+    /// Tell the breaker how the store did.
+    pub(crate) fn store_answered(&self, ok: bool) {
+        if let Some(breaker) = &self.breaker {
+            if ok {
+                breaker.success();
+            } else {
+                breaker.failure();
+            }
+        }
+    }
+
+    /// The fallback's decision for `key`, when the fail mode has one.
+    pub(crate) fn fallback_decision(&self, key: &str) -> Option<Decision> {
+        match (&self.fail_mode, &self.fallback_policy) {
+            (FailMode::Fallback { store, .. }, Some(policy)) => Some(store.check_now(key, policy)),
+            _ => None,
+        }
+    }
+
     /// The deny cache, when it may answer for this layer.
     fn usable_deny_cache(&self) -> Option<&DenyCache> {
         let answers_at_once = matches!(self.rejection, Rejection::Reject | Rejection::Custom(_));
@@ -240,6 +310,8 @@ impl<K> RateLimitLayer<K> {
                 problem_json: false,
                 allowed: Arc::default(),
                 deny_cache: Some(Arc::new(DenyCache::new(DEFAULT_DENY_CACHE_SIZE))),
+                breaker: Some(Arc::new(Breaker::new(CircuitBreaker::default()))),
+                fallback_policy: None,
             }),
             key: Arc::new(key),
         }
@@ -248,7 +320,24 @@ impl<K> RateLimitLayer<K> {
     /// What to do when the store fails (default [`FailMode::Open`]).
     #[must_use]
     pub fn with_fail_mode(self, fail_mode: FailMode) -> Self {
-        self.map_settings(|s| s.fail_mode = fail_mode)
+        self.map_settings(|s| {
+            s.fallback_policy = match &fail_mode {
+                FailMode::Fallback { instances, .. } => {
+                    Some(Arc::new(s.policy.shared_by(*instances)))
+                }
+                _ => None,
+            };
+            s.fail_mode = fail_mode;
+        })
+    }
+
+    /// The circuit breaker (default [`CircuitBreaker::default`]: open after
+    /// 5 consecutive store failures, probe every second). While it is open,
+    /// requests are answered by the fail mode at once instead of each
+    /// waiting for the store's timeout. `None` turns it off.
+    #[must_use]
+    pub fn with_circuit_breaker(self, breaker: Option<CircuitBreaker>) -> Self {
+        self.map_settings(|s| s.breaker = breaker.map(|b| Arc::new(Breaker::new(b))))
     }
 
     /// What to do with denied requests (default [`Rejection::Reject`]).
@@ -332,12 +421,14 @@ impl<K> RateLimitLayer<K> {
             store: Arc::clone(&self.settings.store),
             policy: Arc::clone(&self.settings.policy),
             name: Arc::clone(&self.settings.name),
-            fail_mode: self.settings.fail_mode,
+            fail_mode: self.settings.fail_mode.clone(),
             rejection: self.settings.rejection.clone(),
             headers: self.settings.headers,
             problem_json: self.settings.problem_json,
             allowed: Arc::clone(&self.settings.allowed),
             deny_cache: self.settings.deny_cache.clone(),
+            breaker: self.settings.breaker.clone(),
+            fallback_policy: self.settings.fallback_policy.clone(),
         };
         change(&mut settings);
         self.settings = Arc::new(settings);
@@ -364,6 +455,7 @@ impl<K> fmt::Debug for RateLimitLayer<K> {
             .field("policy", &self.settings.policy.to_string())
             .field("name", &self.settings.name)
             .field("fail_mode", &self.settings.fail_mode)
+            .field("breaker", &self.settings.breaker.is_some())
             .field("rejection", &self.settings.rejection)
             .field("headers", &self.settings.headers)
             .finish_non_exhaustive()

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod body;
+mod breaker;
 pub mod clock;
 pub mod decision;
 mod deny_cache;
@@ -13,6 +14,7 @@ pub mod service;
 pub mod store;
 
 pub use body::ResponseBody;
+pub use breaker::CircuitBreaker;
 pub use clock::{Clock, ManualClock, SkewedClock, SystemClock};
 pub use decision::{Decision, Lease, RateStatus};
 pub use future::ResponseFuture;

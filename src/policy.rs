@@ -504,6 +504,23 @@ impl Policy {
         Self::new([Rate::new(burst, window)?])?.gcra()
     }
 
+    /// This policy for one of `instances` processes enforcing it separately:
+    /// each rate's max divided by `instances`, rounded down, at least the
+    /// cost (the fallback of a shared limit).
+    pub(crate) fn shared_by(&self, instances: u32) -> Self {
+        let instances = u64::from(instances.max(1));
+        let mut shared = self.clone();
+        shared.rates = self
+            .rates
+            .iter()
+            .map(|r| Rate {
+                max: (r.max / instances).max(self.cost),
+                window: r.window,
+            })
+            .collect();
+        shared
+    }
+
     /// [`Algorithm::FixedWindow`]: `policy.fixed_window()?`.
     ///
     /// # Errors

@@ -2,6 +2,8 @@
 //! the pool.
 
 use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bb8_redis::RedisConnectionManager;
 use bb8_redis::bb8::{self, ManageConnection, Pool, PooledConnection, RunError};
@@ -15,9 +17,15 @@ use crate::store::StoreError;
 /// need no `PING` on every checkout: a connection that fails with a
 /// connection error is dropped when it returns to the pool, and the next
 /// checkout opens a fresh one (after a Redis restart, for instance).
+///
+/// Connections also carry a generation: the first connection error marks
+/// every connection opened before it as stale (after a Redis restart or a
+/// `CLIENT KILL` they are all dead), and stale connections are dropped at
+/// checkout instead of failing one request each.
 #[derive(Debug, Clone)]
 pub struct TrackedManager {
     inner: RedisConnectionManager,
+    epoch: Arc<AtomicU64>,
 }
 
 impl TrackedManager {
@@ -28,6 +36,7 @@ impl TrackedManager {
     pub fn new<T: IntoConnectionInfo>(info: T) -> Result<Self, RedisError> {
         Ok(Self {
             inner: RedisConnectionManager::new(info)?,
+            epoch: Arc::new(AtomicU64::new(0)),
         })
     }
 }
@@ -36,14 +45,36 @@ impl TrackedManager {
 pub struct TrackedConnection {
     conn: MultiplexedConnection,
     broken: bool,
+    generation: u64,
+    epoch: Arc<AtomicU64>,
 }
 
 impl TrackedConnection {
-    pub(super) fn new(conn: MultiplexedConnection) -> Self {
+    fn new(conn: MultiplexedConnection, epoch: &Arc<AtomicU64>) -> Self {
         Self {
             conn,
             broken: false,
+            generation: epoch.load(Ordering::Acquire),
+            epoch: Arc::clone(epoch),
         }
+    }
+
+    /// Opened before the last connection error.
+    fn stale(&self) -> bool {
+        self.generation < self.epoch.load(Ordering::Acquire)
+    }
+
+    /// This connection failed: drop it, and every one opened before it.
+    fn fail(&mut self) {
+        self.broken = true;
+        self.epoch.fetch_max(self.generation + 1, Ordering::AcqRel);
+    }
+}
+
+impl TrackedManager {
+    /// Wrap a connection opened outside the pool (by `connect`).
+    pub(super) fn adopt(&self, conn: MultiplexedConnection) -> TrackedConnection {
+        TrackedConnection::new(conn, &self.epoch)
     }
 }
 
@@ -60,7 +91,8 @@ impl ManageConnection for TrackedManager {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<Self::Connection, Self::Error> {
-        self.inner.connect().await.map(TrackedConnection::new)
+        let conn = self.inner.connect().await?;
+        Ok(TrackedConnection::new(conn, &self.epoch))
     }
 
     async fn is_valid(&self, conn: &mut Self::Connection) -> Result<(), Self::Error> {
@@ -68,7 +100,7 @@ impl ManageConnection for TrackedManager {
     }
 
     fn has_broken(&self, conn: &mut Self::Connection) -> bool {
-        conn.broken
+        conn.broken || conn.stale()
     }
 }
 
@@ -86,7 +118,18 @@ pub(super) enum Source {
 impl Source {
     pub(super) async fn get(&self) -> Result<Conn<'_>, StoreError> {
         match self {
-            Self::Tracked(pool) => pool.get().await.map(Conn::Tracked).map_err(run_error),
+            Self::Tracked(pool) => {
+                // Skip connections opened before the last connection error:
+                // at most every idle one, then a fresh one.
+                for _ in 0..pool.state().connections {
+                    let mut conn = pool.get().await.map_err(run_error)?;
+                    if !conn.stale() {
+                        return Ok(Conn::Tracked(conn));
+                    }
+                    conn.broken = true;
+                }
+                pool.get().await.map(Conn::Tracked).map_err(run_error)
+            }
             Self::Bb8Redis(pool) => pool.get().await.map(Conn::Bb8Redis).map_err(run_error),
         }
     }
@@ -124,7 +167,7 @@ impl Conn<'_> {
     /// pool lets us.
     pub(super) fn mark_broken(&mut self) {
         if let Self::Tracked(conn) = self {
-            conn.broken = true;
+            conn.fail();
         }
     }
 }

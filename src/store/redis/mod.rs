@@ -33,7 +33,7 @@ pub use sliding_log::SLIDING_LOG_SCRIPT;
 pub use sliding_window::SLIDING_WINDOW_SCRIPT;
 
 use clock_sync::ClockSync;
-use connection::{Source, TrackedConnection as Tracked, is_connection_error};
+use connection::{Source, is_connection_error};
 
 /// The default bound on every Redis call (pool checkout included).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -103,6 +103,7 @@ impl RedisStore {
     /// Redis that does not answer within [`CONNECT_TIMEOUT`].
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let manager = TrackedManager::new(url)?;
+        let adopt = manager.clone();
         // One direct connection first, so a refused connection or a wrong
         // password is reported as such (the pool would only say it timed
         // out); it then joins the pool.
@@ -127,7 +128,7 @@ impl RedisStore {
             .await?;
         if let Source::Tracked(pool) = &store.source {
             // Fails only when the pool is full, and it is empty.
-            let _ = pool.add(Tracked::new(conn));
+            let _ = pool.add(adopt.adopt(conn));
         }
         Ok(store)
     }

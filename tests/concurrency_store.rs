@@ -11,8 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use support::RedisServer;
+use support::contention::{admitted_under_contention, two_stores};
 use support::harness::{Harness, MS};
+use support::{RedisServer, zcard};
 use tokio::sync::Barrier;
 use tower_redis_ratelimit::{Algorithm, Execution, Policy, RedisStore, Store};
 
@@ -98,50 +99,14 @@ async fn lease_expires_without_release(h: Harness) {
     assert_eq!(d.remaining(), 1, "both old leases expired");
 }
 
-macro_rules! suite {
-    ($backend:ident, $make:expr) => {
-        mod $backend {
-            use super::*;
-
-            suite!(@cases $make;
-                admits_max_leases_then_denies,
-                release_lets_the_next_in,
-                lease_expires_without_release,
-            );
-        }
-    };
-    (@cases $make:expr; $($case:ident),* $(,)?) => {
-        $(
-            #[tokio::test]
-            async fn $case() {
-                super::$case($make).await;
-            }
-        )*
-    };
-}
-
-suite!(memory, Harness::memory());
-suite!(redis, Harness::redis(Execution::Script).await);
-
-/// Two independent stores (two pools, as two processes would have).
-async fn two_stores(server: &RedisServer) -> [RedisStore; 2] {
-    // A generous timeout: these tests are about counting, not speed.
-    let timeout = Duration::from_secs(10);
-    [
-        RedisStore::connect(&server.url())
-            .await
-            .unwrap()
-            .with_timeout(timeout),
-        RedisStore::connect(&server.url())
-            .await
-            .unwrap()
-            .with_timeout(timeout),
-    ]
-}
-
-fn zcard(server: &RedisServer, key: &str) -> usize {
-    let reply = server.command(&["ZCARD", key]);
-    reply.trim().trim_start_matches(':').parse().unwrap()
+support::suite! {
+    cases: [
+        admits_max_leases_then_denies,
+        release_lets_the_next_in,
+        lease_expires_without_release,
+    ],
+    memory: Harness::memory(),
+    redis: Harness::redis(Execution::Script).await,
 }
 
 /// 500 simultaneous checks through two independent stores, nothing
@@ -149,24 +114,8 @@ fn zcard(server: &RedisServer, key: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_grants_exactly_max_leases_under_contention() {
     let server = RedisServer::start();
-    let stores = two_stores(&server).await;
-    let policy = Arc::new(Policy::concurrency(10).unwrap());
-    let total = 500;
-    let barrier = Arc::new(Barrier::new(total));
-    let mut tasks = Vec::with_capacity(total);
-    for i in 0..total {
-        let store = stores[i % 2].clone();
-        let policy = Arc::clone(&policy);
-        let barrier = Arc::clone(&barrier);
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            store.check("hot", &policy).await.unwrap().allowed()
-        }));
-    }
-    let mut admitted = 0;
-    for task in tasks {
-        admitted += usize::from(task.await.unwrap());
-    }
+    let policy = Policy::concurrency(10).unwrap();
+    let admitted = admitted_under_contention(&server, policy, "hot", 500).await;
     assert_eq!(admitted, 10);
     assert_eq!(zcard(&server, "rl:conc:{hot}"), 10);
 }

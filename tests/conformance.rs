@@ -217,38 +217,20 @@ async fn keys_are_independent(h: Harness) {
     assert!(!h.check("a b {c}", &p).await.allowed());
 }
 
-macro_rules! suite {
-    ($backend:ident, $make:expr) => {
-        mod $backend {
-            use super::*;
-
-            suite!(@cases $make;
-                admits_max_then_denies,
-                window_rolls,
-                retry_after_is_exact_and_honest,
-                denied_attempts_do_not_lock_out,
-                multi_rate_is_all_or_nothing,
-                min_spacing,
-                cost,
-                cost_with_several_rates,
-                reset_and_retry_differ,
-                keys_are_independent,
-            );
-        }
-    };
-    (@cases $make:expr; $($case:ident),* $(,)?) => {
-        $(
-            #[tokio::test]
-            async fn $case() {
-                super::$case($make).await;
-            }
-        )*
-    };
+support::suite! {
+    cases: [
+        admits_max_then_denies,
+        window_rolls,
+        retry_after_is_exact_and_honest,
+        denied_attempts_do_not_lock_out,
+        multi_rate_is_all_or_nothing,
+        min_spacing,
+        cost,
+        cost_with_several_rates,
+        reset_and_retry_differ,
+        keys_are_independent,
+    ],
+    memory: Harness::memory(),
+    redis_transaction: Harness::redis(Execution::Transaction).await,
+    redis_script: Harness::redis(Execution::Script).await,
 }
-
-suite!(memory, Harness::memory());
-suite!(
-    redis_transaction,
-    Harness::redis(Execution::Transaction).await
-);
-suite!(redis_script, Harness::redis(Execution::Script).await);

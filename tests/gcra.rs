@@ -6,12 +6,11 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use support::RedisServer;
+use support::contention::admitted_under_contention;
 use support::harness::{Harness, MS};
-use tokio::sync::Barrier;
 use tower_redis_ratelimit::{Algorithm, Execution, Policy, RedisStore, Store};
 
 /// `max` admitted at once (remaining and reset counting down), then denied
@@ -212,63 +211,27 @@ async fn keys_are_independent(h: Harness) {
     assert!(!h.check("a b {c}", &p).await.allowed());
 }
 
-macro_rules! suite {
-    ($backend:ident, $make:expr) => {
-        mod $backend {
-            use super::*;
-
-            suite!(@cases $make;
-                burst_then_denied,
-                steady_refill,
-                retry_after_is_exact_and_honest,
-                cost_takes_several_tokens,
-                multi_rate_is_all_or_nothing,
-                remaining_and_reset_follow_the_refill,
-                keys_are_independent,
-            );
-        }
-    };
-    (@cases $make:expr; $($case:ident),* $(,)?) => {
-        $(
-            #[tokio::test]
-            async fn $case() {
-                super::$case($make).await;
-            }
-        )*
-    };
+support::suite! {
+    cases: [
+        burst_then_denied,
+        steady_refill,
+        retry_after_is_exact_and_honest,
+        cost_takes_several_tokens,
+        multi_rate_is_all_or_nothing,
+        remaining_and_reset_follow_the_refill,
+        keys_are_independent,
+    ],
+    memory: Harness::memory(),
+    redis: Harness::redis(Execution::Script).await,
 }
-
-suite!(memory, Harness::memory());
-suite!(redis, Harness::redis(Execution::Script).await);
 
 /// Two independent stores (two pools, as two processes would have) send 500
 /// checks of one key at once: exactly the burst is admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_admits_exactly_the_limit_under_contention() {
     let server = RedisServer::start();
-    let stores = [
-        RedisStore::connect(&server.url()).await.unwrap(),
-        RedisStore::connect(&server.url()).await.unwrap(),
-    ];
-    let policy = Arc::new("100/60s".parse::<Policy>().unwrap().gcra().unwrap());
-    let total = 500;
-    let barrier = Arc::new(Barrier::new(total));
-    let mut tasks = Vec::with_capacity(total);
-    for i in 0..total {
-        let store = stores[i % 2].clone();
-        let policy = Arc::clone(&policy);
-        let barrier = Arc::clone(&barrier);
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            // A generous timeout: this test is about counting, not speed.
-            let store = store.with_timeout(Duration::from_secs(10));
-            store.check("hot", &policy).await.unwrap().allowed()
-        }));
-    }
-    let mut admitted = 0;
-    for task in tasks {
-        admitted += usize::from(task.await.unwrap());
-    }
+    let policy = "100/60s".parse::<Policy>().unwrap().gcra().unwrap();
+    let admitted = admitted_under_contention(&server, policy, "hot", 500).await;
     assert_eq!(admitted, 100);
 }
 

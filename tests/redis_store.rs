@@ -5,61 +5,22 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::RedisServer;
-use tokio::sync::Barrier;
+use support::contention::admitted_under_contention;
+use support::{RedisServer, zcard};
 use tower_redis_ratelimit::{
     Execution, Policy, RedisStore, SkewedClock, Store, StoreError, SystemClock,
 };
 
-/// Two independent stores (two pools, as two processes would have) send
-/// `total` checks of one key at once; returns how many were admitted.
-async fn admitted_under_contention(
-    server: &RedisServer,
-    execution: Execution,
-    total: usize,
-) -> usize {
-    let stores = [
-        RedisStore::connect(&server.url()).await.unwrap(),
-        RedisStore::connect(&server.url()).await.unwrap(),
-    ];
-    let policy = Arc::new(
-        "100/60s"
-            .parse::<Policy>()
-            .unwrap()
-            .with_execution(execution),
-    );
-    let barrier = Arc::new(Barrier::new(total));
-    let mut tasks = Vec::with_capacity(total);
-    for i in 0..total {
-        let store = stores[i % 2].clone();
-        let policy = Arc::clone(&policy);
-        let barrier = Arc::clone(&barrier);
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            // A generous timeout: this test is about counting, not speed.
-            let store = store.with_timeout(Duration::from_secs(10));
-            store.check("hot", &policy).await.unwrap().allowed()
-        }));
-    }
-    let mut admitted = 0;
-    for task in tasks {
-        admitted += usize::from(task.await.unwrap());
-    }
-    admitted
-}
-
-fn zcard(server: &RedisServer, key: &str) -> usize {
-    let reply = server.command(&["ZCARD", key]);
-    reply.trim().trim_start_matches(':').parse().unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn script_admits_exactly_the_limit_under_contention() {
     let server = RedisServer::start();
-    let admitted = admitted_under_contention(&server, Execution::Script, 500).await;
+    let policy = "100/60s"
+        .parse::<Policy>()
+        .unwrap()
+        .with_execution(Execution::Script);
+    let admitted = admitted_under_contention(&server, policy, "hot", 500).await;
     assert_eq!(admitted, 100);
     // Every admitted request left exactly one entry: members never collide.
     assert_eq!(zcard(&server, "rl:log:{hot}"), 100);
@@ -68,7 +29,11 @@ async fn script_admits_exactly_the_limit_under_contention() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn transaction_never_admits_more_than_the_limit_under_contention() {
     let server = RedisServer::start();
-    let admitted = admitted_under_contention(&server, Execution::Transaction, 500).await;
+    let policy = "100/60s"
+        .parse::<Policy>()
+        .unwrap()
+        .with_execution(Execution::Transaction);
+    let admitted = admitted_under_contention(&server, policy, "hot", 500).await;
     eprintln!("transaction execution admitted {admitted} of 500 (limit 100)");
     assert!(admitted <= 100, "admitted {admitted}");
     assert!(admitted > 0);

@@ -6,64 +6,14 @@
 
 mod support;
 
-use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use support::RedisServer;
-use support::harness::{Harness, MS, Mark};
-use tokio::sync::Barrier;
+use support::contention::admitted_under_contention;
+use support::harness::{Harness, MARGIN, MS, US, advance_to, align, away_from_a_boundary, micros};
+use support::rng::Rng;
+use support::{RedisServer, differential};
 use tower_redis_ratelimit::policy::{MAX_COST, MAX_MAX, MAX_WINDOW};
-use tower_redis_ratelimit::{
-    Algorithm, Clock, Execution, Policy, PolicyError, Rate, RedisStore, Store,
-};
-
-const US: Duration = Duration::from_micros(1);
-
-/// How far past a window boundary the Redis harness lands, so the boundary
-/// is behind us on Redis's clock too.
-const MARGIN: Duration = Duration::from_millis(20);
-
-/// Move to the start of the next window of `window` (wall-clock windows:
-/// multiples of `window` since the epoch) and return a mark at that start.
-/// Exact on the manual clock; on real time, a little past it.
-async fn align(h: &Harness, window: Duration) -> Mark {
-    match h {
-        Harness::Memory { clock, .. } => {
-            let rem = micros(clock.now()) % micros(window);
-            if rem != 0 {
-                clock.advance(Duration::from_micros(micros(window) - rem));
-            }
-            Mark::Clock(clock.now())
-        }
-        Harness::Redis { .. } => {
-            let now = micros(SystemTime::now().duration_since(UNIX_EPOCH).unwrap());
-            let w = micros(window);
-            let boundary = (now / w + 1) * w;
-            tokio::time::sleep(Duration::from_micros(boundary - now) + MARGIN).await;
-            let now = micros(SystemTime::now().duration_since(UNIX_EPOCH).unwrap());
-            Mark::Real(Instant::now() - Duration::from_micros(now - boundary))
-        }
-    }
-}
-
-/// Let time pass until `offset` after `mark` (on real time, plus a margin
-/// when `past` is set, so that instant is behind us on Redis's clock too).
-async fn advance_to(h: &Harness, mark: Mark, offset: Duration, past: bool) {
-    let target = match h {
-        Harness::Redis { .. } if past => offset + MARGIN,
-        _ => offset,
-    };
-    let elapsed = h.since(mark);
-    assert!(
-        elapsed <= target,
-        "already {elapsed:?} past the mark, wanted {target:?}: the machine is too slow"
-    );
-    h.advance(target - elapsed).await;
-}
-
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap()
-}
+use tower_redis_ratelimit::{Algorithm, Execution, Policy, Rate, RedisStore, Store};
 
 fn sliding(h: &Harness, text: &str) -> Policy {
     h.policy(text).sliding_window().unwrap()
@@ -343,35 +293,20 @@ async fn huge_limits(h: Harness) {
     }
 }
 
-macro_rules! suite {
-    ($backend:ident, $make:expr) => {
-        mod $backend {
-            use super::*;
-
-            suite!(@cases $make;
-                admits_max_then_denies,
-                the_previous_window_weighs_across_the_edge,
-                multi_rate_is_all_or_nothing,
-                cost_with_several_rates,
-                cost,
-                retry_after_is_honest,
-                keys_are_independent,
-                huge_limits,
-            );
-        }
-    };
-    (@cases $make:expr; $($case:ident),* $(,)?) => {
-        $(
-            #[tokio::test]
-            async fn $case() {
-                super::$case($make).await;
-            }
-        )*
-    };
+support::suite! {
+    cases: [
+        admits_max_then_denies,
+        the_previous_window_weighs_across_the_edge,
+        multi_rate_is_all_or_nothing,
+        cost_with_several_rates,
+        cost,
+        retry_after_is_honest,
+        keys_are_independent,
+        huge_limits,
+    ],
+    memory: Harness::memory(),
+    redis: Harness::redis(Execution::Script).await,
 }
-
-suite!(memory, Harness::memory());
-suite!(redis, Harness::redis(Execution::Script).await);
 
 // ---------------------------------------------------------------------------
 // The error bound, measured on the manual clock.
@@ -570,21 +505,15 @@ async fn error_bound_with_evenly_spread_traffic() {
 async fn error_bound_with_random_traffic() {
     let (max, w) = (20, Duration::from_millis(100));
     let wu = micros(w);
-    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     let mut t = 0;
     let mut offsets = Vec::new();
     while t < 200 * wu {
         // Quiet spells and bursts.
-        t += match next() % 10 {
-            0 => next() % wu,
+        t += match rng.next() % 10 {
+            0 => rng.next() % wu,
             1..=3 => 0,
-            _ => next() % (wu / 50),
+            _ => rng.next() % (wu / 50),
         };
         offsets.push(t);
     }
@@ -602,42 +531,6 @@ async fn error_bound_with_random_traffic() {
 // ---------------------------------------------------------------------------
 // Redis only.
 
-/// Wait until at least `room` is left before the next boundary of `window`.
-async fn away_from_a_boundary(window: Duration, room: Duration) {
-    let now = micros(SystemTime::now().duration_since(UNIX_EPOCH).unwrap());
-    let w = micros(window);
-    let left = w - now % w;
-    if left < micros(room) {
-        tokio::time::sleep(Duration::from_micros(left) + MARGIN).await;
-    }
-}
-
-async fn admitted_under_contention(server: &RedisServer, policy: Policy, total: usize) -> usize {
-    let stores = [
-        RedisStore::connect(&server.url()).await.unwrap(),
-        RedisStore::connect(&server.url()).await.unwrap(),
-    ];
-    let policy = Arc::new(policy);
-    let barrier = Arc::new(Barrier::new(total));
-    let mut tasks = Vec::with_capacity(total);
-    for i in 0..total {
-        let store = stores[i % 2].clone();
-        let policy = Arc::clone(&policy);
-        let barrier = Arc::clone(&barrier);
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            // A generous timeout: this test is about counting, not speed.
-            let store = store.with_timeout(Duration::from_secs(10));
-            store.check("hot", &policy).await.unwrap().allowed()
-        }));
-    }
-    let mut admitted = 0;
-    for task in tasks {
-        admitted += usize::from(task.await.unwrap());
-    }
-    admitted
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn never_admits_more_than_the_limit_under_contention() {
     let server = RedisServer::start();
@@ -649,7 +542,7 @@ async fn never_admits_more_than_the_limit_under_contention() {
     // Across a window edge the previous window's weight slides out and one
     // or two more may rightly be admitted: keep the burst inside a window.
     away_from_a_boundary(Duration::from_secs(60), Duration::from_secs(10)).await;
-    let admitted = admitted_under_contention(&server, policy, 500).await;
+    let admitted = admitted_under_contention(&server, policy, "hot", 500).await;
     eprintln!("sliding window counter admitted {admitted} of 500 (limit 100)");
     assert!(admitted <= 100, "admitted {admitted}");
     // With no previous window the counter is exact.
@@ -743,159 +636,4 @@ async fn the_script_stays_close_to_the_memory_store_beyond_2_pow_53() {
     // Only a check on the very microsecond of a boundary can differ; the
     // counts of a test are far too small to put one there often.
     assert!(mismatches <= 10, "{mismatches}");
-}
-
-/// Random policies and times, decided by a Lua script on a fixed `TIME` and
-/// by the memory store on the same microsecond.
-mod differential {
-    use super::*;
-
-    /// A small random generator (xorshift), deterministic across runs.
-    pub(super) struct Rng(u64);
-
-    impl Rng {
-        pub(super) fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-
-        pub(super) fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
-
-    const WINDOWS_US: [u64; 9] = [
-        1_000,
-        7_000,
-        100_000,
-        1_000_000,
-        3_000_000,
-        60_000_000,
-        3_600_000_000,
-        86_400_000_000,
-        316_224_000_000_000,
-    ];
-
-    fn random_policy(
-        rng: &mut Rng,
-        algorithm: fn(Policy) -> Result<Policy, PolicyError>,
-        limit: u128,
-    ) -> Policy {
-        loop {
-            let n = 1 + rng.below(3) as usize;
-            let mut rates = Vec::new();
-            for _ in 0..n {
-                let window = WINDOWS_US[rng.below(WINDOWS_US.len() as u64) as usize];
-                let max = match rng.below(4) {
-                    0 => 1,
-                    1 | 2 => 1 + rng.below(10),
-                    _ => 1 + rng.below(MAX_MAX),
-                };
-                if u128::from(max) * u128::from(window) > limit {
-                    continue;
-                }
-                rates.push(Rate::new(max, Duration::from_micros(window)).unwrap());
-            }
-            rates.sort_by_key(Rate::window);
-            rates.dedup_by_key(|r| r.window());
-            let Ok(policy) = Policy::new(rates) else {
-                continue;
-            };
-            let smallest = policy.rates().iter().map(Rate::max).min().unwrap();
-            let cost = match rng.below(3) {
-                0 => 1 + rng.below(smallest.min(MAX_COST)),
-                _ => 1,
-            };
-            return algorithm(policy.with_cost(cost).unwrap()).unwrap();
-        }
-    }
-
-    /// The next time to check at: often a window edge of one of the rates,
-    /// or one microsecond before it.
-    fn next_time(rng: &mut Rng, policy: &Policy, now: u64) -> u64 {
-        let rates = policy.rates();
-        let w = micros(rates[rng.below(rates.len() as u64) as usize].window());
-        let edge = (now / w + 1 + rng.below(2)) * w;
-        match rng.below(8) {
-            0 => now,
-            1 => now + 1,
-            2 => edge,
-            3 => edge - 1,
-            4 => now + rng.below(w),
-            5 => now + rng.below(w / 3 + 1),
-            6 => edge + rng.below(w),
-            _ => now + rng.below(micros(policy.longest_window()) * 3),
-        }
-    }
-
-    /// How many checks differed (each is printed).
-    pub(super) async fn run(
-        server: &RedisServer,
-        source: &str,
-        algorithm: fn(Policy) -> Result<Policy, PolicyError>,
-        limit: u128,
-    ) -> usize {
-        let fake = "local t = redis.call('HMGET', 'fake-time', 's', 'us')";
-        assert!(source.contains("local t = redis.call('TIME')"));
-        let script = ::redis::Script::new(&source.replace("local t = redis.call('TIME')", fake));
-        let client = ::redis::Client::open(server.url()).unwrap();
-        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
-        let mut mismatches = 0;
-        let (mut checks, mut denied) = (0, 0);
-        for round in 0..300 {
-            let policy = random_policy(&mut rng, algorithm, limit);
-            let Harness::Memory { store, clock } = Harness::memory() else {
-                unreachable!()
-            };
-            let key = format!("k{round}");
-            // In the future (2033 on), so keys do not expire on Redis's real
-            // clock; below 2^53 µs, where Redis's doubles are exact.
-            let mut now = 2_000_000_000_000_000 + rng.below(1 << 40);
-            for _ in 0..40 {
-                now = next_time(&mut rng, &policy, now);
-                if now >= 8_000_000_000_000_000 {
-                    break;
-                }
-                ::redis::cmd("HSET")
-                    .arg("fake-time")
-                    .arg("s")
-                    .arg(now / 1_000_000)
-                    .arg("us")
-                    .arg(now % 1_000_000)
-                    .exec_async(&mut conn)
-                    .await
-                    .unwrap();
-                let mut invocation = script.key(&key);
-                invocation.arg(policy.cost());
-                for rate in policy.rates() {
-                    invocation.arg(rate.max()).arg(micros(rate.window()));
-                }
-                let reply: Vec<u64> = invocation.invoke_async(&mut conn).await.unwrap();
-                clock.set(Duration::from_micros(now));
-                let d = store.check("k", &policy).await.unwrap();
-                let mut expected = vec![u64::from(d.allowed())];
-                for rate in d.rates() {
-                    expected.extend([rate.remaining(), micros(rate.reset()), micros(rate.wait())]);
-                }
-                checks += 1;
-                denied += usize::from(!d.allowed());
-                if reply != expected {
-                    mismatches += 1;
-                    eprintln!(
-                        "{policy} cost {} at {now}: script {reply:?}, memory {expected:?}",
-                        policy.cost()
-                    );
-                }
-            }
-        }
-        eprintln!("{checks} checks ({denied} denied), {mismatches} differ");
-        assert!(
-            denied > checks / 10 && denied < checks * 9 / 10,
-            "{denied} of {checks} denied"
-        );
-        mismatches
-    }
 }

@@ -1,16 +1,24 @@
 //! One store under test and how time moves for it, for conformance suites
 //! that run the same cases on MemoryStore (manual clock, exact values) and
-//! RedisStore (real redis-server, real time, margins).
+//! RedisStore (real redis-server, real time, margins); and moving to and
+//! through wall-clock windows (multiples of the window since the epoch) on
+//! either.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tower_redis_ratelimit::{
-    Decision, Execution, ManualClock, MemoryStore, Policy, RedisStore, Store,
+    Clock, Decision, Execution, ManualClock, MemoryStore, Policy, RedisStore, Store,
 };
 
 use super::RedisServer;
 
 pub const MS: Duration = Duration::from_millis(1);
+
+pub const US: Duration = Duration::from_micros(1);
+
+/// How far past a window boundary the Redis harness lands, so the boundary
+/// is behind us on Redis's clock too.
+pub const MARGIN: Duration = Duration::from_millis(20);
 
 /// One store under test, and how time moves for it.
 pub enum Harness {
@@ -127,4 +135,57 @@ impl Harness {
             self.tolerance()
         );
     }
+}
+
+/// Move to the start of the next window of `window` (wall-clock windows:
+/// multiples of `window` since the epoch) and return a mark at that start.
+/// Exact on the manual clock; on real time, a little past it.
+pub async fn align(h: &Harness, window: Duration) -> Mark {
+    match h {
+        Harness::Memory { clock, .. } => {
+            let rem = micros(clock.now()) % micros(window);
+            if rem != 0 {
+                clock.advance(Duration::from_micros(micros(window) - rem));
+            }
+            Mark::Clock(clock.now())
+        }
+        Harness::Redis { .. } => {
+            let now = micros(SystemTime::now().duration_since(UNIX_EPOCH).unwrap());
+            let w = micros(window);
+            let boundary = (now / w + 1) * w;
+            tokio::time::sleep(Duration::from_micros(boundary - now) + MARGIN).await;
+            let now = micros(SystemTime::now().duration_since(UNIX_EPOCH).unwrap());
+            Mark::Real(Instant::now() - Duration::from_micros(now - boundary))
+        }
+    }
+}
+
+/// Let time pass until `offset` after `mark` (on real time, plus a margin
+/// when `past` is set, so that instant is behind us on Redis's clock too).
+pub async fn advance_to(h: &Harness, mark: Mark, offset: Duration, past: bool) {
+    let target = match h {
+        Harness::Redis { .. } if past => offset + MARGIN,
+        _ => offset,
+    };
+    let elapsed = h.since(mark);
+    assert!(
+        elapsed <= target,
+        "already {elapsed:?} past the mark, wanted {target:?}: the machine is too slow"
+    );
+    h.advance(target - elapsed).await;
+}
+
+/// Wait (on real time) until at least `room` is left before the next
+/// boundary of `window`.
+pub async fn away_from_a_boundary(window: Duration, room: Duration) {
+    let now = micros(SystemTime::now().duration_since(UNIX_EPOCH).unwrap());
+    let w = micros(window);
+    let left = w - now % w;
+    if left < micros(room) {
+        tokio::time::sleep(Duration::from_micros(left) + MARGIN).await;
+    }
+}
+
+pub fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap()
 }

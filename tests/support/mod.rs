@@ -4,7 +4,10 @@
 //! install it.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod contention;
+pub mod differential;
 pub mod harness;
+pub mod rng;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -188,3 +191,47 @@ pub fn raw_command(port: u16, args: &[&str]) -> String {
     let n = stream.read(&mut buf).unwrap();
     String::from_utf8_lossy(&buf[..n]).into_owned()
 }
+
+/// How many members the sorted set at `key` has.
+pub fn zcard(server: &RedisServer, key: &str) -> usize {
+    let reply = server.command(&["ZCARD", key]);
+    reply.trim().trim_start_matches(':').parse().unwrap()
+}
+
+/// One module of tests per backend, each with one `#[tokio::test]` per case
+/// that runs the case (an `async fn(Harness)` of the calling file) on a
+/// fresh harness made by that backend's expression:
+///
+/// ```ignore
+/// support::suite! {
+///     cases: [admits_max_then_denies, cost],
+///     memory: Harness::memory(),
+///     redis: Harness::redis(Execution::Script).await,
+/// }
+/// ```
+///
+/// makes `memory::admits_max_then_denies`, `memory::cost`,
+/// `redis::admits_max_then_denies` and `redis::cost`.
+#[allow(unused_macros)]
+macro_rules! suite {
+    (cases: $cases:tt, $($backend:ident: $make:expr),+ $(,)?) => {
+        $(
+            $crate::support::suite!(@backend $backend, $make, $cases);
+        )+
+    };
+    (@backend $backend:ident, $make:expr, [$($case:ident),* $(,)?]) => {
+        mod $backend {
+            use super::*;
+
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    super::$case($make).await;
+                }
+            )*
+        }
+    };
+}
+
+#[allow(unused_imports)]
+pub(crate) use suite;

@@ -132,6 +132,20 @@ where
     }
 }
 
+/// A key in logs: the first 12 hex digits of its SHA-1, the same in every
+/// process, so events of one client can be followed without logging its
+/// address or API key. Computed only when an event is written.
+pub(crate) struct KeyHash<'a>(pub(crate) &'a str);
+
+impl fmt::Display for KeyHash<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let digest = sha1_smol::Sha1::from(self.0.as_bytes())
+            .digest()
+            .to_string();
+        f.write_str(&digest[..12])
+    }
+}
+
 /// What to do after a decision.
 enum Next {
     Call(Option<Decision>),
@@ -199,21 +213,21 @@ fn next_step(
         }
     };
     if decision.allowed() {
-        tracing::debug!(remaining = decision.remaining(), "rate limit: admitted");
+        tracing::debug!(key = %KeyHash(key), remaining = decision.remaining(), "rate limit: admitted");
         return Next::Call(Some(decision));
     }
     let retry_after_ms = decision.retry_after().as_millis() as u64;
     match &settings.rejection {
         Rejection::Shadow => {
-            tracing::info!(retry_after_ms, policy = %settings.policy, "rate limit (shadow): would deny; letting through");
+            tracing::info!(key = %KeyHash(key), retry_after_ms, policy = %settings.policy, "rate limit (shadow): would deny; letting through");
             Next::Call(Some(decision))
         }
         Rejection::Delay { max_wait } if waited + decision.retry_after() <= *max_wait => {
-            tracing::debug!(retry_after_ms, "rate limit: delaying");
+            tracing::debug!(key = %KeyHash(key), retry_after_ms, "rate limit: delaying");
             Next::Wait(decision.retry_after())
         }
         _ => {
-            tracing::debug!(retry_after_ms, "rate limit: denied");
+            tracing::debug!(key = %KeyHash(key), retry_after_ms, "rate limit: denied");
             if from_store {
                 settings.remember_denial(key, &decision, sent);
             }

@@ -105,6 +105,7 @@ where
                 let key = self.settings.store_key(&key);
                 if let Some(denied) = self.settings.cached_denial(&key) {
                     tracing::debug!(
+                        key = %crate::future::KeyHash(&key),
                         retry_after_ms = denied.retry_after().as_millis() as u64,
                         "rate limit: denied (deny cache)"
                     );

@@ -49,10 +49,15 @@ impl RedisServer {
         panic!("could not start redis-server: {last_error}");
     }
 
-    /// Kill the server and start a fresh one (empty) on the same port.
-    pub fn restart(&mut self) {
+    /// Kill the server; [`restart`](Self::restart) brings one back.
+    pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Kill the server and start a fresh one (empty) on the same port.
+    pub fn restart(&mut self) {
+        self.kill();
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             match spawn_ready(self.port, &[], &self.dir) {

@@ -17,6 +17,7 @@ use tower_service::Service;
 use crate::body::ResponseBody;
 use crate::decision::{Decision, Lease};
 use crate::layer::{FailMode, Rejection, Settings};
+use crate::metrics::Outcome;
 use crate::response;
 use crate::store::{BoxFuture, StoreError};
 
@@ -163,6 +164,12 @@ fn next_step(
     // Only the store's own denials may be cached: a fallback's would
     // outlive the outage and refuse requests the store admits.
     let from_store = outcome.is_ok();
+    if !matches!(outcome, Err(StoreError::CircuitOpen)) {
+        crate::metrics::store_latency(&settings.name, sent.elapsed());
+    }
+    if outcome.is_err() {
+        crate::metrics::decision(&settings.name, Outcome::StoreError);
+    }
     let decision = match outcome {
         Ok(decision) => {
             settings.store_answered(true);
@@ -212,6 +219,14 @@ fn next_step(
             }
         }
     };
+    if !from_store {
+        // Counted as a store error above; the fallback's decision is not
+        // counted again.
+    } else if decision.allowed() {
+        crate::metrics::decision(&settings.name, Outcome::Allowed);
+    } else {
+        crate::metrics::decision(&settings.name, Outcome::Limited);
+    }
     if decision.allowed() {
         tracing::debug!(key = %KeyHash(key), remaining = decision.remaining(), "rate limit: admitted");
         return Next::Call(Some(decision));

@@ -8,6 +8,10 @@ mod deny_cache;
 pub mod future;
 pub mod key;
 pub mod layer;
+#[cfg(feature = "metrics")]
+pub mod metrics;
+#[cfg(not(feature = "metrics"))]
+mod metrics;
 pub mod policy;
 pub mod response;
 pub mod service;

@@ -11,6 +11,7 @@ use crate::body::ResponseBody;
 use crate::future::ResponseFuture;
 use crate::key::KeyExtractor;
 use crate::layer::{RateLimitLayer, Settings};
+use crate::metrics::Outcome;
 use crate::policy::Policy;
 use crate::response;
 use crate::store::Store;
@@ -90,8 +91,12 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         match self.key.extract(&request) {
-            Ok(None) => ResponseFuture::unlimited(self.inner.call(request)),
+            Ok(None) => {
+                crate::metrics::decision(&self.settings.name, Outcome::Skipped);
+                ResponseFuture::unlimited(self.inner.call(request))
+            }
             Ok(Some(key)) if self.settings.allowed.contains(&key) => {
+                crate::metrics::decision(&self.settings.name, Outcome::Skipped);
                 ResponseFuture::unlimited(self.inner.call(request))
             }
             Err(error) => {
@@ -109,6 +114,7 @@ where
                         retry_after_ms = denied.retry_after().as_millis() as u64,
                         "rate limit: denied (deny cache)"
                     );
+                    crate::metrics::decision(&self.settings.name, Outcome::Limited);
                     return ResponseFuture::answered(self.settings.denial(&denied));
                 }
                 ResponseFuture::checking(request, ready, Arc::clone(&self.settings), key)

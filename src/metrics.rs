@@ -1,0 +1,53 @@
+//! Counters and a latency histogram, with the `metrics` feature: exported
+//! through whatever `metrics` recorder the application installs
+//! (Prometheus, StatsD, ...). Without the feature these are no-ops.
+//!
+//! | metric | kind | labels |
+//! |---|---|---|
+//! | `ratelimit_decisions_total` | counter | `policy` (the layer's name), `outcome`: `allowed`, `limited`, `skipped` (no key, or an allowed key), `store_error` |
+//! | `ratelimit_store_seconds` | histogram | `policy`: time the store took to decide |
+
+use std::time::Duration;
+
+/// What happened to a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Allowed,
+    Limited,
+    Skipped,
+    StoreError,
+}
+
+impl Outcome {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Allowed => "allowed",
+            Self::Limited => "limited",
+            Self::Skipped => "skipped",
+            Self::StoreError => "store_error",
+        }
+    }
+}
+
+/// Count one request of `policy`.
+pub(crate) fn decision(policy: &str, outcome: Outcome) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "ratelimit_decisions_total",
+        "policy" => policy.to_owned(),
+        "outcome" => outcome.as_str()
+    )
+    .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (policy, outcome);
+}
+
+/// Record how long the store of `policy` took.
+pub(crate) fn store_latency(policy: &str, took: Duration) {
+    #[cfg(feature = "metrics")]
+    metrics::histogram!("ratelimit_store_seconds", "policy" => policy.to_owned())
+        .record(took.as_secs_f64());
+    #[cfg(not(feature = "metrics"))]
+    let _ = (policy, took);
+}

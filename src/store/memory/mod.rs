@@ -347,10 +347,19 @@ mod tests {
         let clock = ManualClock::new(Duration::from_secs(1_000));
         let store = MemoryStore::with_clock(clock.clone()).with_max_keys(160);
         let policy: Policy = "5/s".parse().unwrap();
-        for i in 0..10_000 {
-            store.check_now(&format!("k{i}"), &policy);
-            assert!(store.len() <= 160);
+        // A flood of 100,000 distinct keys, some of them long (held hashed).
+        for i in 0..100_000 {
+            let key = if i % 10 == 0 {
+                format!("{i}{}", "x".repeat(500))
+            } else {
+                format!("k{i}")
+            };
+            store.check_now(&key, &policy);
+            if i % 1_000 == 0 {
+                assert!(store.len() <= 160);
+            }
         }
+        assert!(store.len() <= 160);
         assert!(store.len() >= 150, "{}", store.len());
         // Every key goes idle; enough operations later they are gone.
         clock.advance(Duration::from_secs(2));

@@ -9,6 +9,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::decision::Decision;
+use crate::store::bounded_key;
 
 const SHARDS: usize = 16;
 
@@ -48,6 +49,9 @@ impl DenyCache {
 
     /// The cached denial of `key`, aged to now, if it still holds.
     pub(crate) fn get(&self, key: &str) -> Option<Decision> {
+        // Held like the stores hold keys: long ones as a fixed-size hash.
+        let key = bounded_key(key);
+        let key = key.as_ref();
         let now = Instant::now();
         let mut shard = self.shard(key);
         let entry = shard.get(key)?;
@@ -62,6 +66,8 @@ impl DenyCache {
     /// `sent` being when the check was sent: the store decided after that,
     /// so the key cannot be admitted before this deadline.
     pub(crate) fn insert(&self, key: &str, decision: &Decision, sent: Instant) {
+        let key = bounded_key(key);
+        let key = key.as_ref();
         let until = sent + decision.retry_after();
         let now = Instant::now();
         if until <= now {
@@ -143,6 +149,20 @@ mod tests {
             cache.insert(&format!("k{i}"), &denial(60_000), now);
         }
         assert!(cache.len() <= 1_000 + SHARDS, "{}", cache.len());
+    }
+
+    #[test]
+    fn long_keys_are_held_hashed() {
+        let cache = DenyCache::new(10);
+        let long = "x".repeat(100_000);
+        cache.insert(&long, &denial(60_000), Instant::now());
+        assert!(cache.get(&long).is_some());
+        let held: usize = cache
+            .shards
+            .iter()
+            .map(|s| s.lock().unwrap().keys().map(String::len).sum::<usize>())
+            .sum();
+        assert!(held <= 41, "{held} bytes of keys held");
     }
 
     #[test]

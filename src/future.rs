@@ -239,7 +239,9 @@ fn next_step(
         }
         Rejection::Delay { max_wait } if waited + decision.retry_after() <= *max_wait => {
             tracing::debug!(key = %KeyHash(key), retry_after_ms, "rate limit: delaying");
-            Next::Wait(decision.retry_after())
+            // At least 1 ms: a store that answers a zero wait must not make
+            // the request check again in a tight loop.
+            Next::Wait(decision.retry_after().max(Duration::from_millis(1)))
         }
         _ => {
             tracing::debug!(key = %KeyHash(key), retry_after_ms, "rate limit: denied");

@@ -145,19 +145,20 @@ impl ClientIp {
                 } else {
                     &X_FORWARDED_FOR
                 };
-                // Every value of the header, in order; entries right to left.
-                let values: Vec<&str> = headers
-                    .get_all(name)
-                    .iter()
-                    .map(|v| v.to_str().unwrap_or("\u{0}"))
-                    .collect();
-                let entries = values.iter().rev().flat_map(|v| v.rsplit(','));
+                // Every value of the header, in order; entries right to left,
+                // each decoded on its own: a client's undecodable bytes end
+                // the walk where they are, not for the whole line its proxy
+                // appended the real address to.
+                let values: Vec<&[u8]> =
+                    headers.get_all(name).iter().map(|v| v.as_bytes()).collect();
+                let entries = values.iter().rev().flat_map(|v| v.rsplit(|&b| b == b','));
                 let mut client = peer;
                 for entry in entries.take(MAX_HOPS) {
+                    let entry = std::str::from_utf8(entry).ok();
                     let address = if self.header == ProxyHeader::Forwarded {
-                        forwarded_for(entry).and_then(parse_address)
+                        entry.and_then(forwarded_for).and_then(parse_address)
                     } else {
-                        parse_address(entry)
+                        entry.and_then(parse_address)
                     };
                     let Some(address) = address else {
                         break;
@@ -352,6 +353,17 @@ mod tests {
                 "{value:.60}"
             );
         }
+        // Bytes that are not text in the client's part of the line do not
+        // hide the address its proxy appended.
+        let mut raw = req("10.0.0.2:1", &[]);
+        raw.headers_mut().insert(
+            "x-forwarded-for",
+            http::HeaderValue::from_bytes(b"\xff\xfe, 203.0.113.9").unwrap(),
+        );
+        assert_eq!(
+            behind.extract(&raw).unwrap().as_deref(),
+            Some("203.0.113.9")
+        );
         // 5,000 trusted hops: only MAX_HOPS are walked; the client is not believed.
         let trusted_chain = vec!["10.5.5.5"; 5_000].join(", ");
         let headers = [("x-forwarded-for", trusted_chain.as_str())];

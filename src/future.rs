@@ -19,7 +19,8 @@ use crate::decision::{Decision, Lease};
 use crate::layer::{FailMode, Rejection, Settings};
 use crate::metrics::Outcome;
 use crate::response;
-use crate::store::{BoxFuture, StoreError};
+use crate::policy::Policy;
+use crate::store::{BoxFuture, DynStore, StoreError};
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit).
@@ -148,8 +149,15 @@ impl fmt::Display for KeyHash<'_> {
 }
 
 /// What to do after a decision.
+/// Who took a decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    Store,
+    Fallback,
+}
+
 enum Next {
-    Call(Option<Decision>),
+    Call(Option<Decision>, Origin),
     Wait(Duration),
     Answer(Response<Bytes>),
 }
@@ -164,6 +172,7 @@ fn next_step(
     // Only the store's own denials may be cached: a fallback's would
     // outlive the outage and refuse requests the store admits.
     let from_store = outcome.is_ok();
+    let origin = if from_store { Origin::Store } else { Origin::Fallback };
     if !matches!(outcome, Err(StoreError::CircuitOpen)) {
         crate::metrics::store_latency(&settings.name, sent.elapsed());
     }
@@ -191,7 +200,7 @@ fn next_step(
                     } else {
                         tracing::warn!(%error, "rate limit store failed; admitting the request (FailMode::Open)");
                     }
-                    return Next::Call(None);
+                    return Next::Call(None, Origin::Store);
                 }
                 FailMode::Fallback { .. } => {
                     if circuit_open {
@@ -203,7 +212,7 @@ fn next_step(
                     }
                     match settings.fallback_decision(key) {
                         Some(decision) => decision,
-                        None => return Next::Call(None),
+                        None => return Next::Call(None, Origin::Store),
                     }
                 }
                 _ => {
@@ -229,13 +238,13 @@ fn next_step(
     }
     if decision.allowed() {
         tracing::debug!(key = %KeyHash(key), remaining = decision.remaining(), "rate limit: admitted");
-        return Next::Call(Some(decision));
+        return Next::Call(Some(decision), origin);
     }
     let retry_after_ms = decision.retry_after().as_millis() as u64;
     match &settings.rejection {
         Rejection::Shadow => {
             tracing::info!(key = %KeyHash(key), retry_after_ms, policy = %settings.policy, "rate limit (shadow): would deny; letting through");
-            Next::Call(Some(decision))
+            Next::Call(Some(decision), origin)
         }
         Rejection::Delay { max_wait } if waited + decision.retry_after() <= *max_wait => {
             tracing::debug!(key = %KeyHash(key), retry_after_ms, "rate limit: delaying");
@@ -272,13 +281,13 @@ where
                         ));
                     };
                     match next_step(outcome, &p.settings, &p.key, p.waited, p.sent) {
-                        Next::Call(decision) => {
+                        Next::Call(decision, origin) => {
                             // A concurrency slot, held until the response is done.
                             let lease = decision
                                 .as_ref()
                                 .filter(|d| d.allowed())
                                 .and_then(Decision::lease)
-                                .map(|lease| LeaseGuard::new(&p.settings, &p.key, lease));
+                                .map(|lease| LeaseGuard::new(&p.settings, &p.key, lease, origin));
                             if let Some(decision) = &decision {
                                 p.request.extensions_mut().insert(decision.clone());
                             }
@@ -343,15 +352,24 @@ where
 /// response body finished or dropped, the handler failed or panicked, the
 /// client went away).
 pub(crate) struct LeaseGuard {
-    settings: Arc<Settings>,
+    /// The store that granted the lease (the fallback's, during an outage).
+    store: Arc<dyn DynStore>,
+    policy: Arc<Policy>,
     key: String,
     lease: Lease,
 }
 
 impl LeaseGuard {
-    fn new(settings: &Arc<Settings>, key: &str, lease: Lease) -> Self {
+    fn new(settings: &Settings, key: &str, lease: Lease, origin: Origin) -> Self {
+        let (store, policy) = match origin {
+            Origin::Store => (Arc::clone(&settings.store), Arc::clone(&settings.policy)),
+            Origin::Fallback => settings
+                .fallback_release_target()
+                .unwrap_or_else(|| (Arc::clone(&settings.store), Arc::clone(&settings.policy))),
+        };
         Self {
-            settings: Arc::clone(settings),
+            store,
+            policy,
             key: key.to_owned(),
             lease,
         }
@@ -368,9 +386,17 @@ impl fmt::Debug for LeaseGuard {
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
-        let mut release = Arc::clone(&self.settings.store).release_owned(
+        // Outside a runtime nothing can run the release (and polling a
+        // Redis release there would panic): the lease expires on its own.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                "no tokio runtime to release a concurrency lease; it frees itself when it expires"
+            );
+            return;
+        };
+        let mut release = Arc::clone(&self.store).release_owned(
             std::mem::take(&mut self.key),
-            Arc::clone(&self.settings.policy),
+            Arc::clone(&self.policy),
             self.lease,
         );
         // Poll once here: an in-process store releases at once, so the slot
@@ -378,24 +404,17 @@ impl Drop for LeaseGuard {
         // (Redis) goes on in a task.
         let mut cx = Context::from_waker(std::task::Waker::noop());
         match release.as_mut().poll(&mut cx) {
-            Poll::Ready(Ok(())) => return,
+            Poll::Ready(Ok(())) => {}
             Poll::Ready(Err(error)) => {
                 tracing::warn!(%error, "could not release a concurrency lease; it frees itself when it expires");
-                return;
             }
-            Poll::Pending => {}
-        }
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
+            Poll::Pending => {
                 runtime.spawn(async move {
                     if let Err(error) = release.await {
                         tracing::warn!(%error, "could not release a concurrency lease; it frees itself when it expires");
                     }
                 });
             }
-            Err(_) => tracing::warn!(
-                "no tokio runtime to release a concurrency lease; it frees itself when it expires"
-            ),
         }
     }
 }

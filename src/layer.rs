@@ -209,6 +209,16 @@ impl Settings {
         }
     }
 
+    /// Where a lease the fallback granted goes back to.
+    pub(crate) fn fallback_release_target(&self) -> Option<(Arc<dyn DynStore>, Arc<Policy>)> {
+        match (&self.fail_mode, &self.fallback_policy) {
+            (FailMode::Fallback { store, .. }, Some(policy)) => {
+                Some((Arc::new(store.clone()), Arc::clone(policy)))
+            }
+            _ => None,
+        }
+    }
+
     /// The fallback's decision for `key`, when the fail mode has one.
     pub(crate) fn fallback_decision(&self, key: &str) -> Option<Decision> {
         match (&self.fail_mode, &self.fallback_policy) {

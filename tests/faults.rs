@@ -243,3 +243,31 @@ async fn script_flush_and_client_kill() {
         "20 per client in all"
     );
 }
+
+/// While Redis is down, a concurrency lease granted by the fallback goes
+/// back to the fallback, not to Redis: sequential requests never pile up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_concurrency_leases_are_released() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .with_timeout(TIMEOUT);
+    let limiter = RateLimitLayer::new(store, Policy::concurrency(2).unwrap(), key::peer_ip())
+        .with_fail_mode(FailMode::fallback(MemoryStore::new(), 1));
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(limiter);
+    server.signal("STOP");
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        let response = app.clone().oneshot(request(1)).await.unwrap();
+        statuses.push(response.status().as_u16());
+        // Read the body to the end: the request is over, its slot free.
+        http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .unwrap();
+    }
+    server.signal("CONT");
+    assert_eq!(statuses, [200; 6]);
+}

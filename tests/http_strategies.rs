@@ -330,3 +330,22 @@ async fn concurrency_leases_through_redis() {
     let (res, body) = send(&app).await;
     assert_eq!((res.status(), body.as_str()), (StatusCode::OK, "done"));
 }
+
+/// A response body holding a Redis lease, dropped on a thread with no tokio
+/// runtime, does not panic (the lease then expires on its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_dropped_outside_a_runtime_does_not_panic() {
+    let server = support::RedisServer::start();
+    let store = tower_redis_ratelimit::RedisStore::connect(&server.url())
+        .await
+        .unwrap();
+    let limiter = RateLimitLayer::new(store, Policy::concurrency(1).unwrap(), key::peer_ip());
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(limiter);
+    let response = app.oneshot(request("/")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response.into_body();
+    let dropped = std::thread::spawn(move || drop(body)).join();
+    assert!(dropped.is_ok(), "dropping the body panicked");
+}

@@ -281,3 +281,43 @@ async fn cancelled_checks_leave_no_entries_behind() {
         "{cancelled} cancelled checks"
     );
 }
+
+/// A slow Redis (busy for 0.8 s) within the store's timeout is waited for:
+/// no hidden shorter timeout, no retry, each request counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_redis_is_waited_for_and_counts_once() {
+    let server = RedisServer::start_with(&["--enable-debug-command", "yes"]);
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .with_timeout(Duration::from_secs(3));
+    for policy in [
+        "100/min".parse::<Policy>().unwrap().fixed_window().unwrap(),
+        "100/min".parse::<Policy>().unwrap().gcra().unwrap(),
+        "100/min"
+            .parse::<Policy>()
+            .unwrap()
+            .with_execution(Execution::Script),
+    ] {
+        let key = format!("slow-{}", policy.algorithm());
+        let port = server.port();
+        let sleeper = std::thread::spawn(move || {
+            let reply = support::raw_command(port, &["DEBUG", "SLEEP", "0.8"]);
+            assert!(reply.starts_with("+OK"), "{reply}");
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let started = Instant::now();
+        let decision = store.check(&key, &policy).await.unwrap();
+        assert!(
+            started.elapsed() >= Duration::from_millis(500),
+            "it waited for Redis"
+        );
+        assert_eq!(
+            decision.remaining(),
+            99,
+            "{}: counted once",
+            policy.algorithm()
+        );
+        sleeper.join().unwrap();
+    }
+}

@@ -22,10 +22,18 @@ use crate::store::StoreError;
 /// every connection opened before it as stale (after a Redis restart or a
 /// `CLIENT KILL` they are all dead), and stale connections are dropped at
 /// checkout instead of failing one request each.
+///
+/// Connections have no response timeout of their own (redis-rs's default is
+/// 500 ms): the store's timeout bounds every call.
 #[derive(Debug, Clone)]
 pub struct TrackedManager {
-    inner: RedisConnectionManager,
+    client: redis::Client,
     epoch: Arc<AtomicU64>,
+}
+
+/// How RedisStore opens connections: no response timeout of redis-rs's own.
+pub(super) fn connection_config() -> redis::AsyncConnectionConfig {
+    redis::AsyncConnectionConfig::new().set_response_timeout(None)
 }
 
 impl TrackedManager {
@@ -35,7 +43,7 @@ impl TrackedManager {
     /// A malformed connection address.
     pub fn new<T: IntoConnectionInfo>(info: T) -> Result<Self, RedisError> {
         Ok(Self {
-            inner: RedisConnectionManager::new(info)?,
+            client: redis::Client::open(info.into_connection_info()?)?,
             epoch: Arc::new(AtomicU64::new(0)),
         })
     }
@@ -91,12 +99,15 @@ impl ManageConnection for TrackedManager {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<Self::Connection, Self::Error> {
-        let conn = self.inner.connect().await?;
+        let conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&connection_config())
+            .await?;
         Ok(TrackedConnection::new(conn, &self.epoch))
     }
 
     async fn is_valid(&self, conn: &mut Self::Connection) -> Result<(), Self::Error> {
-        self.inner.is_valid(&mut conn.conn).await
+        redis::cmd("PING").query_async::<()>(&mut conn.conn).await
     }
 
     fn has_broken(&self, conn: &mut Self::Connection) -> bool {
@@ -172,14 +183,16 @@ impl Conn<'_> {
     }
 }
 
-/// Whether `error` means the connection itself is unusable.
+/// Whether `error` means the connection itself is unusable. A timeout does
+/// not: a slow Redis answers later on the same connection.
 pub(super) fn is_connection_error(error: &StoreError) -> bool {
     match error {
         StoreError::Redis(e) => {
-            e.is_io_error()
-                || e.is_connection_dropped()
-                || e.is_connection_refusal()
-                || e.is_unrecoverable_error()
+            !e.is_timeout()
+                && (e.is_io_error()
+                    || e.is_connection_dropped()
+                    || e.is_connection_refusal()
+                    || e.is_unrecoverable_error())
         }
         _ => false,
     }

@@ -109,7 +109,9 @@ impl RedisStore {
         // out); it then joins the pool.
         let client = redis::Client::open(url)?;
         let mut conn = tokio::time::timeout(CONNECT_TIMEOUT, async {
-            let mut conn = client.get_multiplexed_async_connection().await?;
+            let mut conn = client
+                .get_multiplexed_async_connection_with_config(&connection::connection_config())
+                .await?;
             redis::cmd("PING").query_async::<()>(&mut conn).await?;
             Ok::<_, StoreError>(conn)
         })
@@ -306,9 +308,15 @@ impl Store for RedisStore {
                     };
                     match result {
                         // A connection broken by a Redis restart: drop it and
-                        // try once more on a fresh one. The same request id
-                        // makes a repeat harmless.
-                        Err(error) if is_connection_error(&error) && !retried => {
+                        // try once more on a fresh one, where a repeat is
+                        // harmless (the request id makes it the same entry or
+                        // lease). The counters and GCRA would count it twice:
+                        // their failure goes to the fail mode instead.
+                        Err(error)
+                            if is_connection_error(&error)
+                                && !retried
+                                && idempotent(policy.algorithm()) =>
+                        {
                             conn.mark_broken();
                             retried = true;
                             tracing::debug!(%error, "redis connection failed; retrying on a fresh one");
@@ -354,6 +362,12 @@ impl RedisStore {
         })
         .await
     }
+}
+
+/// Whether running a check twice (after a connection error that may have
+/// come after Redis ran it) counts once.
+fn idempotent(algorithm: Algorithm) -> bool {
+    matches!(algorithm, Algorithm::SlidingLog | Algorithm::Concurrency)
 }
 
 /// `{prefix}:{algorithm}:{key}` with `key` in a hash tag, hashed when needed.

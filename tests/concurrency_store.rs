@@ -225,3 +225,26 @@ async fn redis_key_holds_leases_and_expires() {
     assert!(server.command(&["SCRIPT", "FLUSH"]).starts_with("+OK"));
     assert!(store.check("k", &policy).await.unwrap().allowed());
 }
+
+/// A check that times out while Redis is hung leaves no lease behind when
+/// Redis wakes up and runs it: nobody would ever release it.
+#[tokio::test]
+async fn a_timed_out_check_leaves_no_lease() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .with_timeout(Duration::from_millis(100));
+    let policy = Policy::concurrency(2).unwrap();
+    // Load the script first, so the hung call is the EVALSHA itself.
+    let first = store.check("k", &policy).await.unwrap();
+    store
+        .release("k", &policy, first.lease().unwrap())
+        .await
+        .unwrap();
+    server.signal("STOP");
+    assert!(store.check("k", &policy).await.is_err());
+    server.signal("CONT");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(zcard(&server, "rl:conc:{k}"), 0);
+}

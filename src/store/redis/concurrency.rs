@@ -33,7 +33,12 @@ pub(super) async fn check(
     key: &str,
     policy: &Policy,
     lease: Lease,
+    timeout: Duration,
 ) -> Result<Decision, StoreError> {
+    // Until the reply is read, an error or a dropped future (the store's
+    // timeout) takes the lease back out, on the same connection, so a slow
+    // Redis cannot fill the slots with leases nobody holds.
+    let cleanup = super::sliding_log::Cleanup::new(conn, key, vec![member(lease)], timeout);
     let [rate] = policy.rates() else {
         return Err(StoreError::UnexpectedReply(format!(
             "concurrency needs exactly one rate, the policy has {}",
@@ -73,6 +78,8 @@ pub(super) async fn check(
     let decision = builder
         .build()
         .ok_or_else(|| StoreError::UnexpectedReply("concurrency: no rate".to_owned()))?;
+    // The caller holds the lease now (and releases it), or none was taken.
+    cleanup.disarm();
     Ok(if allowed {
         decision.with_lease(lease)
     } else {

@@ -285,7 +285,7 @@ impl Store for RedisStore {
                             .await
                             .map(|decision| (decision, None)),
                         (Algorithm::Concurrency, _) => {
-                            concurrency::check(conn.get(), &redis_key, policy, lease)
+                            concurrency::check(conn.get(), &redis_key, policy, lease, self.timeout)
                                 .await
                                 .map(|decision| (decision, None))
                         }

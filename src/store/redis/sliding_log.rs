@@ -129,13 +129,7 @@ pub(super) async fn transaction(
     }
     // From here until the decision is known, an error or a dropped future
     // takes our entries back out (on the same connection, so after EXEC).
-    let cleanup = Cleanup {
-        conn: conn.clone(),
-        key: key.to_owned(),
-        members,
-        timeout,
-        armed: true,
-    };
+    let cleanup = Cleanup::new(conn, key, members, timeout);
     let members = &cleanup.members;
     let sent = clock.local_micros();
     let reply: Vec<Value> = pipe.query_async(conn).await?;
@@ -240,7 +234,25 @@ pub(super) struct Cleanup {
 }
 
 impl Cleanup {
-    fn disarm(mut self) {
+    /// A clean-up of `members` of `key`, armed: it runs when dropped unless
+    /// disarmed.
+    pub(super) fn new(
+        conn: &MultiplexedConnection,
+        key: &str,
+        members: Vec<String>,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            conn: conn.clone(),
+            key: key.to_owned(),
+            members,
+            timeout,
+            armed: true,
+        }
+    }
+
+    /// Nothing to take out: the request's outcome is known.
+    pub(super) fn disarm(mut self) {
         self.armed = false;
     }
 

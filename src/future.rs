@@ -18,8 +18,8 @@ use crate::body::ResponseBody;
 use crate::decision::{Decision, Lease};
 use crate::layer::{FailMode, Rejection, Settings};
 use crate::metrics::Outcome;
-use crate::response;
 use crate::policy::Policy;
+use crate::response;
 use crate::store::{BoxFuture, DynStore, StoreError};
 
 pin_project! {
@@ -172,7 +172,11 @@ fn next_step(
     // Only the store's own denials may be cached: a fallback's would
     // outlive the outage and refuse requests the store admits.
     let from_store = outcome.is_ok();
-    let origin = if from_store { Origin::Store } else { Origin::Fallback };
+    let origin = if from_store {
+        Origin::Store
+    } else {
+        Origin::Fallback
+    };
     if !matches!(outcome, Err(StoreError::CircuitOpen)) {
         crate::metrics::store_latency(&settings.name, sent.elapsed());
     }

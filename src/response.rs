@@ -341,8 +341,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_denying_rate_reports_its_wait_which_retry_after_covers() {
+    /// "3/s, 20/min, 100/h" denied by its first two rates.
+    fn two_rates_deny() -> (Policy, Decision) {
         let policy: Policy = "3/s, 20/min, 100/h".parse().unwrap();
         let d = decision(
             false,
@@ -356,6 +356,12 @@ mod tests {
                 status("100/h", 50, ms(3_000_500), Duration::ZERO),
             ],
         );
+        (policy, d)
+    }
+
+    #[test]
+    fn a_denying_rate_reports_its_wait_which_retry_after_covers() {
+        let (policy, d) = two_rates_deny();
         let (_, ratelimit) = ietf(&policy, &d);
         assert_eq!(
             ratelimit,
@@ -481,16 +487,7 @@ mod tests {
 
     #[test]
     fn problem_json_is_an_rfc_9457_document() {
-        let policy: Policy = "3/s, 20/min, 100/h".parse().unwrap();
-        let d = decision(
-            false,
-            Algorithm::SlidingLog,
-            &[
-                status("3/s", 0, ms(900), ms(400)),
-                status("20/min", 0, ms(59_500), ms(30_200)),
-                status("100/h", 50, ms(3_000_500), Duration::ZERO),
-            ],
-        );
+        let (policy, d) = two_rates_deny();
         let response = problem_json(&d, &policy);
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         let headers = response.headers();

@@ -44,6 +44,8 @@ struct Pending<S, ReqBody> {
     waited: Duration,
     /// When the current check was sent.
     sent: Instant,
+    /// A gRPC call: denials are trailers-only gRPC statuses.
+    grpc: bool,
 }
 
 pin_project! {
@@ -99,6 +101,7 @@ where
         service: S,
         settings: Arc<Settings>,
         key: String,
+        grpc: bool,
     ) -> Self {
         let check = settings.check(&key);
         Self {
@@ -111,6 +114,7 @@ where
                     key,
                     waited: Duration::ZERO,
                     sent: Instant::now(),
+                    grpc,
                 }),
             },
         }
@@ -168,6 +172,7 @@ fn next_step(
     key: &str,
     waited: Duration,
     sent: Instant,
+    grpc: bool,
 ) -> Next {
     // Only the store's own denials may be cached: a fallback's would
     // outlive the outage and refuse requests the store admits.
@@ -227,7 +232,14 @@ fn next_step(
                     } else {
                         tracing::warn!(%error, "rate limit store failed; answering 503 (FailMode::Closed)");
                     }
-                    return Next::Answer(response::store_unavailable());
+                    return Next::Answer(if grpc {
+                        response::grpc(
+                            response::grpc_status::UNAVAILABLE,
+                            "rate limiter unavailable: its store does not answer",
+                        )
+                    } else {
+                        response::store_unavailable()
+                    });
                 }
             }
         }
@@ -261,7 +273,7 @@ fn next_step(
             if from_store {
                 settings.remember_denial(key, &decision, sent);
             }
-            Next::Answer(settings.denial(&decision))
+            Next::Answer(settings.denial(&decision, grpc))
         }
     }
 }
@@ -284,7 +296,7 @@ where
                             response::store_unavailable().map(ResponseBody::full)
                         ));
                     };
-                    match next_step(outcome, &p.settings, &p.key, p.waited, p.sent) {
+                    match next_step(outcome, &p.settings, &p.key, p.waited, p.sent, p.grpc) {
                         Next::Call(decision, origin) => {
                             // A concurrency slot, held until the response is done.
                             let lease = decision

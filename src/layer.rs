@@ -258,8 +258,8 @@ impl Settings {
         }
     }
 
-    /// The response to a denied request.
-    pub(crate) fn denial(&self, decision: &Decision) -> Response<Bytes> {
+    /// The response to a denied request (a gRPC call when `grpc`).
+    pub(crate) fn denial(&self, decision: &Decision, grpc: bool) -> Response<Bytes> {
         let mut response = match &self.rejection {
             Rejection::Custom(respond) => {
                 let mut response = respond(decision);
@@ -276,6 +276,7 @@ impl Settings {
                 }
                 return response;
             }
+            _ if grpc => crate::response::grpc_too_many_requests(decision),
             _ if self.problem_json => crate::response::problem_json(decision, &self.policy),
             _ => crate::response::too_many_requests(decision),
         };

@@ -245,6 +245,64 @@ pub(crate) fn problem_json(decision: &Decision, policy: &Policy) -> Response<Byt
     response
 }
 
+/// Whether `headers` are those of a gRPC request (`content-type:
+/// application/grpc`, `application/grpc+proto`, ...).
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"))
+}
+
+/// gRPC status codes the layer answers with.
+pub(crate) mod grpc_status {
+    /// The call was rate limited.
+    pub(crate) const RESOURCE_EXHAUSTED: u16 = 8;
+    /// The limiter's store is unavailable (fail mode closed).
+    pub(crate) const UNAVAILABLE: u16 = 14;
+    /// The limiter is misconfigured.
+    pub(crate) const INTERNAL: u16 = 13;
+}
+
+/// A trailers-only gRPC response: HTTP 200, `content-type:
+/// application/grpc`, `grpc-status` and `grpc-message` in the headers, and
+/// no body, so the client reads it as the call's status.
+pub(crate) fn grpc(status: u16, message: &str) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::new());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert("grpc-status", HeaderValue::from(status));
+    // grpc-message is percent-encoded outside printable ASCII; ours is ASCII
+    // text, with '%' the only character to escape.
+    let message = message.replace('%', "%25");
+    if let Ok(value) = HeaderValue::from_str(message.trim()) {
+        headers.insert("grpc-message", value);
+    }
+    response
+}
+
+/// A denied gRPC call: `RESOURCE_EXHAUSTED`, with the rate-limit values and
+/// the retry time (`retry-after`, seconds) as metadata.
+pub(crate) fn grpc_too_many_requests(decision: &Decision) -> Response<Bytes> {
+    let secs = retry_after_secs(decision);
+    let message = match decision.algorithm() {
+        Algorithm::Concurrency => format!(
+            "rate limited: at most {} calls may be in flight; retry in {secs} s",
+            decision.limit()
+        ),
+        _ => format!(
+            "rate limited: the limit is {}; retry in {secs} s",
+            decision.rate()
+        ),
+    };
+    let mut response = grpc(grpc_status::RESOURCE_EXHAUSTED, &message);
+    set_headers(response.headers_mut(), decision);
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(secs));
+    response
+}
+
 /// `503 Service Unavailable`: the store failed and the fail mode is closed.
 pub(crate) fn store_unavailable() -> Response<Bytes> {
     text(
@@ -299,6 +357,30 @@ mod tests {
             header(&headers, &RATELIMIT_POLICY).to_owned(),
             header(&headers, &RATELIMIT).to_owned(),
         )
+    }
+
+    #[test]
+    fn grpc_denials_are_trailers_only_resource_exhausted() {
+        let (_, d) = two_rates_deny();
+        let response = grpc_too_many_requests(&d);
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(response.body().is_empty());
+        let h = response.headers();
+        assert_eq!(h["content-type"], "application/grpc");
+        assert_eq!(h["grpc-status"], "8");
+        assert_eq!(
+            h["grpc-message"],
+            "rate limited: the limit is 20/min; retry in 31 s"
+        );
+        assert_eq!(h["retry-after"], "31");
+        assert_eq!(h["x-ratelimit-limit"], "20");
+        let mut grpc_request = HeaderMap::new();
+        grpc_request.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc+proto"),
+        );
+        assert!(is_grpc(&grpc_request));
+        assert!(!is_grpc(&HeaderMap::new()));
     }
 
     #[test]

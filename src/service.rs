@@ -90,6 +90,7 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let grpc = response::is_grpc(request.headers());
         match self.key.extract(&request) {
             Ok(None) => {
                 crate::metrics::decision(&self.settings.name, Outcome::Skipped);
@@ -101,6 +102,13 @@ where
             }
             Err(error) => {
                 tracing::error!(%error, "rate limiter cannot pick a key; answering 500");
+                if grpc {
+                    let message = format!("rate limiter misconfigured: {error}");
+                    return ResponseFuture::answered(response::grpc(
+                        response::grpc_status::INTERNAL,
+                        &message,
+                    ));
+                }
                 ResponseFuture::answered(response::misconfigured(&error))
             }
             Ok(Some(key)) => {
@@ -115,9 +123,9 @@ where
                         "rate limit: denied (deny cache)"
                     );
                     crate::metrics::decision(&self.settings.name, Outcome::Limited);
-                    return ResponseFuture::answered(self.settings.denial(&denied));
+                    return ResponseFuture::answered(self.settings.denial(&denied, grpc));
                 }
-                ResponseFuture::checking(request, ready, Arc::clone(&self.settings), key)
+                ResponseFuture::checking(request, ready, Arc::clone(&self.settings), key, grpc)
             }
         }
     }

@@ -71,8 +71,10 @@ impl KeyError {
 /// The IP address of the connecting peer.
 ///
 /// Read from axum's `ConnectInfo<SocketAddr>` (serve the router with
-/// `into_make_service_with_connect_info::<SocketAddr>()`) or from a plain
-/// `SocketAddr` request extension (for hyper servers that insert one).
+/// `into_make_service_with_connect_info::<SocketAddr>()`), from tonic's
+/// `TcpConnectInfo` (with the `tonic` feature; tonic servers record it
+/// themselves), or from a plain `SocketAddr` request extension (for hyper
+/// servers that insert one).
 /// IPv4-mapped IPv6 addresses count as their IPv4 address; IPv6 clients are
 /// grouped by their /64 (`2001:db8:1:2::/64`; see
 /// [`ipv6_prefix`](PeerIp::ipv6_prefix)). Headers are never read, so a
@@ -108,6 +110,14 @@ impl PeerIp {
             .get::<axum::extract::ConnectInfo<SocketAddr>>()
         {
             return Some(info.0);
+        }
+        #[cfg(feature = "tonic")]
+        if let Some(addr) = request
+            .extensions()
+            .get::<tonic::transport::server::TcpConnectInfo>()
+            .and_then(|info| info.remote_addr())
+        {
+            return Some(addr);
         }
         request.extensions().get::<SocketAddr>().copied()
     }

@@ -1,0 +1,125 @@
+//! The layer on a real tonic server (tonic-health), called by a real tonic
+//! client over loopback, sharing one Redis budget with an axum HTTP route.
+#![cfg(feature = "tonic")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::net::SocketAddr;
+
+use support::RedisServer;
+use tonic::Code;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_client::HealthClient;
+use tower_redis_ratelimit::{Policy, RateLimitLayer, RedisStore, key};
+
+/// A health service behind `limiter`, on a free loopback port.
+async fn grpc_server<K>(limiter: RateLimitLayer<K>) -> SocketAddr
+where
+    K: tower_redis_ratelimit::KeyExtractor<tonic::body::Body>,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_serving::<tonic_health::pb::health_server::HealthServer<
+            tonic_health::server::HealthService,
+        >>()
+        .await;
+    tokio::spawn(async move {
+        Server::builder()
+            .layer(limiter)
+            .add_service(health)
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .unwrap();
+    });
+    addr
+}
+
+async fn client(addr: SocketAddr) -> HealthClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    HealthClient::new(channel)
+}
+
+fn check() -> HealthCheckRequest {
+    HealthCheckRequest {
+        service: String::new(),
+    }
+}
+
+#[tokio::test]
+async fn calls_are_limited_with_resource_exhausted_and_retry_metadata() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let limiter = RateLimitLayer::new(store, "3/10s".parse::<Policy>().unwrap(), key::peer_ip())
+        .with_name("grpc");
+    let addr = grpc_server(limiter).await;
+    let mut client = client(addr).await;
+    for remaining in ["2", "1", "0"] {
+        let response = client.check(check()).await.unwrap();
+        assert_eq!(response.metadata().get("x-ratelimit-limit").unwrap(), "3");
+        assert_eq!(
+            response.metadata().get("x-ratelimit-remaining").unwrap(),
+            remaining
+        );
+    }
+    let status = client.check(check()).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("retry in 10 s"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(status.metadata().get("retry-after").unwrap(), "10");
+    assert_eq!(status.metadata().get("x-ratelimit-remaining").unwrap(), "0");
+    // The key is the peer address, read from tonic's TcpConnectInfo.
+    let keys = server.command(&["KEYS", "rl:log:*"]);
+    assert!(keys.contains("rl:log:{grpc:127.0.0.1}"), "{keys}");
+}
+
+/// A gRPC service and an axum route limited under the same name and key
+/// share one budget in Redis.
+#[tokio::test]
+async fn grpc_and_http_share_one_budget() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let policy: Policy = "3/10s".parse().unwrap();
+    let grpc_addr = grpc_server(
+        RateLimitLayer::new(store.clone(), policy.clone(), key::global()).with_name("api"),
+    )
+    .await;
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(store, policy, key::global()).with_name("api"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http_addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let mut grpc = client(grpc_addr).await;
+    grpc.check(check()).await.unwrap();
+    assert!(http_get(http_addr).await.starts_with("HTTP/1.1 200"));
+    grpc.check(check()).await.unwrap();
+    // The budget of 3 is spent, by both together.
+    assert!(http_get(http_addr).await.starts_with("HTTP/1.1 429"));
+    let status = grpc.check(check()).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+}
+
+async fn http_get(addr: SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = String::new();
+    stream.read_to_string(&mut out).await.unwrap();
+    out
+}

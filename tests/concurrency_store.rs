@@ -107,6 +107,7 @@ support::suite! {
     ],
     memory: Harness::memory(),
     redis: Harness::redis(Execution::Script).await,
+    manager: Harness::redis_manager(Execution::Script).await,
 }
 
 /// 500 simultaneous checks through two independent stores, nothing

@@ -233,4 +233,6 @@ support::suite! {
     memory: Harness::memory(),
     redis_transaction: Harness::redis(Execution::Transaction).await,
     redis_script: Harness::redis(Execution::Script).await,
+    manager_transaction: Harness::redis_manager(Execution::Transaction).await,
+    manager_script: Harness::redis_manager(Execution::Script).await,
 }

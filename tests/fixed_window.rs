@@ -264,6 +264,7 @@ support::suite! {
     ],
     memory: Harness::memory(),
     redis: Harness::redis(Execution::Script).await,
+    manager: Harness::redis_manager(Execution::Script).await,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

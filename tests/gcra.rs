@@ -223,6 +223,7 @@ support::suite! {
     ],
     memory: Harness::memory(),
     redis: Harness::redis(Execution::Script).await,
+    manager: Harness::redis_manager(Execution::Script).await,
 }
 
 /// Two independent stores (two pools, as two processes would have) send 500

@@ -321,3 +321,40 @@ async fn a_slow_redis_is_waited_for_and_counts_once() {
         sleeper.join().unwrap();
     }
 }
+
+/// A store over a ConnectionManager reconnects by itself after Redis is
+/// restarted on the same port.
+#[tokio::test]
+async fn a_connection_manager_reconnects_after_a_restart() {
+    let mut server = RedisServer::start();
+    let manager = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap();
+    let store =
+        RedisStore::from_connection_manager(manager).with_timeout(Duration::from_millis(500));
+    let policy = "100/10s"
+        .parse::<Policy>()
+        .unwrap()
+        .with_execution(Execution::Script);
+    store.check("k", &policy).await.unwrap();
+    server.restart();
+    let started = Instant::now();
+    let mut failures = 0;
+    while store.check("k", &policy).await.is_err() {
+        failures += 1;
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "never reconnected"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "reconnected after {:?} and {failures} failed checks",
+        started.elapsed()
+    );
+    for _ in 0..5 {
+        store.check("k", &policy).await.unwrap();
+    }
+}

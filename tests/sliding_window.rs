@@ -306,6 +306,7 @@ support::suite! {
     ],
     memory: Harness::memory(),
     redis: Harness::redis(Execution::Script).await,
+    manager: Harness::redis_manager(Execution::Script).await,
 }
 
 // ---------------------------------------------------------------------------

@@ -61,6 +61,21 @@ impl Harness {
         }
     }
 
+    /// RedisStore over one multiplexed ConnectionManager instead of a pool.
+    pub async fn redis_manager(execution: Execution) -> Self {
+        let server = RedisServer::start();
+        let manager = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection_manager()
+            .await
+            .expect("connecting to the test redis-server");
+        Self::Redis {
+            store: RedisStore::from_connection_manager(manager),
+            execution,
+            _server: server,
+        }
+    }
+
     pub fn policy(&self, text: &str) -> Policy {
         let policy: Policy = text.parse().unwrap();
         match self {

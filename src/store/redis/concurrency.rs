@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
+use super::connection::AnyConn;
 use redis::Value;
-use redis::aio::MultiplexedConnection;
 
 use super::int_reply;
 use crate::decision::{Decision, DecisionBuilder, Lease, RateStatus};
@@ -29,7 +29,7 @@ fn member(lease: Lease) -> String {
 /// Take a lease: one `EVALSHA` (reloading the script after `NOSCRIPT`), on
 /// Redis's clock.
 pub(super) async fn check(
-    conn: &mut MultiplexedConnection,
+    conn: &mut AnyConn,
     key: &str,
     policy: &Policy,
     lease: Lease,
@@ -89,11 +89,7 @@ pub(super) async fn check(
 
 /// Give a lease back: one `ZREM`. Releasing a lease that expired or was
 /// already released does nothing.
-pub(super) async fn release(
-    conn: &mut MultiplexedConnection,
-    key: &str,
-    lease: Lease,
-) -> Result<(), StoreError> {
+pub(super) async fn release(conn: &mut AnyConn, key: &str, lease: Lease) -> Result<(), StoreError> {
     redis::cmd("ZREM")
         .arg(key)
         .arg(member(lease))

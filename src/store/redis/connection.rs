@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bb8_redis::RedisConnectionManager;
 use bb8_redis::bb8::{self, ManageConnection, Pool, PooledConnection, RunError};
-use redis::aio::MultiplexedConnection;
-use redis::{IntoConnectionInfo, RedisError};
+use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
+use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value};
 
 use crate::store::StoreError;
 
@@ -115,6 +115,43 @@ impl ManageConnection for TrackedManager {
     }
 }
 
+/// A connection the algorithms run on: one of a pool's multiplexed
+/// connections, or a [`ConnectionManager`]. Cloning shares it (commands sent
+/// on a clone follow those sent on the original).
+#[derive(Clone)]
+pub(super) enum AnyConn {
+    Multiplexed(MultiplexedConnection),
+    Manager(ConnectionManager),
+}
+
+impl ConnectionLike for AnyConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Multiplexed(conn) => conn.req_packed_command(cmd),
+            Self::Manager(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Multiplexed(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Self::Manager(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Multiplexed(conn) => conn.get_db(),
+            Self::Manager(conn) => conn.get_db(),
+        }
+    }
+}
+
 /// The pool behind a RedisStore.
 #[derive(Clone)]
 pub(super) enum Source {
@@ -124,6 +161,8 @@ pub(super) enum Source {
     /// tests connections on checkout by default, which is what replaces a
     /// broken one there).
     Bb8Redis(Pool<RedisConnectionManager>),
+    /// One multiplexed connection that reconnects by itself.
+    Manager(ConnectionManager),
 }
 
 impl Source {
@@ -135,20 +174,32 @@ impl Source {
                 for _ in 0..pool.state().connections {
                     let mut conn = pool.get().await.map_err(run_error)?;
                     if !conn.stale() {
-                        return Ok(Conn::Tracked(conn));
+                        return Ok(Conn::tracked(conn));
                     }
                     conn.broken = true;
                 }
-                pool.get().await.map(Conn::Tracked).map_err(run_error)
+                pool.get().await.map(Conn::tracked).map_err(run_error)
             }
-            Self::Bb8Redis(pool) => pool.get().await.map(Conn::Bb8Redis).map_err(run_error),
+            Self::Bb8Redis(pool) => {
+                let conn = pool.get().await.map_err(run_error)?;
+                Ok(Conn {
+                    any: AnyConn::Multiplexed((*conn).clone()),
+                    checkout: Checkout::Bb8Redis(conn),
+                })
+            }
+            Self::Manager(manager) => Ok(Conn {
+                any: AnyConn::Manager(manager.clone()),
+                checkout: Checkout::None,
+            }),
         }
     }
 
-    pub(super) fn state(&self) -> bb8::State {
+    /// The pool's state, if there is a pool.
+    pub(super) fn state(&self) -> Option<bb8::State> {
         match self {
-            Self::Tracked(pool) => pool.state(),
-            Self::Bb8Redis(pool) => pool.state(),
+            Self::Tracked(pool) => Some(pool.state()),
+            Self::Bb8Redis(pool) => Some(pool.state()),
+            Self::Manager(_) => None,
         }
     }
 }
@@ -160,24 +211,35 @@ fn run_error(error: RunError<RedisError>) -> StoreError {
     }
 }
 
-/// A connection checked out of a [`Source`].
-pub(super) enum Conn<'a> {
-    Tracked(PooledConnection<'a, TrackedManager>),
-    Bb8Redis(PooledConnection<'a, RedisConnectionManager>),
+/// A connection taken from a [`Source`], held until dropped.
+pub(super) struct Conn<'a> {
+    any: AnyConn,
+    checkout: Checkout<'a>,
 }
 
-impl Conn<'_> {
-    pub(super) fn get(&mut self) -> &mut MultiplexedConnection {
-        match self {
-            Self::Tracked(conn) => &mut conn.conn,
-            Self::Bb8Redis(conn) => conn,
+/// What keeps a pooled connection checked out.
+enum Checkout<'a> {
+    Tracked(PooledConnection<'a, TrackedManager>),
+    Bb8Redis(#[allow(dead_code)] PooledConnection<'a, RedisConnectionManager>),
+    None,
+}
+
+impl<'a> Conn<'a> {
+    fn tracked(conn: PooledConnection<'a, TrackedManager>) -> Self {
+        Self {
+            any: AnyConn::Multiplexed(conn.conn.clone()),
+            checkout: Checkout::Tracked(conn),
         }
     }
 
+    pub(super) fn get(&mut self) -> &mut AnyConn {
+        &mut self.any
+    }
+
     /// Drop this connection instead of returning it to the pool, if the
-    /// pool lets us.
+    /// pool lets us. (A ConnectionManager reconnects by itself.)
     pub(super) fn mark_broken(&mut self) {
-        if let Self::Tracked(conn) = self {
+        if let Checkout::Tracked(conn) = &mut self.checkout {
             conn.fail();
         }
     }

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
+use super::connection::AnyConn;
 use redis::Value;
-use redis::aio::MultiplexedConnection;
 
 use super::int_reply;
 use crate::decision::{Decision, DecisionBuilder, RateStatus};
@@ -23,7 +23,7 @@ static SCRIPT: std::sync::LazyLock<redis::Script> =
 /// One `EVALSHA` (reloading the script after `NOSCRIPT`), atomic, on Redis's
 /// clock.
 pub(super) async fn check(
-    conn: &mut MultiplexedConnection,
+    conn: &mut AnyConn,
     key: &str,
     policy: &Policy,
 ) -> Result<Decision, StoreError> {
@@ -35,7 +35,7 @@ pub(super) async fn check(
 /// then the cost and every rate's max and window in µs.
 pub(super) async fn invoke(
     script: &redis::Script,
-    conn: &mut MultiplexedConnection,
+    conn: &mut AnyConn,
     key: &str,
     policy: &Policy,
 ) -> Result<Vec<Value>, StoreError> {

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
+use super::connection::AnyConn;
 use redis::Value;
-use redis::aio::MultiplexedConnection;
 
 use super::int_reply;
 use crate::decision::{Decision, DecisionBuilder, RateStatus};
@@ -22,7 +22,7 @@ static SCRIPT: std::sync::LazyLock<redis::Script> =
 
 /// One `EVALSHA` (reloading the script after `NOSCRIPT`), on Redis's clock.
 pub(super) async fn check(
-    conn: &mut MultiplexedConnection,
+    conn: &mut AnyConn,
     key: &str,
     policy: &Policy,
 ) -> Result<Decision, StoreError> {

@@ -163,6 +163,26 @@ impl RedisStore {
         Self::from_source(Source::Tracked(pool))
     }
 
+    /// Use one multiplexed [`redis::aio::ConnectionManager`]: every check is
+    /// pipelined on a single connection, which reconnects by itself after a
+    /// Redis restart. It fits a service that wants no pool (one connection
+    /// carries thousands of requests in flight); a pool spreads load over
+    /// several sockets and keeps a slow reply on one from delaying the rest.
+    ///
+    /// ```no_run
+    /// use tower_redis_ratelimit::RedisStore;
+    ///
+    /// # async fn run() -> Result<(), redis::RedisError> {
+    /// let manager = redis::Client::open("redis://127.0.0.1:6379")?
+    ///     .get_connection_manager()
+    ///     .await?;
+    /// let store = RedisStore::from_connection_manager(manager);
+    /// # Ok(()) }
+    /// ```
+    pub fn from_connection_manager(manager: redis::aio::ConnectionManager) -> Self {
+        Self::from_source(Source::Manager(manager))
+    }
+
     fn from_source(source: Source) -> Self {
         Self {
             source,

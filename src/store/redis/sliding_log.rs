@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use redis::Value;
-use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::aio::ConnectionLike;
+
+use super::connection::AnyConn;
 
 use super::clock_sync::ClockSync;
 use super::int_reply;
@@ -61,7 +63,7 @@ pub(super) async fn script<C: ConnectionLike>(
 /// One `MULTI`/`EXEC` round trip, decided here. A denied request comes
 /// back with the [`Cleanup`] that takes its entries out again.
 pub(super) async fn transaction(
-    conn: &mut MultiplexedConnection,
+    conn: &mut AnyConn,
     key: &str,
     policy: &Policy,
     id: &str,
@@ -226,7 +228,7 @@ pub(super) async fn transaction(
 /// after the request's `EXEC`, even when the request timed out or its
 /// future was dropped while waiting.
 pub(super) struct Cleanup {
-    conn: MultiplexedConnection,
+    conn: AnyConn,
     key: String,
     members: Vec<String>,
     timeout: Duration,
@@ -236,12 +238,7 @@ pub(super) struct Cleanup {
 impl Cleanup {
     /// A clean-up of `members` of `key`, armed: it runs when dropped unless
     /// disarmed.
-    pub(super) fn new(
-        conn: &MultiplexedConnection,
-        key: &str,
-        members: Vec<String>,
-        timeout: Duration,
-    ) -> Self {
+    pub(super) fn new(conn: &AnyConn, key: &str, members: Vec<String>, timeout: Duration) -> Self {
         Self {
             conn: conn.clone(),
             key: key.to_owned(),
@@ -293,11 +290,7 @@ impl Drop for Cleanup {
     }
 }
 
-async fn zrem(
-    conn: &mut MultiplexedConnection,
-    key: &str,
-    members: &[String],
-) -> Result<(), redis::RedisError> {
+async fn zrem(conn: &mut AnyConn, key: &str, members: &[String]) -> Result<(), redis::RedisError> {
     redis::cmd("ZREM")
         .arg(key)
         .arg(members)

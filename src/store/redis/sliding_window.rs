@@ -4,7 +4,7 @@
 //! the memory store (`src/store/memory/sliding_window.rs`); Redis computes
 //! in doubles, exact while `max × window (µs) ≤ 2^53` (see the script).
 
-use redis::aio::MultiplexedConnection;
+use super::connection::AnyConn;
 
 use super::fixed_window::{decision, invoke};
 use crate::decision::Decision;
@@ -22,7 +22,7 @@ static SCRIPT: std::sync::LazyLock<redis::Script> =
 /// One `EVALSHA` (reloading the script after `NOSCRIPT`), atomic, on Redis's
 /// clock.
 pub(super) async fn check(
-    conn: &mut MultiplexedConnection,
+    conn: &mut AnyConn,
     key: &str,
     policy: &Policy,
 ) -> Result<Decision, StoreError> {

@@ -235,4 +235,8 @@ support::suite! {
     redis_script: Harness::redis(Execution::Script).await,
     manager_transaction: Harness::redis_manager(Execution::Transaction).await,
     manager_script: Harness::redis_manager(Execution::Script).await,
+    #[cfg(feature = "cluster")]
+    cluster_transaction: Harness::redis_cluster(Execution::Transaction).await,
+    #[cfg(feature = "cluster")]
+    cluster_script: Harness::redis_cluster(Execution::Script).await,
 }

@@ -265,6 +265,8 @@ support::suite! {
     memory: Harness::memory(),
     redis: Harness::redis(Execution::Script).await,
     manager: Harness::redis_manager(Execution::Script).await,
+    #[cfg(feature = "cluster")]
+    cluster: Harness::redis_cluster(Execution::Script).await,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -29,7 +29,8 @@ pub enum Harness {
     Redis {
         store: RedisStore,
         execution: Execution,
-        _server: RedisServer,
+        /// The server (or cluster) the store uses, stopped on drop.
+        _server: Box<dyn std::any::Any + Send + Sync>,
     },
 }
 
@@ -57,7 +58,7 @@ impl Harness {
         Self::Redis {
             store,
             execution,
-            _server: server,
+            _server: Box::new(server),
         }
     }
 
@@ -72,7 +73,21 @@ impl Harness {
         Self::Redis {
             store: RedisStore::from_connection_manager(manager),
             execution,
-            _server: server,
+            _server: Box::new(server),
+        }
+    }
+
+    /// RedisStore on a fresh three-master Redis Cluster.
+    #[cfg(feature = "cluster")]
+    pub async fn redis_cluster(execution: Execution) -> Self {
+        let cluster = super::RedisCluster::start();
+        let store = RedisStore::connect_cluster(&cluster.urls())
+            .await
+            .expect("connecting to the test Redis Cluster");
+        Self::Redis {
+            store,
+            execution,
+            _server: Box::new(cluster),
         }
     }
 

@@ -126,6 +126,121 @@ impl Drop for RedisServer {
     }
 }
 
+const CLI_HINT: &str = "redis-cli was not found on PATH. The Redis Cluster tests create \
+their cluster with `redis-cli --cluster create`: install it with `sudo apt-get install \
+redis-tools` (Debian/Ubuntu), or run `scripts/test`, which installs it.";
+
+/// A Redis Cluster of three masters (no replicas), each a `redis-server` on
+/// a free loopback port, all killed on drop.
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Start three cluster-enabled servers, join them with `redis-cli
+    /// --cluster create` and wait until every node reports `cluster_state:ok`.
+    pub fn start() -> Self {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| {
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    // In the server's own directory: one file per node.
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ])
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|node| format!("127.0.0.1:{}", node.port()))
+            .collect();
+        let output = match Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+        {
+            Ok(output) => output,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{CLI_HINT}"),
+            Err(e) => panic!("running redis-cli --cluster create: {e}"),
+        };
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed: {}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let cluster = Self { nodes };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ready = cluster.nodes.iter().all(|node| {
+                let info = node.command(&["CLUSTER", "INFO"]);
+                info.contains("cluster_state:ok")
+                    && info.contains("cluster_slots_assigned:16384")
+                    && info.contains("cluster_known_nodes:3")
+            });
+            if ready {
+                return cluster;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the Redis Cluster on {addresses:?} did not reach cluster_state:ok within 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The nodes' URLs.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+
+    /// Kill node `i` (a master: its slots go unserved).
+    pub fn kill_node(&mut self, i: usize) {
+        self.nodes[i].kill();
+    }
+
+    /// The master that owns `key`'s slot (`CLUSTER KEYSLOT`, then the slot
+    /// ranges in `CLUSTER NODES`).
+    pub fn node_of(&self, key: &str) -> &RedisServer {
+        let reply = self.nodes[0].command(&["CLUSTER", "KEYSLOT", key]);
+        let slot: u16 = reply.trim().trim_start_matches(':').parse().unwrap();
+        let nodes = self.nodes[0].command(&["CLUSTER", "NODES"]);
+        for line in nodes.lines() {
+            let fields: Vec<&str> = line.split(' ').collect();
+            if fields.len() < 9 || !fields[2].contains("master") {
+                continue;
+            }
+            let port: u16 = fields[1]
+                .split(['@', ':'])
+                .nth(1)
+                .and_then(|p| p.parse().ok())
+                .unwrap();
+            let owns = fields[8..].iter().any(|range| {
+                let mut ends = range.split('-').map(|n| n.trim().parse::<u16>());
+                match (ends.next(), ends.next()) {
+                    (Some(Ok(a)), Some(Ok(b))) => (a..=b).contains(&slot),
+                    (Some(Ok(a)), None) => a == slot,
+                    _ => false,
+                }
+            });
+            if owns {
+                return self.nodes.iter().find(|n| n.port() == port).unwrap();
+            }
+        }
+        panic!("no master owns slot {slot} of {key}:\n{nodes}");
+    }
+}
+
 /// Start `redis-server` on `port` and wait until it answers.
 fn spawn_ready(port: u16, extra: &[&str], dir: &Path) -> Result<Child, String> {
     let mut command = Command::new("redis-server");
@@ -216,15 +331,17 @@ pub fn zcard(server: &RedisServer, key: &str) -> usize {
 /// ```
 ///
 /// makes `memory::admits_max_then_denies`, `memory::cost`,
-/// `redis::admits_max_then_denies` and `redis::cost`.
+/// `redis::admits_max_then_denies` and `redis::cost`. Attributes before a
+/// backend (`#[cfg(feature = "cluster")]`) apply to its module.
 #[allow(unused_macros)]
 macro_rules! suite {
-    (cases: $cases:tt, $($backend:ident: $make:expr),+ $(,)?) => {
+    (cases: $cases:tt, $($(#[$attr:meta])* $backend:ident: $make:expr),+ $(,)?) => {
         $(
-            $crate::support::suite!(@backend $backend, $make, $cases);
+            $crate::support::suite!(@backend [$(#[$attr])*] $backend, $make, $cases);
         )+
     };
-    (@backend $backend:ident, $make:expr, [$($case:ident),* $(,)?]) => {
+    (@backend [$(#[$attr:meta])*] $backend:ident, $make:expr, [$($case:ident),* $(,)?]) => {
+        $(#[$attr])*
         mod $backend {
             use super::*;
 

@@ -122,6 +122,10 @@ impl ManageConnection for TrackedManager {
 pub(super) enum AnyConn {
     Multiplexed(MultiplexedConnection),
     Manager(ConnectionManager),
+    /// A Redis Cluster connection: each command goes to the node that owns
+    /// its key's slot.
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
 }
 
 impl ConnectionLike for AnyConn {
@@ -129,6 +133,8 @@ impl ConnectionLike for AnyConn {
         match self {
             Self::Multiplexed(conn) => conn.req_packed_command(cmd),
             Self::Manager(conn) => conn.req_packed_command(cmd),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(conn) => conn.req_packed_command(cmd),
         }
     }
 
@@ -141,6 +147,8 @@ impl ConnectionLike for AnyConn {
         match self {
             Self::Multiplexed(conn) => conn.req_packed_commands(pipeline, offset, count),
             Self::Manager(conn) => conn.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -148,6 +156,8 @@ impl ConnectionLike for AnyConn {
         match self {
             Self::Multiplexed(conn) => conn.get_db(),
             Self::Manager(conn) => conn.get_db(),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(conn) => conn.get_db(),
         }
     }
 }
@@ -163,6 +173,10 @@ pub(super) enum Source {
     Bb8Redis(Pool<RedisConnectionManager>),
     /// One multiplexed connection that reconnects by itself.
     Manager(ConnectionManager),
+    /// A Redis Cluster connection (one multiplexed connection per node,
+    /// reconnecting and following slot moves by itself).
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
 }
 
 impl Source {
@@ -191,6 +205,11 @@ impl Source {
                 any: AnyConn::Manager(manager.clone()),
                 checkout: Checkout::None,
             }),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(conn) => Ok(Conn {
+                any: AnyConn::Cluster(conn.clone()),
+                checkout: Checkout::None,
+            }),
         }
     }
 
@@ -200,6 +219,8 @@ impl Source {
             Self::Tracked(pool) => Some(pool.state()),
             Self::Bb8Redis(pool) => Some(pool.state()),
             Self::Manager(_) => None,
+            #[cfg(feature = "cluster")]
+            Self::Cluster(_) => None,
         }
     }
 }
@@ -237,7 +258,8 @@ impl<'a> Conn<'a> {
     }
 
     /// Drop this connection instead of returning it to the pool, if the
-    /// pool lets us. (A ConnectionManager reconnects by itself.)
+    /// pool lets us. (A ConnectionManager or a cluster connection
+    /// reconnects by itself.)
     pub(super) fn mark_broken(&mut self) {
         if let Checkout::Tracked(conn) = &mut self.checkout {
             conn.fail();
@@ -258,4 +280,43 @@ pub(super) fn is_connection_error(error: &StoreError) -> bool {
         }
         _ => false,
     }
+}
+
+/// `PING` every master of the cluster by address (the masters `CLUSTER
+/// SLOTS` lists). redis-rs's own routing of `PING` goes to the masters it
+/// holds a connection to, and drops a dead one from that set: a ping routed
+/// that way stays green while a master's slots are unserved.
+#[cfg(feature = "cluster")]
+pub(super) async fn ping_every_master(
+    conn: &mut redis::cluster_async::ClusterConnection,
+) -> Result<(), RedisError> {
+    use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+
+    let ranges: Vec<Value> = redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await?;
+    let mut masters = std::collections::BTreeSet::new();
+    for range in ranges {
+        // [start, end, [host, port, id, ...], replicas...]
+        if let Value::Array(parts) = range
+            && let Some(Value::Array(master)) = parts.get(2)
+            && let [host, port, ..] = master.as_slice()
+        {
+            let host: String = redis::from_redis_value_ref(host)?;
+            let port: u16 = redis::from_redis_value_ref(port)?;
+            masters.insert((host, port));
+        }
+    }
+    if masters.is_empty() {
+        return Err(RedisError::from((
+            redis::ErrorKind::Client,
+            "CLUSTER SLOTS lists no master",
+        )));
+    }
+    for (host, port) in masters {
+        conn.route_command(
+            redis::cmd("PING"),
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port }),
+        )
+        .await?;
+    }
+    Ok(())
 }

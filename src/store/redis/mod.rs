@@ -183,6 +183,80 @@ impl RedisStore {
         Self::from_source(Source::Manager(manager))
     }
 
+    /// Connect to a Redis Cluster through any of its nodes (`nodes` are
+    /// seed URLs, e.g. `["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"]`;
+    /// the rest of the cluster is discovered from them), check that every
+    /// master answers `PING`, and measure the offset to Redis's clock.
+    ///
+    /// Every algorithm works on a cluster: each limited key's Redis keys
+    /// share one hash tag, so one slot and one node, and each check sends a
+    /// single command (an `EVALSHA` whose one key routes it; after
+    /// `NOSCRIPT`, redis-rs's `SCRIPT LOAD` goes to every primary) or, for
+    /// the sliding log's `Transaction` execution, a single `MULTI`/`EXEC`
+    /// pipeline routed to that key's node (its piggy-backed `TIME` is
+    /// answered by that node too). The `Transaction` execution corrects
+    /// local time by one offset per store: the clocks of the nodes must
+    /// agree (NTP) for it to be exact; the `Script` execution, on each
+    /// node's own clock, does not need it.
+    ///
+    /// redis-rs's cluster client follows `MOVED`/`ASK` and retries a command
+    /// after a dropped connection by itself, so a fixed-window,
+    /// sliding-window or GCRA check cut off after Redis ran it may count
+    /// twice (the store's own retry is limited to the sliding log and the
+    /// concurrency limit, where a repeat is harmless). Build the client with
+    /// `.retries(0)` and use [`from_cluster_connection`](Self::from_cluster_connection)
+    /// if that matters more than riding out a resharding.
+    ///
+    /// ```no_run
+    /// use tower_redis_ratelimit::RedisStore;
+    ///
+    /// # async fn run() -> Result<(), tower_redis_ratelimit::StoreError> {
+    /// let store = RedisStore::connect_cluster(&[
+    ///     "redis://127.0.0.1:7000",
+    ///     "redis://127.0.0.1:7001",
+    ///     "redis://127.0.0.1:7002",
+    /// ])
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// A malformed URL, no reachable node, a node that refuses the
+    /// connection, or a cluster that does not answer within
+    /// [`CONNECT_TIMEOUT`].
+    #[cfg(feature = "cluster")]
+    pub async fn connect_cluster<T: AsRef<str>>(nodes: &[T]) -> Result<Self, StoreError> {
+        let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
+        let client = redis::cluster::ClusterClient::builder(nodes)
+            // The store's timeout bounds every call (retries included).
+            .connection_timeout(CONNECT_TIMEOUT)
+            .overall_response_timeout(None)
+            .build()?;
+        let conn = tokio::time::timeout(CONNECT_TIMEOUT, async {
+            let mut conn = client.get_async_connection().await?;
+            connection::ping_every_master(&mut conn).await?;
+            Ok::<_, StoreError>(conn)
+        })
+        .await
+        .unwrap_or(Err(StoreError::Timeout(CONNECT_TIMEOUT)))?;
+        let mut measuring = conn.clone();
+        let store = Self::from_cluster_connection(conn);
+        store
+            .with_timeout_do(store.clock.measure(&mut measuring))
+            .await?;
+        Ok(store)
+    }
+
+    /// Use a Redis Cluster connection you opened yourself (with your own
+    /// [`ClusterClientBuilder`](redis::cluster::ClusterClientBuilder)
+    /// settings: TLS, credentials, retries). Nothing is sent until the first
+    /// check. See [`connect_cluster`](Self::connect_cluster) for how each
+    /// algorithm runs on a cluster.
+    #[cfg(feature = "cluster")]
+    pub fn from_cluster_connection(conn: redis::cluster_async::ClusterConnection) -> Self {
+        Self::from_source(Source::Cluster(conn))
+    }
+
     fn from_source(source: Source) -> Self {
         Self {
             source,
@@ -233,13 +307,20 @@ impl RedisStore {
         redis_key(&self.prefix, algorithm, key)
     }
 
-    /// Send `PING` and wait for the answer, within the timeout.
+    /// Send `PING` and wait for the answer, within the timeout (on a
+    /// cluster, every master listed by `CLUSTER SLOTS` must answer).
     ///
     /// # Errors
     /// Redis unreachable, or no answer within the timeout.
     pub async fn ping(&self) -> Result<(), StoreError> {
         self.with_timeout_do(async {
             let mut conn = self.source.get().await?;
+            #[cfg(feature = "cluster")]
+            if let Source::Cluster(cluster) = &self.source {
+                return connection::ping_every_master(&mut cluster.clone())
+                    .await
+                    .map_err(StoreError::from);
+            }
             let pong = redis::cmd("PING").query_async::<()>(conn.get()).await;
             if let Err(error) = &pong
                 && (error.is_io_error() || error.is_connection_dropped())

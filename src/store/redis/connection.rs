@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bb8_redis::RedisConnectionManager;
-use bb8_redis::bb8::{self, ManageConnection, Pool, PooledConnection, RunError};
+use bb8_redis::bb8::{self, ManageConnection, Pool, RunError};
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value};
 
@@ -14,14 +14,15 @@ use crate::store::StoreError;
 
 /// A bb8 manager of multiplexed connections that knows when one is broken,
 /// so pools built by [`RedisStore::connect`](super::RedisStore::connect)
-/// need no `PING` on every checkout: a connection that fails with a
-/// connection error is dropped when it returns to the pool, and the next
-/// checkout opens a fresh one (after a Redis restart, for instance).
+/// need no `PING` on every checkout: connections carry a generation, and a
+/// connection error marks the failed connection and every one opened
+/// before it as stale (after a Redis restart or a `CLIENT KILL` they are
+/// all dead). Stale connections are dropped at checkout instead of failing
+/// one request each, and the pool opens fresh ones.
 ///
-/// Connections also carry a generation: the first connection error marks
-/// every connection opened before it as stale (after a Redis restart or a
-/// `CLIENT KILL` they are all dead), and stale connections are dropped at
-/// checkout instead of failing one request each.
+/// The connections are multiplexed: a [`RedisStore`](super::RedisStore)
+/// holds one only while it takes a clone, so any number of checks share the
+/// pool's sockets.
 ///
 /// Connections have no response timeout of their own (redis-rs's default is
 /// 500 ms): the store's timeout bounds every call.
@@ -52,7 +53,6 @@ impl TrackedManager {
 /// A pooled multiplexed connection and whether it has failed.
 pub struct TrackedConnection {
     conn: MultiplexedConnection,
-    broken: bool,
     generation: u64,
     epoch: Arc<AtomicU64>,
 }
@@ -61,7 +61,6 @@ impl TrackedConnection {
     fn new(conn: MultiplexedConnection, epoch: &Arc<AtomicU64>) -> Self {
         Self {
             conn,
-            broken: false,
             generation: epoch.load(Ordering::Acquire),
             epoch: Arc::clone(epoch),
         }
@@ -70,12 +69,6 @@ impl TrackedConnection {
     /// Opened before the last connection error.
     fn stale(&self) -> bool {
         self.generation < self.epoch.load(Ordering::Acquire)
-    }
-
-    /// This connection failed: drop it, and every one opened before it.
-    fn fail(&mut self) {
-        self.broken = true;
-        self.epoch.fetch_max(self.generation + 1, Ordering::AcqRel);
     }
 }
 
@@ -89,7 +82,7 @@ impl TrackedManager {
 impl fmt::Debug for TrackedConnection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TrackedConnection")
-            .field("broken", &self.broken)
+            .field("stale", &self.stale())
             .finish_non_exhaustive()
     }
 }
@@ -111,7 +104,7 @@ impl ManageConnection for TrackedManager {
     }
 
     fn has_broken(&self, conn: &mut Self::Connection) -> bool {
-        conn.broken || conn.stale()
+        conn.stale()
     }
 }
 
@@ -180,35 +173,43 @@ pub(super) enum Source {
 }
 
 impl Source {
-    pub(super) async fn get(&self) -> Result<Conn<'_>, StoreError> {
+    /// A connection for one check. Pooled connections are multiplexed: the
+    /// check runs on a clone, and the pooled connection goes back at once,
+    /// so checks in flight are not bounded by the pool size (bb8 hands a
+    /// returned connection to whoever asks next, not to the oldest waiter:
+    /// holding connections for a whole check starved the waiters of a busy
+    /// pool until they timed out). The pool's size is the number of sockets
+    /// the checks are spread over.
+    pub(super) async fn get(&self) -> Result<Conn, StoreError> {
         match self {
             Self::Tracked(pool) => {
                 // Skip connections opened before the last connection error:
                 // at most every idle one, then a fresh one.
                 for _ in 0..pool.state().connections {
-                    let mut conn = pool.get().await.map_err(run_error)?;
+                    let conn = pool.get().await.map_err(run_error)?;
                     if !conn.stale() {
-                        return Ok(Conn::tracked(conn));
+                        return Ok(Conn::tracked(&conn));
                     }
-                    conn.broken = true;
+                    // Dropped as it goes back (`has_broken`).
                 }
-                pool.get().await.map(Conn::tracked).map_err(run_error)
+                let conn = pool.get().await.map_err(run_error)?;
+                Ok(Conn::tracked(&conn))
             }
             Self::Bb8Redis(pool) => {
                 let conn = pool.get().await.map_err(run_error)?;
                 Ok(Conn {
                     any: AnyConn::Multiplexed((*conn).clone()),
-                    checkout: Checkout::Bb8Redis(conn),
+                    failure: None,
                 })
             }
             Self::Manager(manager) => Ok(Conn {
                 any: AnyConn::Manager(manager.clone()),
-                checkout: Checkout::None,
+                failure: None,
             }),
             #[cfg(feature = "cluster")]
             Self::Cluster(conn) => Ok(Conn {
                 any: AnyConn::Cluster(conn.clone()),
-                checkout: Checkout::None,
+                failure: None,
             }),
         }
     }
@@ -232,24 +233,19 @@ fn run_error(error: RunError<RedisError>) -> StoreError {
     }
 }
 
-/// A connection taken from a [`Source`], held until dropped.
-pub(super) struct Conn<'a> {
+/// A connection taken from a [`Source`] for one check.
+pub(super) struct Conn {
     any: AnyConn,
-    checkout: Checkout<'a>,
+    /// How to retire a pooled [`TrackedConnection`] that failed: its
+    /// generation, and the epoch that makes it stale.
+    failure: Option<(u64, Arc<AtomicU64>)>,
 }
 
-/// What keeps a pooled connection checked out.
-enum Checkout<'a> {
-    Tracked(PooledConnection<'a, TrackedManager>),
-    Bb8Redis(#[allow(dead_code)] PooledConnection<'a, RedisConnectionManager>),
-    None,
-}
-
-impl<'a> Conn<'a> {
-    fn tracked(conn: PooledConnection<'a, TrackedManager>) -> Self {
+impl Conn {
+    fn tracked(conn: &TrackedConnection) -> Self {
         Self {
             any: AnyConn::Multiplexed(conn.conn.clone()),
-            checkout: Checkout::Tracked(conn),
+            failure: Some((conn.generation, Arc::clone(&conn.epoch))),
         }
     }
 
@@ -257,12 +253,13 @@ impl<'a> Conn<'a> {
         &mut self.any
     }
 
-    /// Drop this connection instead of returning it to the pool, if the
-    /// pool lets us. (A ConnectionManager or a cluster connection
-    /// reconnects by itself.)
+    /// This connection failed: the pool drops it, and every connection
+    /// opened before it, at their next checkout. (A plain bb8-redis pool
+    /// finds out with its checkout `PING`; a ConnectionManager or a cluster
+    /// connection reconnects by itself.)
     pub(super) fn mark_broken(&mut self) {
-        if let Checkout::Tracked(conn) = &mut self.checkout {
-            conn.fail();
+        if let Some((generation, epoch)) = &self.failure {
+            epoch.fetch_max(generation + 1, Ordering::AcqRel);
         }
     }
 }

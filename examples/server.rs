@@ -9,10 +9,11 @@
 //! |--------------|------------------|------------------------------------------------------|
 //! | `BIND`       | `127.0.0.1:3000` | address to listen on                                 |
 //! | `REDIS_URL`  | unset            | unset: limits held in this process; set: in Redis    |
-//! | `RATE_LIMIT` | `5/10s`          | the policy, such as `3/s, 20/min`                    |
+//! | `RATE_LIMIT` | `5/10s`          | the policy, such as `3/s, 20/min`; `off`: no limit (for benchmarks) |
 //! | `KEY`        | `ip`             | `ip` (the peer address) or `header:NAME`             |
 //! | `EXECUTION`  | `transaction`    | how Redis runs the check: `transaction` or `script`  |
 //! | `ALGORITHM`  | `sliding-log`    | `sliding-log`, `fixed-window`, `sliding-window`, `gcra` or `concurrency` |
+//! | `DENY_CACHE` | `on`             | `off`: ask the store about every request of a denied key |
 //!
 //! With `ALGORITHM=concurrency`, `RATE_LIMIT` is one rate read as "at most N
 //! requests in flight / lease time": `5/30s` allows 5 at once, and a slot of
@@ -90,39 +91,56 @@ fn log_start(settings: &Settings, listener: &TcpListener) {
     let addr = listener
         .local_addr()
         .map_or_else(|_| settings.bind.clone(), |addr| addr.to_string());
+    let Some(policy) = &settings.policy else {
+        tracing::info!("listening on http://{addr}, RATE_LIMIT=off: nothing is limited");
+        return;
+    };
     tracing::info!(
         store = %store,
-        policy = %settings.policy,
+        policy = %policy,
         key = %settings.key,
-        algorithm = %settings.policy.algorithm(),
-        execution = %settings.policy.execution(),
+        algorithm = %policy.algorithm(),
+        execution = %policy.execution(),
+        deny_cache = settings.deny_cache,
         "listening on http://{addr}"
     );
 }
 
 /// The app, with its limited routes counted in `store` as the settings say.
 fn router<St: Store>(store: St, settings: &Settings) -> Router {
-    let policy = settings.policy.clone();
+    let Some(policy) = settings.policy.clone() else {
+        // `RATE_LIMIT=off`: the same routes with no layer, the baseline of
+        // the benchmarks.
+        return with_health(Router::new().route("/", get(hello)));
+    };
     match &settings.key {
-        ClientKey::PeerIp => routes(RateLimitLayer::new(store, policy, key::peer_ip())),
+        ClientKey::PeerIp => routes(RateLimitLayer::new(store, policy, key::peer_ip()), settings),
         // A request without the header is limited by its address, so
         // leaving the header out does not get around the limit.
-        ClientKey::Header(header) => routes(RateLimitLayer::new(
-            store,
-            policy,
-            header.clone().or(key::peer_ip()),
-        )),
+        ClientKey::Header(header) => routes(
+            RateLimitLayer::new(store, policy, header.clone().or(key::peer_ip())),
+            settings,
+        ),
     }
 }
 
 /// `GET /`, limited by `limiter`, and `GET /health`, never limited.
-fn routes<K>(limiter: RateLimitLayer<K>) -> Router
+fn routes<K>(limiter: RateLimitLayer<K>, settings: &Settings) -> Router
 where
     K: key::KeyExtractor<axum::body::Body>,
 {
+    // The deny cache is on by default; 0 keys turns it off.
+    let limiter = if settings.deny_cache {
+        limiter
+    } else {
+        limiter.with_deny_cache(0)
+    };
     // `route_layer` limits only the routes of this router...
-    let limited = Router::new().route("/", get(hello)).route_layer(limiter);
-    // ...and `/health` is added beside them, outside the limit.
+    with_health(Router::new().route("/", get(hello)).route_layer(limiter))
+}
+
+/// ...and `/health` is added beside them, outside the limit.
+fn with_health(limited: Router) -> Router {
     Router::new().route("/health", get(health)).merge(limited)
 }
 
@@ -161,9 +179,10 @@ fn without_password(url: &str) -> String {
 struct Settings {
     bind: String,
     redis_url: Option<String>,
-    /// The policy, with its algorithm and execution.
-    policy: Policy,
+    /// The policy, with its algorithm and execution; `None`: `RATE_LIMIT=off`.
+    policy: Option<Policy>,
     key: ClientKey,
+    deny_cache: bool,
 }
 
 impl Settings {
@@ -172,9 +191,13 @@ impl Settings {
         let redis_url = var("REDIS_URL")?;
 
         let rate_limit = var("RATE_LIMIT")?.unwrap_or_else(|| "5/10s".to_owned());
-        let policy: Policy = rate_limit
-            .parse()
-            .map_err(|error| BadSetting::new("RATE_LIMIT", error))?;
+        let policy: Option<Policy> = match rate_limit.as_str() {
+            "off" => None,
+            text => Some(
+                text.parse()
+                    .map_err(|error| BadSetting::new("RATE_LIMIT", error))?,
+            ),
+        };
 
         let execution = match var("EXECUTION")? {
             None => Execution::Transaction,
@@ -193,9 +216,24 @@ impl Settings {
                 .map_err(|error| BadSetting::new("ALGORITHM", error))?,
         };
         let policy = policy
-            .with_execution(execution)
-            .with_algorithm(algorithm)
-            .map_err(|error| BadSetting::new("ALGORITHM", error))?;
+            .map(|policy| {
+                policy
+                    .with_execution(execution)
+                    .with_algorithm(algorithm)
+                    .map_err(|error| BadSetting::new("ALGORITHM", error))
+            })
+            .transpose()?;
+
+        let deny_cache = match var("DENY_CACHE")?.as_deref() {
+            None | Some("on") => true,
+            Some("off") => false,
+            Some(other) => {
+                return Err(BadSetting::new(
+                    "DENY_CACHE",
+                    format!("unknown value {other:?}: use `on` or `off`"),
+                ));
+            }
+        };
 
         let key = match var("KEY")? {
             None => ClientKey::PeerIp,
@@ -209,6 +247,7 @@ impl Settings {
             redis_url,
             policy,
             key,
+            deny_cache,
         })
     }
 }

@@ -19,8 +19,32 @@ pub struct Decision {
     remaining: u64,
     reset: Duration,
     retry_after: Duration,
-    rates: Arc<[RateStatus]>,
+    rates: Rates,
     lease: Option<Lease>,
+}
+
+/// The state of every rate: inline for the usual one rate (no allocation
+/// per decision), shared for several.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Rates {
+    One(RateStatus),
+    Many(Arc<[RateStatus]>),
+}
+
+impl Rates {
+    fn as_slice(&self) -> &[RateStatus] {
+        match self {
+            Self::One(status) => std::slice::from_ref(status),
+            Self::Many(all) => all,
+        }
+    }
+
+    fn map(&self, f: impl Fn(&RateStatus) -> RateStatus) -> Self {
+        match self {
+            Self::One(status) => Self::One(f(status)),
+            Self::Many(all) => Self::Many(all.iter().map(f).collect()),
+        }
+    }
 }
 
 /// A concurrency slot held by an admitted request
@@ -54,7 +78,7 @@ impl Decision {
 
     /// The state of every rate of the policy, in the policy's order.
     pub fn rates(&self) -> &[RateStatus] {
-        &self.rates
+        self.rates.as_slice()
     }
 
     /// The concurrency slot this admitted request holds, if any.
@@ -68,15 +92,11 @@ impl Decision {
         let mut aged = self.clone();
         aged.reset = age(self.reset);
         aged.retry_after = age(self.retry_after);
-        aged.rates = self
-            .rates
-            .iter()
-            .map(|s| RateStatus {
-                reset: age(s.reset),
-                wait: age(s.wait),
-                ..*s
-            })
-            .collect();
+        aged.rates = self.rates.map(|s| RateStatus {
+            reset: age(s.reset),
+            wait: age(s.wait),
+            ..*s
+        });
         aged
     }
 
@@ -161,7 +181,10 @@ pub(crate) struct DecisionBuilder {
     retry_after: Duration,
     /// The headline so far, and whether it was chosen for denying.
     headline: Option<(RateState, bool)>,
-    rates: Vec<RateStatus>,
+    /// The first rate's state, then the others' (a policy of one rate
+    /// allocates nothing).
+    first: Option<RateStatus>,
+    rest: Vec<RateStatus>,
 }
 
 impl DecisionBuilder {
@@ -171,7 +194,8 @@ impl DecisionBuilder {
             algorithm: Algorithm::SlidingLog,
             retry_after: Duration::ZERO,
             headline: None,
-            rates: Vec::with_capacity(2),
+            first: None,
+            rest: Vec::new(),
         }
     }
 
@@ -189,7 +213,11 @@ impl DecisionBuilder {
     }
 
     pub(crate) fn rate(&mut self, state: RateState) {
-        self.rates.push(state);
+        if self.first.is_none() {
+            self.first = Some(state);
+        } else {
+            self.rest.push(state);
+        }
         let denies = !self.allowed && !state.wait.is_zero();
         if denies {
             self.retry_after = self.retry_after.max(state.wait);
@@ -214,10 +242,16 @@ impl DecisionBuilder {
     /// `None` if no rate was added.
     pub(crate) fn build(self) -> Option<Decision> {
         let (state, _) = self.headline?;
+        let first = self.first?;
+        let rates = if self.rest.is_empty() {
+            Rates::One(first)
+        } else {
+            Rates::Many(std::iter::once(first).chain(self.rest).collect())
+        };
         Some(Decision {
             allowed: self.allowed,
             algorithm: self.algorithm,
-            rates: self.rates.into(),
+            rates,
             lease: None,
             rate: state.rate,
             remaining: state.remaining,

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use crate::decision::{Decision, DecisionBuilder, RateStatus};
-use crate::policy::{Algorithm, Policy};
+use crate::policy::{Algorithm, Policy, Rate};
 
 /// One counter per rate, found by its window.
 pub(super) type State = Vec<Counter>;
@@ -24,30 +24,36 @@ pub(super) struct Counter {
 pub(super) fn check(counters: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
     let cost = policy.cost();
     let rates = policy.rates();
-    // The count of each rate in the current window.
-    let counts: Vec<u64> = rates
-        .iter()
-        .map(|rate| {
-            let window = rate.window_micros();
-            let index = now / window;
-            counters
-                .iter()
-                .find(|c| c.window == window && c.index == index)
-                .map_or(0, |c| c.count)
-        })
-        .collect();
+    // The count of a rate in the current window.
+    let count_of = |counters: &State, rate: &Rate| {
+        let window = rate.window_micros();
+        let index = now / window;
+        counters
+            .iter()
+            .find(|c| c.window == window && c.index == index)
+            .map_or(0, |c| c.count)
+    };
     let allowed = rates
         .iter()
-        .zip(&counts)
-        .all(|(rate, &count)| count + cost <= rate.max());
+        .all(|rate| count_of(counters, rate) + cost <= rate.max());
 
+    // The counters are written in place when they hold exactly one per
+    // rate, in the policy's order (a key's usual state), and every one
+    // stays; else they are rebuilt. Each rate reads only its own window's
+    // counter, so writing one in place changes no other's count.
+    let mut in_place = counters.len() == rates.len()
+        && counters
+            .iter()
+            .zip(rates)
+            .all(|(c, rate)| c.window == rate.window_micros());
     let mut builder = DecisionBuilder::new(allowed).algorithm(Algorithm::FixedWindow);
     let mut expires_at = 0;
-    let mut next = Vec::with_capacity(rates.len());
-    for (rate, &count) in rates.iter().zip(&counts) {
+    let mut next = Vec::new();
+    for (i, rate) in rates.iter().enumerate() {
         let window = rate.window_micros();
         let index = now / window;
         let end = (index + 1) * window;
+        let count = count_of(counters, rate);
         let count = if allowed { count + cost } else { count };
         let denies = count + cost > rate.max() && !allowed;
         builder.rate(RateStatus {
@@ -57,24 +63,38 @@ pub(super) fn check(counters: &mut State, now: u64, policy: &Policy) -> (Decisio
             // The counter starts again at the next window.
             wait: Duration::from_micros(if denies { end - now } else { 0 }),
         });
+        let counter = Counter {
+            window,
+            index,
+            count,
+        };
         if count > 0 {
             expires_at = expires_at.max(end);
-            next.push(Counter {
-                window,
-                index,
-                count,
-            });
+        }
+        if in_place && count > 0 {
+            counters[i] = counter;
+            continue;
+        }
+        if in_place {
+            // This counter goes: rebuild from the rates written so far.
+            in_place = false;
+            next.extend_from_slice(&counters[..i]);
+        }
+        if count > 0 {
+            next.push(counter);
         }
     }
-    // Counters of other windows (another policy on this key) stay while
-    // their window lasts, as the Redis hash keeps their fields.
-    for other in counters.iter() {
-        if !next.iter().any(|c| c.window == other.window) && other.index == now / other.window {
-            expires_at = expires_at.max((other.index + 1) * other.window);
-            next.push(*other);
+    if !in_place {
+        // Counters of other windows (another policy on this key) stay while
+        // their window lasts, as the Redis hash keeps their fields.
+        for other in counters.iter() {
+            if !next.iter().any(|c| c.window == other.window) && other.index == now / other.window {
+                expires_at = expires_at.max((other.index + 1) * other.window);
+                next.push(*other);
+            }
         }
+        *counters = next;
     }
-    *counters = next;
     match builder.build() {
         Some(decision) => (decision, expires_at),
         None => unreachable!("a policy always has a rate"),

@@ -16,7 +16,7 @@
 use std::time::Duration;
 
 use crate::decision::{Decision, DecisionBuilder, RateStatus};
-use crate::policy::{Algorithm, Policy};
+use crate::policy::{Algorithm, Policy, Rate};
 
 /// Relative tolerance of the admission test and the token count.
 pub(crate) const EPSILON: f64 = 1e-9;
@@ -27,31 +27,40 @@ pub(super) type State = Vec<(u64, u64, f64)>;
 pub(super) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
     let cost = policy.cost() as f64;
     let rates = policy.rates();
-    // (window, T, offset now, offset after this request)
-    let plans: Vec<(f64, f64, f64, f64)> = rates
-        .iter()
-        .map(|rate| {
-            let window = rate.window_micros();
-            let w = window as f64;
-            let interval = w / rate.max() as f64;
-            let offset = state
-                .iter()
-                .find(|(win, _, _)| *win == window)
-                .map_or(0.0, |&(_, whole, frac)| {
-                    (whole as i64 - now as i64) as f64 + frac
-                });
-            let d = offset.max(0.0);
-            (w, interval, d, d + cost * interval)
-        })
-        .collect();
-    let allowed = plans
-        .iter()
-        .all(|&(w, _, _, new_d)| new_d <= w * (1.0 + EPSILON));
+    // (window, T, offset now, offset after this request) of one rate.
+    let plan = |state: &State, rate: &Rate| {
+        let window = rate.window_micros();
+        let w = window as f64;
+        let interval = w / rate.max() as f64;
+        let offset = state
+            .iter()
+            .find(|(win, _, _)| *win == window)
+            .map_or(0.0, |&(_, whole, frac)| {
+                (whole as i64 - now as i64) as f64 + frac
+            });
+        let d = offset.max(0.0);
+        (w, interval, d, d + cost * interval)
+    };
+    let allowed = rates.iter().all(|rate| {
+        let (w, _, _, new_d) = plan(state, rate);
+        new_d <= w * (1.0 + EPSILON)
+    });
 
+    // An admitted request keeps one TAT per rate, in the policy's order:
+    // written in place when the state already has that layout (every check
+    // after a key's first), else into a new state. Each rate reads only its
+    // own window's TAT, so writing one in place changes no other's plan.
+    let in_place = allowed
+        && state.len() == rates.len()
+        && state
+            .iter()
+            .zip(rates)
+            .all(|(tat, rate)| tat.0 == rate.window_micros());
+    let mut next = Vec::new();
     let mut builder = DecisionBuilder::new(allowed).algorithm(Algorithm::Gcra);
     let mut expires_at = 0u64;
-    let mut next = Vec::with_capacity(rates.len());
-    for (rate, &(w, interval, d, new_d)) in rates.iter().zip(&plans) {
+    for (i, rate) in rates.iter().enumerate() {
+        let (w, interval, d, new_d) = plan(state, rate);
         let kept = if allowed { new_d } else { d };
         let denies = !allowed && new_d > w * (1.0 + EPSILON);
         // Tokens left now: how many more intervals fit in the window.
@@ -70,10 +79,15 @@ pub(super) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, 
         if kept > 0.0 {
             let whole = kept.floor();
             expires_at = expires_at.max(now + kept.ceil() as u64);
-            next.push((rate.window_micros(), now + whole as u64, kept - whole));
+            let tat = (rate.window_micros(), now + whole as u64, kept - whole);
+            if in_place {
+                state[i] = tat;
+            } else if allowed {
+                next.push(tat);
+            }
         }
     }
-    if allowed {
+    if allowed && !in_place {
         *state = next;
     }
     match builder.build() {

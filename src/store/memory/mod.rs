@@ -1,7 +1,7 @@
 //! [`MemoryStore`]: every algorithm in process memory. These are the
 //! reference semantics that the Redis scripts follow.
 
-use std::collections::HashMap;
+use hashbrown::HashTable;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,9 +19,16 @@ mod sliding_log;
 mod sliding_window;
 
 const SHARDS: usize = 16;
-/// Every this many operations, one shard (in turn) drops its idle keys: each
-/// shard is swept every `SWEEP_STRIDE * SHARDS` operations.
+/// Every this many operations on a shard, one shard (in turn) drops its idle
+/// keys: a store in use sweeps every shard, idle or not, at least every
+/// `SWEEP_STRIDE * SHARDS` operations. Counted per shard, under its lock, so
+/// threads share no counter.
 const SWEEP_STRIDE: u64 = 1024;
+/// How long (µs) a sweep keeps a key after its state stopped mattering: a
+/// key that comes back within it reuses its entry instead of allocating a
+/// new one. (A state past its end decides as no state would, so keeping it
+/// changes no decision.)
+const SWEEP_GRACE: u64 = 1_000_000;
 /// How many keys are looked at to pick one to evict when the store is full.
 const EVICTION_SAMPLE: usize = 8;
 
@@ -67,19 +74,23 @@ struct Inner {
     hasher: RandomState,
     shards: Box<[Mutex<Shard>]>,
     max_keys_per_shard: usize,
-    ops: AtomicU64,
     leases: AtomicU64,
 }
 
 #[derive(Debug, Default)]
 struct Shard {
     /// One map per algorithm, so one key under two algorithms never mixes.
-    keys: [HashMap<Box<str>, Entry>; Algorithm::ALL.len()],
+    /// Keyed by `Entry::key`, found by its hash: one hash per check picks
+    /// both the shard and the bucket.
+    keys: [HashTable<Entry>; Algorithm::ALL.len()],
     inserts_since_sweep: u64,
+    /// Operations on this shard, for the sweep.
+    ops: u64,
 }
 
 #[derive(Debug)]
 struct Entry {
+    key: Box<str>,
     state: State,
     /// When (µs) this state stops mattering: it can be dropped after.
     expires_at: u64,
@@ -158,7 +169,6 @@ impl MemoryStore {
                 hasher: RandomState::new(),
                 shards,
                 max_keys_per_shard: max_keys.div_ceil(SHARDS).max(1),
-                ops: AtomicU64::new(0),
                 leases: AtomicU64::new(0),
             }),
         }
@@ -171,7 +181,7 @@ impl MemoryStore {
             .iter()
             .map(|s| {
                 let shard = s.lock().unwrap_or_else(PoisonError::into_inner);
-                shard.keys.iter().map(HashMap::len).sum::<usize>()
+                shard.keys.iter().map(HashTable::len).sum::<usize>()
             })
             .sum()
     }
@@ -185,8 +195,15 @@ impl MemoryStore {
         duration_micros(self.inner.clock.now())
     }
 
-    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, Shard> {
-        let index = (self.inner.hasher.hash_one(key) as usize) % SHARDS;
+    /// The hash of `key`, and the shard it lives in: bits 32 and up, apart
+    /// from the low bits that pick a bucket and the top 7 that hashbrown
+    /// keeps as a tag.
+    fn locate(&self, key: &str) -> (u64, usize) {
+        let hash = self.inner.hasher.hash_one(key);
+        (hash, (hash >> 32) as usize % SHARDS)
+    }
+
+    fn lock(&self, index: usize) -> std::sync::MutexGuard<'_, Shard> {
         self.inner.shards[index]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -197,16 +214,26 @@ impl MemoryStore {
         let key = bounded_key(key);
         let key = key.as_ref();
         let now = self.now();
-        let op = self.inner.ops.fetch_add(1, Ordering::Relaxed);
-        if op % SWEEP_STRIDE == SWEEP_STRIDE - 1 {
-            self.sweep_one((op / SWEEP_STRIDE) as usize % SHARDS, now);
-        }
-        let lease = Lease::new(u128::from(
-            self.inner.leases.fetch_add(1, Ordering::Relaxed),
-        ));
+        // Only a concurrency check takes a lease: the others share no
+        // counter between threads.
+        let lease = Lease::new(if policy.algorithm() == Algorithm::Concurrency {
+            u128::from(self.inner.leases.fetch_add(1, Ordering::Relaxed))
+        } else {
+            0
+        });
         let algorithm = policy.algorithm().index();
-        let mut shard = self.shard(key);
-        if let Some(entry) = shard.keys[algorithm].get_mut(key) {
+        let (hash, index) = self.locate(key);
+        let mut shard = self.lock(index);
+        shard.ops += 1;
+        if shard.ops.is_multiple_of(SWEEP_STRIDE) {
+            let turn = (shard.ops / SWEEP_STRIDE) as usize % SHARDS;
+            if turn == index {
+                shard.sweep(now, SWEEP_GRACE);
+            } else {
+                self.sweep_one(turn, now);
+            }
+        }
+        if let Some(entry) = shard.keys[algorithm].find_mut(hash, |e| &*e.key == key) {
             let (decision, expires_at) = entry.state.check(now, policy, lease);
             entry.expires_at = expires_at;
             return decision;
@@ -215,9 +242,18 @@ impl MemoryStore {
         let (decision, expires_at) = state.check(now, policy, lease);
         if expires_at > now {
             if shard.len() >= self.inner.max_keys_per_shard {
-                shard.make_room(now, self.inner.max_keys_per_shard);
+                shard.make_room(now, self.inner.max_keys_per_shard, &self.inner.hasher);
             }
-            shard.keys[algorithm].insert(key.into(), Entry { state, expires_at });
+            let hasher = &self.inner.hasher;
+            shard.keys[algorithm].insert_unique(
+                hash,
+                Entry {
+                    key: key.into(),
+                    state,
+                    expires_at,
+                },
+                |e| hasher.hash_one(&*e.key),
+            );
             shard.inserts_since_sweep += 1;
         }
         decision
@@ -228,23 +264,24 @@ impl MemoryStore {
     pub fn release_now(&self, key: &str, policy: &Policy, lease: Lease) {
         let key = bounded_key(key);
         let key = key.as_ref();
-        let mut shard = self.shard(key);
+        let (hash, index) = self.locate(key);
+        let mut shard = self.lock(index);
         let map = &mut shard.keys[policy.algorithm().index()];
         if let Some(Entry {
             state: State::Leases(leases),
             ..
-        }) = map.get_mut(key)
+        }) = map.find_mut(hash, |e| &*e.key == key)
         {
             leases.release(lease);
         }
     }
 
     /// Sweep one shard, unless another thread holds it (it will be swept on
-    /// a later turn).
+    /// a later turn). Never waits, so holding another shard's lock is safe.
     fn sweep_one(&self, index: usize, now: u64) {
         match self.inner.shards[index].try_lock() {
-            Ok(mut shard) => shard.sweep(now),
-            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner().sweep(now),
+            Ok(mut shard) => shard.sweep(now, SWEEP_GRACE),
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner().sweep(now, SWEEP_GRACE),
             Err(TryLockError::WouldBlock) => {}
         }
     }
@@ -269,40 +306,42 @@ impl Store for MemoryStore {
 
 impl Shard {
     fn len(&self) -> usize {
-        self.keys.iter().map(HashMap::len).sum()
+        self.keys.iter().map(HashTable::len).sum()
     }
 
-    /// Drop every key whose state no longer matters.
-    fn sweep(&mut self, now: u64) {
+    /// Drop every key whose state stopped mattering more than `grace` µs
+    /// ago.
+    fn sweep(&mut self, now: u64, grace: u64) {
         self.inserts_since_sweep = 0;
         for map in &mut self.keys {
-            map.retain(|_, entry| entry.expires_at > now);
+            map.retain(|entry| entry.expires_at.saturating_add(grace) > now);
         }
     }
 
     /// Make room for one more key.
-    fn make_room(&mut self, now: u64, max: usize) {
+    fn make_room(&mut self, now: u64, max: usize, hasher: &RandomState) {
         // A full sweep is O(keys): do one only if many keys came since the
         // last, so a flood of new keys costs O(1) per key.
         if self.inserts_since_sweep >= (max as u64 / 2).max(1) {
-            self.sweep(now);
+            // Short of room: no grace.
+            self.sweep(now, 0);
         }
         while self.len() >= max {
             let victim = self
                 .keys
                 .iter()
                 .enumerate()
-                .flat_map(|(i, map)| {
-                    map.iter()
-                        .take(EVICTION_SAMPLE)
-                        .map(move |(k, e)| (i, k, e))
-                })
+                .flat_map(|(i, map)| map.iter().take(EVICTION_SAMPLE).map(move |e| (i, e)))
                 .take(EVICTION_SAMPLE)
-                .min_by_key(|(_, _, entry)| entry.expires_at)
-                .map(|(i, key, _)| (i, key.clone()));
+                .min_by_key(|(_, entry)| entry.expires_at)
+                .map(|(i, entry)| (i, entry.key.clone()));
             match victim {
                 Some((i, key)) => {
-                    self.keys[i].remove(&key);
+                    if let Ok(found) =
+                        self.keys[i].find_entry(hasher.hash_one(&*key), |e| e.key == key)
+                    {
+                        found.remove();
+                    }
                 }
                 None => break,
             }

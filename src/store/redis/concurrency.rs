@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::connection::AnyConn;
 use redis::Value;
 
-use super::int_reply;
+use super::{int_reply, member};
 use crate::decision::{Decision, DecisionBuilder, Lease, RateStatus};
 use crate::policy::{Algorithm, Policy, duration_micros};
 use crate::store::StoreError;
@@ -20,11 +20,6 @@ pub const CONCURRENCY_SCRIPT: &str = include_str!("scripts/concurrency.lua");
 
 static SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(CONCURRENCY_SCRIPT));
-
-/// The member a lease is held as.
-fn member(lease: Lease) -> String {
-    format!("{:032x}", lease.id())
-}
 
 /// Take a lease: one `EVALSHA` (reloading the script after `NOSCRIPT`), on
 /// Redis's clock.
@@ -45,14 +40,12 @@ pub(super) async fn check(
             policy.rates().len()
         )));
     };
-    let reply: Vec<Value> = SCRIPT
-        .key(key)
-        .arg(rate.max())
+    let mut cmd = super::evalsha(&SCRIPT, key);
+    cmd.arg(rate.max())
         .arg(rate.window_micros())
         .arg(member(lease))
-        .arg(duration_micros(crate::store::CONCURRENCY_RETRY_CAP))
-        .invoke_async(conn)
-        .await?;
+        .arg(duration_micros(crate::store::CONCURRENCY_RETRY_CAP));
+    let reply = super::run_script(conn, &SCRIPT, &cmd).await?;
     let [allowed, remaining, wait] = reply.as_slice() else {
         return Err(StoreError::UnexpectedReply(format!(
             "concurrency script: expected 3 values, got {}",

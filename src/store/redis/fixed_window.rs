@@ -39,12 +39,12 @@ pub(super) async fn invoke(
     key: &str,
     policy: &Policy,
 ) -> Result<Vec<Value>, StoreError> {
-    let mut invocation = script.key(key);
-    invocation.arg(policy.cost());
+    let mut cmd = super::evalsha(script, key);
+    cmd.arg(policy.cost());
     for rate in policy.rates() {
-        invocation.arg(rate.max()).arg(rate.window_micros());
+        cmd.arg(rate.max()).arg(rate.window_micros());
     }
-    Ok(invocation.invoke_async(conn).await?)
+    Ok(super::run_script(conn, script, &cmd).await?)
 }
 
 /// The decision of a counter script's reply:

@@ -26,12 +26,12 @@ pub(super) async fn check(
     key: &str,
     policy: &Policy,
 ) -> Result<Decision, StoreError> {
-    let mut invocation = SCRIPT.key(key);
-    invocation.arg(policy.cost());
+    let mut cmd = super::evalsha(&SCRIPT, key);
+    cmd.arg(policy.cost());
     for rate in policy.rates() {
-        invocation.arg(rate.max()).arg(rate.window_micros());
+        cmd.arg(rate.max()).arg(rate.window_micros());
     }
-    let reply: Vec<Value> = invocation.invoke_async(conn).await?;
+    let reply = super::run_script(conn, &SCRIPT, &cmd).await?;
     let want = 1 + 3 * policy.rates().len();
     if reply.len() != want {
         return Err(StoreError::UnexpectedReply(format!(

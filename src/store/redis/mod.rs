@@ -365,7 +365,13 @@ impl Store for RedisStore {
 
     async fn check(&self, key: &str, policy: &Policy) -> Result<Decision, StoreError> {
         let redis_key = self.redis_key(policy.algorithm().tag(), key);
-        let (lease, id) = self.ids.next();
+        let lease = self.ids.next();
+        // The member the sliding log writes; the other algorithms need none.
+        let id = if policy.algorithm() == Algorithm::SlidingLog {
+            member(lease)
+        } else {
+            String::new()
+        };
         let (decision, cleanup) = self
             .with_timeout_do(async {
                 let mut retried = false;
@@ -473,7 +479,45 @@ fn idempotent(algorithm: Algorithm) -> bool {
 
 /// `{prefix}:{algorithm}:{key}` with `key` in a hash tag, hashed when needed.
 pub(crate) fn redis_key(prefix: &str, algorithm: &str, key: &str) -> String {
-    format!("{prefix}:{algorithm}:{{{}}}", bounded_key(key))
+    let key = bounded_key(key);
+    let mut out = String::with_capacity(prefix.len() + algorithm.len() + key.len() + 4);
+    out.push_str(prefix);
+    out.push(':');
+    out.push_str(algorithm);
+    out.push_str(":{");
+    out.push_str(&key);
+    out.push('}');
+    out
+}
+
+/// `EVALSHA <sha1 of script> 1 <key>`; the caller adds the arguments and
+/// sends it with [`run_script`].
+///
+/// Built by hand rather than through `redis::Script::key(..).arg(..)`, whose
+/// invocation copies the key and each argument into a `Vec` of its own before
+/// packing them into a command: about six allocations per check.
+pub(crate) fn evalsha(script: &redis::Script, key: &str) -> redis::Cmd {
+    let mut cmd = redis::Cmd::with_capacity(12, 96 + key.len());
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(1).arg(key);
+    cmd
+}
+
+/// Send an [`evalsha`] command; after `NOSCRIPT` (a Redis restarted or
+/// flushed since the script was loaded) load the script and send it again.
+pub(crate) async fn run_script<C: redis::aio::ConnectionLike>(
+    conn: &mut C,
+    script: &redis::Script,
+    cmd: &redis::Cmd,
+) -> redis::RedisResult<Vec<Value>> {
+    match cmd.query_async(conn).await {
+        Err(error)
+            if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+        {
+            script.load_async(conn).await?;
+            cmd.query_async(conn).await
+        }
+        result => result,
+    }
 }
 
 /// Request ids unique across processes: a random per-store part and a counter.
@@ -492,12 +536,17 @@ impl RequestIds {
         }
     }
 
-    /// A lease id and its text (the member written to Redis).
-    fn next(&self) -> (Lease, String) {
+    /// A new id.
+    fn next(&self) -> Lease {
         let id =
             (u128::from(self.base) << 64) | u128::from(self.next.fetch_add(1, Ordering::Relaxed));
-        (Lease::new(id), format!("{id:032x}"))
+        Lease::new(id)
     }
+}
+
+/// The text of a request id: the member it is written to Redis as.
+pub(crate) fn member(lease: Lease) -> String {
+    format!("{:032x}", lease.id())
 }
 
 /// Read an integer from a reply that may be an integer or a numeric string.
@@ -554,8 +603,9 @@ mod tests {
     fn request_ids_are_unique() {
         let a = RequestIds::new();
         let b = RequestIds::new();
-        let ids: std::collections::HashSet<String> =
-            (0..1000).flat_map(|_| [a.next().1, b.next().1]).collect();
+        let ids: std::collections::HashSet<String> = (0..1000)
+            .flat_map(|_| [member(a.next()), member(b.next())])
+            .collect();
         assert_eq!(ids.len(), 2000);
     }
 }

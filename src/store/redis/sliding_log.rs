@@ -28,15 +28,14 @@ pub(super) async fn script<C: ConnectionLike>(
     policy: &Policy,
     id: &str,
 ) -> Result<Decision, StoreError> {
-    let mut invocation = SCRIPT.key(key);
-    invocation
-        .arg(policy.cost())
+    let mut cmd = super::evalsha(&SCRIPT, key);
+    cmd.arg(policy.cost())
         .arg(policy.min_spacing().map_or(0, duration_micros))
         .arg(id);
     for rate in policy.rates() {
-        invocation.arg(rate.max()).arg(rate.window_micros());
+        cmd.arg(rate.max()).arg(rate.window_micros());
     }
-    let reply: Vec<Value> = invocation.invoke_async(conn).await?;
+    let reply = super::run_script(conn, &SCRIPT, &cmd).await?;
     let want = 2 + 3 * policy.rates().len();
     if reply.len() != want {
         return Err(StoreError::UnexpectedReply(format!(

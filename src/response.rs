@@ -57,18 +57,45 @@ pub(crate) fn retry_after_secs(decision: &Decision) -> u64 {
 }
 
 pub(crate) fn set_headers(headers: &mut HeaderMap, decision: &Decision) {
-    headers.insert(
-        X_RATELIMIT_LIMIT.clone(),
-        HeaderValue::from(decision.limit()),
-    );
-    headers.insert(
-        X_RATELIMIT_REMAINING.clone(),
-        HeaderValue::from(decision.remaining()),
-    );
+    headers.insert(X_RATELIMIT_LIMIT.clone(), number(decision.limit()));
+    headers.insert(X_RATELIMIT_REMAINING.clone(), number(decision.remaining()));
     headers.insert(
         X_RATELIMIT_RESET.clone(),
-        HeaderValue::from(ceil_secs(decision.reset())),
+        number(ceil_secs(decision.reset())),
     );
+}
+
+/// Numbers below this have a ready header value.
+const SMALL_NUMBERS: usize = 1024;
+
+/// The decimal digits of 0, 1, ... `SMALL_NUMBERS - 1`, one after another.
+static SMALL_DIGITS: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| (0..SMALL_NUMBERS).map(|n| n.to_string()).collect());
+
+/// Header values of the small numbers, pointing into [`SMALL_DIGITS`]: a
+/// clone copies a pointer, where `HeaderValue::from(u64)` allocates twice.
+static SMALL_VALUES: std::sync::LazyLock<Vec<HeaderValue>> = std::sync::LazyLock::new(|| {
+    let digits: &'static str = &SMALL_DIGITS;
+    let mut start = 0;
+    (0..SMALL_NUMBERS)
+        .map(|n| {
+            let end = start + if n == 0 { 1 } else { n.ilog10() as usize + 1 };
+            let value = HeaderValue::from_static(&digits[start..end]);
+            start = end;
+            value
+        })
+        .collect()
+});
+
+/// `n` as a header value: a shared one for small numbers, else one
+/// allocation.
+pub(crate) fn number(n: u64) -> HeaderValue {
+    if let Some(value) = usize::try_from(n).ok().and_then(|i| SMALL_VALUES.get(i)) {
+        return value.clone();
+    }
+    let mut buffer = itoa::Buffer::new();
+    // Digits are always a valid header value; the fallback cannot be taken.
+    HeaderValue::from_bytes(buffer.format(n).as_bytes()).unwrap_or_else(|_| HeaderValue::from(n))
 }
 
 fn text(status: StatusCode, body: String) -> Response<Bytes> {
@@ -193,9 +220,7 @@ pub(crate) fn too_many_requests(decision: &Decision) -> Response<Bytes> {
         ),
     );
     set_headers(response.headers_mut(), decision);
-    response
-        .headers_mut()
-        .insert(RETRY_AFTER, HeaderValue::from(secs));
+    response.headers_mut().insert(RETRY_AFTER, number(secs));
     response
 }
 
@@ -241,7 +266,7 @@ pub(crate) fn problem_json(decision: &Decision, policy: &Policy) -> Response<Byt
         HeaderValue::from_static("application/problem+json"),
     );
     set_headers(headers, decision);
-    headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+    headers.insert(RETRY_AFTER, number(secs));
     response
 }
 
@@ -297,9 +322,7 @@ pub(crate) fn grpc_too_many_requests(decision: &Decision) -> Response<Bytes> {
     };
     let mut response = grpc(grpc_status::RESOURCE_EXHAUSTED, &message);
     set_headers(response.headers_mut(), decision);
-    response
-        .headers_mut()
-        .insert(RETRY_AFTER, HeaderValue::from(secs));
+    response.headers_mut().insert(RETRY_AFTER, number(secs));
     response
 }
 
@@ -326,6 +349,13 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    #[test]
+    fn numbers_are_their_decimal_digits() {
+        for n in (0..2100).chain([9_999, 10_000, 1_000_000, u64::MAX]) {
+            assert_eq!(number(n).to_str().unwrap(), n.to_string(), "{n}");
+        }
     }
 
     /// The state of `rate` ("3/s") for one request.

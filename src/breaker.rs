@@ -1,6 +1,7 @@
 //! The circuit breaker: after a run of store failures, stop paying the
 //! store's timeout on every request; probe now and then; recover alone.
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -27,7 +28,19 @@ impl Default for CircuitBreaker {
 pub(crate) struct Breaker {
     config: CircuitBreaker,
     state: Mutex<State>,
+    /// What `state` is, readable without the lock (one of the `HEALTHY`,
+    /// `FAILING`, `OPEN` constants): while the store answers, a request
+    /// neither locks nor reads the clock. Written under the lock; a reader
+    /// that sees it a moment late only asks the store once more.
+    summary: AtomicU8,
 }
+
+/// `Closed` with no failure.
+const HEALTHY: u8 = 0;
+/// `Closed` after some failures.
+const FAILING: u8 = 1;
+/// `Open` or `Probing`.
+const OPEN: u8 = 2;
 
 #[derive(Debug, Clone, Copy)]
 enum State {
@@ -58,7 +71,20 @@ impl Breaker {
         Self {
             config,
             state: Mutex::new(State::Closed { failures: 0 }),
+            summary: AtomicU8::new(HEALTHY),
         }
+    }
+
+    /// Move to `next`, keeping the summary in step (`state` is the locked
+    /// state).
+    fn set(&self, state: &mut State, next: State) {
+        *state = next;
+        let summary = match next {
+            State::Closed { failures: 0 } => HEALTHY,
+            State::Closed { .. } => FAILING,
+            State::Open { .. } | State::Probing { .. } => OPEN,
+        };
+        self.summary.store(summary, Ordering::Release);
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -66,14 +92,20 @@ impl Breaker {
     }
 
     pub(crate) fn permit(&self) -> Permit {
+        if self.summary.load(Ordering::Acquire) != OPEN {
+            return Permit::Ask;
+        }
         let mut state = self.state();
         let now = Instant::now();
         match *state {
             State::Closed { .. } => Permit::Ask,
             State::Open { until } | State::Probing { until } if now >= until => {
-                *state = State::Probing {
-                    until: now + self.config.cooldown,
-                };
+                self.set(
+                    &mut state,
+                    State::Probing {
+                        until: now + self.config.cooldown,
+                    },
+                );
                 tracing::info!("rate limit store: circuit half-open, probing");
                 Permit::Ask
             }
@@ -82,12 +114,15 @@ impl Breaker {
     }
 
     pub(crate) fn success(&self) {
+        if self.summary.load(Ordering::Acquire) == HEALTHY {
+            return;
+        }
         let mut state = self.state();
         if !matches!(*state, State::Closed { failures: 0 }) {
             if !matches!(*state, State::Closed { .. }) {
                 tracing::warn!("rate limit store: answering again, circuit closed");
             }
-            *state = State::Closed { failures: 0 };
+            self.set(&mut state, State::Closed { failures: 0 });
         }
     }
 
@@ -103,16 +138,17 @@ impl Breaker {
                     cooldown_ms = self.config.cooldown.as_millis() as u64,
                     "rate limit store: circuit open, not asking the store until a probe succeeds"
                 );
-                *state = open;
+                self.set(&mut state, open);
             }
-            State::Closed { failures } => {
-                *state = State::Closed {
+            State::Closed { failures } => self.set(
+                &mut state,
+                State::Closed {
                     failures: failures + 1,
-                }
-            }
+                },
+            ),
             State::Probing { .. } => {
                 tracing::warn!("rate limit store: probe failed, circuit open again");
-                *state = open;
+                self.set(&mut state, open);
             }
             State::Open { .. } => {}
         }

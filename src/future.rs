@@ -16,11 +16,11 @@ use tower_service::Service;
 
 use crate::body::ResponseBody;
 use crate::decision::{Decision, Lease};
-use crate::layer::{FailMode, Rejection, Settings};
+use crate::layer::{Check, FailMode, Rejection, Settings};
 use crate::metrics::Outcome;
 use crate::policy::Policy;
 use crate::response;
-use crate::store::{BoxFuture, DynStore, StoreError};
+use crate::store::{DynStore, StoreError};
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit).
@@ -38,7 +38,8 @@ struct Pending<S, ReqBody> {
     request: Request<ReqBody>,
     service: S,
     settings: Arc<Settings>,
-    /// The key in the store, to check again after a delay or release a lease.
+    /// The key in the store, to check again after a delay or release a lease
+    /// (held by the check while it waits for the store).
     key: String,
     /// Time spent delayed so far.
     waited: Duration,
@@ -55,7 +56,7 @@ pin_project! {
         S: Service<Request<ReqBody>>,
     {
         Checking {
-            check: BoxFuture<Result<Decision, StoreError>>,
+            check: Check,
             pending: Option<Pending<S, ReqBody>>,
         },
         Delaying {
@@ -100,10 +101,10 @@ where
         request: Request<ReqBody>,
         service: S,
         settings: Arc<Settings>,
-        key: String,
+        mut key: String,
         grpc: bool,
     ) -> Self {
-        let check = settings.check(&key);
+        let check = settings.check(&mut key);
         Self {
             state: State::Checking {
                 check,
@@ -183,7 +184,7 @@ fn next_step(
         Origin::Fallback
     };
     if !matches!(outcome, Err(StoreError::CircuitOpen)) {
-        crate::metrics::store_latency(&settings.name, sent.elapsed());
+        crate::metrics::store_latency(&settings.name, sent);
     }
     if outcome.is_err() {
         crate::metrics::decision(&settings.name, Outcome::StoreError);
@@ -289,13 +290,22 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Checking { check, pending } => {
-                    let outcome = ready!(check.as_mut().poll(cx));
-                    let Some(mut p) = pending.take() else {
+                    let (key, outcome) = match check {
+                        Check::Done(outcome) => (None, outcome.take()),
+                        Check::Waiting(future) => {
+                            let (key, outcome) = ready!(future.as_mut().poll(cx));
+                            (Some(key), Some(outcome))
+                        }
+                    };
+                    let (Some(mut p), Some(outcome)) = (pending.take(), outcome) else {
                         // Only reachable if polled again after a panic inside poll.
                         return Poll::Ready(Ok(
                             response::store_unavailable().map(ResponseBody::full)
                         ));
                     };
+                    if let Some(key) = key {
+                        p.key = key;
+                    }
                     match next_step(outcome, &p.settings, &p.key, p.waited, p.sent, p.grpc) {
                         Next::Call(decision, origin) => {
                             // A concurrency slot, held until the response is done.
@@ -337,7 +347,7 @@ where
                         ));
                     };
                     p.sent = Instant::now();
-                    let check = p.settings.check(&p.key);
+                    let check = p.settings.check(&mut p.key);
                     this.state.set(State::Checking {
                         check,
                         pending: Some(p),

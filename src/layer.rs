@@ -161,6 +161,12 @@ pub struct RateLimitLayer<K> {
     key: Arc<K>,
 }
 
+/// A check under way, or its outcome (taken once).
+pub(crate) enum Check {
+    Done(Option<Result<Decision, crate::store::StoreError>>),
+    Waiting(crate::store::BoxFuture<(String, Result<Decision, crate::store::StoreError>)>),
+}
+
 /// What every request of one layer shares, whatever its key extractor.
 pub(crate) struct Settings {
     pub(crate) store: Arc<dyn DynStore>,
@@ -183,19 +189,20 @@ pub(crate) struct Settings {
 
 impl Settings {
     /// The check of `key`: the store's, or a failure at once while the
-    /// circuit is open.
-    pub(crate) fn check(
-        self: &Arc<Self>,
-        key: &str,
-    ) -> crate::store::BoxFuture<Result<Decision, crate::store::StoreError>> {
+    /// circuit is open. A check that must wait takes the key and hands it
+    /// back with its answer.
+    pub(crate) fn check(&self, key: &mut String) -> Check {
         if let Some(breaker) = &self.breaker
             && breaker.permit() == crate::breaker::Permit::Skip
         {
-            return Box::pin(std::future::ready(Err(
-                crate::store::StoreError::CircuitOpen,
-            )));
+            return Check::Done(Some(Err(crate::store::StoreError::CircuitOpen)));
         }
-        Arc::clone(&self.store).check_owned(key.to_owned(), Arc::clone(&self.policy))
+        if let Some(decision) = self.store.check_in_process(key, &self.policy) {
+            return Check::Done(Some(Ok(decision)));
+        }
+        Check::Waiting(
+            Arc::clone(&self.store).check_owned(std::mem::take(key), Arc::clone(&self.policy)),
+        )
     }
 
     /// Tell the breaker how the store did.

@@ -102,11 +102,18 @@ pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>
 
 /// A [`Store`] behind a pointer, so the layer's types do not name the store.
 pub(crate) trait DynStore: Send + Sync + 'static {
+    /// The check, owning its key; the future hands the key back with the
+    /// answer, so the layer need not copy it.
     fn check_owned(
         self: Arc<Self>,
         key: String,
         policy: Arc<Policy>,
-    ) -> BoxFuture<Result<Decision, StoreError>>;
+    ) -> BoxFuture<(String, Result<Decision, StoreError>)>;
+
+    /// The decision at once, when the store takes it in process
+    /// ([`MemoryStore`](memory::MemoryStore)): no boxed future to allocate
+    /// and poll. `None` for any other store.
+    fn check_in_process(&self, key: &str, policy: &Policy) -> Option<Decision>;
 
     fn release_owned(
         self: Arc<Self>,
@@ -123,8 +130,18 @@ impl<S: Store> DynStore for S {
         self: Arc<Self>,
         key: String,
         policy: Arc<Policy>,
-    ) -> BoxFuture<Result<Decision, StoreError>> {
-        Box::pin(async move { self.check(&key, &policy).await })
+    ) -> BoxFuture<(String, Result<Decision, StoreError>)> {
+        Box::pin(async move {
+            let outcome = self.check(&key, &policy).await;
+            (key, outcome)
+        })
+    }
+
+    fn check_in_process(&self, key: &str, policy: &Policy) -> Option<Decision> {
+        let store: &dyn std::any::Any = self;
+        store
+            .downcast_ref::<memory::MemoryStore>()
+            .map(|memory| memory.check_now(key, policy))
     }
 
     fn release_owned(

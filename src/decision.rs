@@ -101,6 +101,7 @@ impl Decision {
     }
 
     /// The same decision holding `lease`.
+    #[inline]
     pub(crate) fn with_lease(mut self, lease: Lease) -> Self {
         self.lease = Some(lease);
         self
@@ -188,6 +189,7 @@ pub(crate) struct DecisionBuilder {
 }
 
 impl DecisionBuilder {
+    #[inline]
     pub(crate) fn new(allowed: bool) -> Self {
         Self {
             allowed,
@@ -200,18 +202,21 @@ impl DecisionBuilder {
     }
 
     /// The algorithm deciding (default: the sliding log).
+    #[inline]
     pub(crate) fn algorithm(mut self, algorithm: Algorithm) -> Self {
         self.algorithm = algorithm;
         self
     }
 
     /// Add a wait that is not tied to one rate (minimum spacing).
+    #[inline]
     pub(crate) fn wait(&mut self, wait: Duration) {
         if !self.allowed {
             self.retry_after = self.retry_after.max(wait);
         }
     }
 
+    #[inline]
     pub(crate) fn rate(&mut self, state: RateState) {
         if self.first.is_none() {
             self.first = Some(state);
@@ -240,6 +245,7 @@ impl DecisionBuilder {
     }
 
     /// `None` if no rate was added.
+    #[inline]
     pub(crate) fn build(self) -> Option<Decision> {
         let (state, _) = self.headline?;
         let first = self.first?;

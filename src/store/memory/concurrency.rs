@@ -24,6 +24,7 @@ impl State {
     }
 }
 
+#[inline]
 pub(super) fn check(state: &mut State, now: u64, policy: &Policy, lease: Lease) -> (Decision, u64) {
     let rate = policy.rates()[0];
     state.leases.retain(|&(_, expiry)| expiry > now);

@@ -21,6 +21,7 @@ pub(super) struct Counter {
     count: u64,
 }
 
+#[inline]
 pub(super) fn check(counters: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
     let cost = policy.cost();
     let rates = policy.rates();

@@ -24,6 +24,7 @@ pub(crate) const EPSILON: f64 = 1e-9;
 /// One TAT per rate, found by its window: (window µs, TAT whole µs, TAT fraction).
 pub(super) type State = Vec<(u64, u64, f64)>;
 
+#[inline]
 pub(super) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
     let cost = policy.cost() as f64;
     let rates = policy.rates();

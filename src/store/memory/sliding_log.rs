@@ -10,6 +10,7 @@ use crate::policy::{Policy, duration_micros};
 /// The sliding log: decide one request at `now` (microseconds) on `entries`
 /// (timestamps, oldest first). Admitted requests add `cost` entries; denied
 /// requests change nothing but the trimming of dead entries.
+#[inline]
 pub(super) fn check_log(entries: &mut VecDeque<u64>, now: u64, policy: &Policy) -> Decision {
     let longest = duration_micros(policy.longest_window());
     let dead_before = now.saturating_sub(longest);
@@ -100,6 +101,7 @@ pub(super) type State = VecDeque<u64>;
 
 /// Decide one request; the state matters until its newest entry leaves the
 /// longest window.
+#[inline]
 pub(super) fn check(entries: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
     let decision = check_log(entries, now, policy);
     let horizon = duration_micros(policy.longest_window());

@@ -77,6 +77,7 @@ fn wait(c: &Counters, now: u64, cost: u64, max: u64) -> u64 {
     (c.window - elapsed) + needed
 }
 
+#[inline]
 pub(super) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
     let cost = policy.cost();
     let rates = policy.rates();

@@ -101,6 +101,9 @@ pub(crate) fn number(n: u64) -> HeaderValue {
 fn text(status: StatusCode, body: String) -> Response<Bytes> {
     let mut response = Response::new(Bytes::from(body));
     *response.status_mut() = status;
+    // Room for the content type, the rate-limit fields and `Retry-After`
+    // (an empty map would grow twice).
+    response.headers_mut().reserve(8);
     response.headers_mut().insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
@@ -212,13 +215,17 @@ fn limit_phrase(decision: &Decision) -> String {
 /// `429 Too Many Requests` with `Retry-After` and the rate-limit headers.
 pub(crate) fn too_many_requests(decision: &Decision) -> Response<Bytes> {
     let secs = retry_after_secs(decision);
-    let mut response = text(
-        StatusCode::TOO_MANY_REQUESTS,
-        format!(
+    let rate = decision.rate();
+    // One allocation for the usual case (`limit_phrase` and `format!` took
+    // two more).
+    let body = match (decision.algorithm(), rate.max()) {
+        (Algorithm::Concurrency, _) => format!(
             "Too many requests: {}. Retry in {secs} s.\n",
             limit_phrase(decision)
         ),
-    );
+        _ => format!("Too many requests: the limit is {rate}. Retry in {secs} s.\n"),
+    };
+    let mut response = text(StatusCode::TOO_MANY_REQUESTS, body);
     set_headers(response.headers_mut(), decision);
     response.headers_mut().insert(RETRY_AFTER, number(secs));
     response

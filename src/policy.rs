@@ -45,7 +45,7 @@ impl Rate {
     pub fn new(max: u64, window: Duration) -> Result<Self, PolicyError> {
         if max == 0 {
             return Err(PolicyError::ZeroMax {
-                rate: format!("{max}/{}", format_window(window)),
+                rate: format!("{max}/{}", Window(window)),
             });
         }
         if max > MAX_MAX {
@@ -103,7 +103,7 @@ impl Rate {
 
 impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.max, format_window(self.window))
+        write!(f, "{}/{}", self.max, Window(self.window))
     }
 }
 
@@ -845,29 +845,32 @@ fn parse_rate(input: &str) -> Result<Rate, PolicyError> {
     Rate::new(max, Duration::from_micros(micros))
 }
 
-/// `1s` → `"s"`, `15 min` → `"15m"`, `1500ms` → `"1500ms"`.
-fn format_window(window: Duration) -> String {
-    const UNITS: [(u128, &str); 5] = [
-        (86_400_000_000, "d"),
-        (3_600_000_000, "h"),
-        (60_000_000, "min"),
-        (1_000_000, "s"),
-        (1_000, "ms"),
-    ];
-    let micros = window.as_micros();
-    for (size, name) in UNITS {
-        if micros >= size && micros.is_multiple_of(size) {
-            let n = micros / size;
-            return if n == 1 {
-                name.to_owned()
-            } else if name == "min" {
-                format!("{n}m")
-            } else {
-                format!("{n}{name}")
-            };
+/// `1s` → `"s"`, `15 min` → `"15m"`, `1500ms` → `"1500ms"`; written
+/// straight to the formatter (a 429's text names the rate on every denial).
+struct Window(Duration);
+
+impl fmt::Display for Window {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [(u128, &str); 5] = [
+            (86_400_000_000, "d"),
+            (3_600_000_000, "h"),
+            (60_000_000, "min"),
+            (1_000_000, "s"),
+            (1_000, "ms"),
+        ];
+        let micros = self.0.as_micros();
+        for (size, name) in UNITS {
+            if micros >= size && micros.is_multiple_of(size) {
+                let n = micros / size;
+                return match (n, name) {
+                    (1, _) => f.write_str(name),
+                    (_, "min") => write!(f, "{n}m"),
+                    _ => write!(f, "{n}{name}"),
+                };
+            }
         }
+        write!(f, "{micros}us")
     }
-    format!("{micros}us")
 }
 
 pub(crate) fn duration_micros(d: Duration) -> u64 {

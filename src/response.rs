@@ -98,8 +98,8 @@ pub(crate) fn number(n: u64) -> HeaderValue {
     HeaderValue::from_bytes(buffer.format(n).as_bytes()).unwrap_or_else(|_| HeaderValue::from(n))
 }
 
-fn text(status: StatusCode, body: String) -> Response<Bytes> {
-    let mut response = Response::new(Bytes::from(body));
+fn text(status: StatusCode, body: Bytes) -> Response<Bytes> {
+    let mut response = Response::new(body);
     *response.status_mut() = status;
     // Room for the content type, the rate-limit fields and `Retry-After`
     // (an empty map would grow twice).
@@ -201,6 +201,34 @@ pub(crate) fn set_ietf_headers(headers: &mut HeaderMap, policy: &Policy, decisio
     }
 }
 
+/// `args` as bytes in one allocation of their exact size: written to the
+/// stack first (`format!` then `Bytes::from` takes two allocations, as a
+/// `String`'s spare capacity makes `Bytes` box a header).
+fn format_bytes(args: std::fmt::Arguments<'_>) -> Bytes {
+    struct Stack {
+        buf: [u8; 192],
+        len: usize,
+    }
+    impl std::fmt::Write for Stack {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            let end = self.len + s.len();
+            let dst = self.buf.get_mut(self.len..end).ok_or(std::fmt::Error)?;
+            dst.copy_from_slice(s.as_bytes());
+            self.len = end;
+            Ok(())
+        }
+    }
+    let mut stack = Stack {
+        buf: [0; 192],
+        len: 0,
+    };
+    match std::fmt::write(&mut stack, args) {
+        Ok(()) => Bytes::copy_from_slice(&stack.buf[..stack.len]),
+        // Longer than the buffer.
+        Err(_) => Bytes::from(std::fmt::format(args)),
+    }
+}
+
 /// What the client ran into, for the text of a denial: `the limit is 3/s`,
 /// `at most 10 requests may be in flight`.
 fn limit_phrase(decision: &Decision) -> String {
@@ -216,14 +244,15 @@ fn limit_phrase(decision: &Decision) -> String {
 pub(crate) fn too_many_requests(decision: &Decision) -> Response<Bytes> {
     let secs = retry_after_secs(decision);
     let rate = decision.rate();
-    // One allocation for the usual case (`limit_phrase` and `format!` took
-    // two more).
+    // Formatted on the stack and copied once: one allocation.
     let body = match (decision.algorithm(), rate.max()) {
-        (Algorithm::Concurrency, _) => format!(
+        (Algorithm::Concurrency, _) => format_bytes(format_args!(
             "Too many requests: {}. Retry in {secs} s.\n",
             limit_phrase(decision)
-        ),
-        _ => format!("Too many requests: the limit is {rate}. Retry in {secs} s.\n"),
+        )),
+        _ => format_bytes(format_args!(
+            "Too many requests: the limit is {rate}. Retry in {secs} s.\n"
+        )),
     };
     let mut response = text(StatusCode::TOO_MANY_REQUESTS, body);
     set_headers(response.headers_mut(), decision);
@@ -337,7 +366,7 @@ pub(crate) fn grpc_too_many_requests(decision: &Decision) -> Response<Bytes> {
 pub(crate) fn store_unavailable() -> Response<Bytes> {
     text(
         StatusCode::SERVICE_UNAVAILABLE,
-        "Service unavailable: the rate limiter cannot reach its store.\n".to_owned(),
+        Bytes::from_static(b"Service unavailable: the rate limiter cannot reach its store.\n"),
     )
 }
 
@@ -345,7 +374,7 @@ pub(crate) fn store_unavailable() -> Response<Bytes> {
 pub(crate) fn misconfigured(error: &crate::key::KeyError) -> Response<Bytes> {
     text(
         StatusCode::INTERNAL_SERVER_ERROR,
-        format!("Rate limiter misconfigured: {error}\n"),
+        Bytes::from(format!("Rate limiter misconfigured: {error}\n")),
     )
 }
 
@@ -559,6 +588,20 @@ mod tests {
         set_ietf_headers(&mut headers, &policy, &d);
         assert_eq!(headers.get_all(&RATELIMIT).iter().count(), 1);
         assert_eq!(header(&headers, &RATELIMIT), r#""3/s";r=2;t=1"#);
+    }
+
+    #[test]
+    fn bodies_are_formatted_whole_at_any_length() {
+        assert_eq!(
+            &format_bytes(format_args!("retry in {} s", 7))[..],
+            b"retry in 7 s"
+        );
+        let long = "x".repeat(500);
+        assert_eq!(
+            &format_bytes(format_args!("{long}/{}", 3))[..],
+            format!("{long}/3").as_bytes(),
+            "past the stack buffer"
+        );
     }
 
     fn body_text(response: &Response<Bytes>) -> &str {

@@ -115,7 +115,7 @@ where
                 // The ready service goes with the request; a clone stays.
                 let clone = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, clone);
-                let key = self.settings.store_key(&key);
+                let key = self.settings.store_key(key);
                 if let Some(denied) = self.settings.cached_denial(&key) {
                     tracing::debug!(
                         key = %crate::future::KeyHash(&key),

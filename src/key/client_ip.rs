@@ -193,11 +193,23 @@ impl<B> KeyExtractor<B> for ClientIp {
 pub(crate) fn group(ip: IpAddr, prefix: u8) -> String {
     match ip {
         IpAddr::V6(v6) if prefix < 128 => match Ipv6Net::new(v6, prefix) {
-            Ok(net) => net.trunc().to_string(),
-            Err(_) => v6.to_string(),
+            Ok(net) => text(net.trunc()),
+            Err(_) => text(v6),
         },
-        other => other.to_string(),
+        other => text(other),
     }
+}
+
+/// `value` written into a string sized for the longest address and prefix
+/// (`to_string` grows it as it writes, reallocating), with room for the
+/// layer's namespace.
+fn text(value: impl std::fmt::Display) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(43 + super::NAMESPACE_ROOM);
+    // Writing to a `String` fails only if `value`'s `Display` does, which
+    // addresses' never do.
+    let _ = write!(out, "{value}");
+    out
 }
 
 /// One address as proxies write it: `1.2.3.4`, `1.2.3.4:5678`, `2001:db8::1`,

@@ -194,12 +194,18 @@ impl<B> KeyExtractor<B> for Header {
             return Ok(None);
         };
         Ok(Some(match value.to_str() {
-            Ok(text) => text.to_owned(),
+            Ok(text) => {
+                let mut key = String::with_capacity(text.len() + NAMESPACE_ROOM);
+                key.push_str(text);
+                key
+            }
             Err(_) => {
-                let mut hex = String::with_capacity(4 + value.len() * 2);
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                let mut hex = String::with_capacity(4 + value.len() * 2 + NAMESPACE_ROOM);
                 hex.push_str("hex:");
                 for b in value.as_bytes() {
-                    hex.push_str(&format!("{b:02x}"));
+                    hex.push(char::from(HEX[usize::from(b >> 4)]));
+                    hex.push(char::from(HEX[usize::from(b & 0xf)]));
                 }
                 hex
             }
@@ -276,6 +282,8 @@ impl<B, A: KeyExtractor<B>, C: KeyExtractor<B>> KeyExtractor<B> for And<A, C> {
 impl<B, A: KeyExtractor<B>, C: KeyExtractor<B>> KeyExtractor<B> for Or<A, C> {
     fn extract(&self, request: &Request<B>) -> Result<Option<String>, KeyError> {
         match self.first.extract(request)? {
+            // Nothing to escape, as in most keys: the key as it is.
+            Some(key) if !key.contains(['%', '+']) => Ok(Some(key)),
             Some(key) => Ok(Some(Escaped(&key).to_string())),
             None => Ok(self
                 .second
@@ -284,6 +292,10 @@ impl<B, A: KeyExtractor<B>, C: KeyExtractor<B>> KeyExtractor<B> for Or<A, C> {
         }
     }
 }
+
+/// Spare room the built-in extractors leave in a key for the layer's
+/// `{name}:` namespace, so that prefixing it needs no second allocation.
+pub(crate) const NAMESPACE_ROOM: usize = 32;
 
 /// `%` and `+` percent-escaped.
 struct Escaped<'a>(&'a str);

@@ -31,8 +31,9 @@ pub(super) async fn check(
     decision(&reply, policy, Algorithm::FixedWindow)
 }
 
-/// Run a counter script (fixed window or sliding window counter): the key,
-/// then the cost and every rate's max and window in µs.
+/// Run a script taking the key, then the cost and every rate's max and
+/// window in µs: the counter scripts (fixed window, sliding window counter)
+/// and GCRA's.
 pub(super) async fn invoke(
     script: &redis::Script,
     conn: &mut AnyConn,

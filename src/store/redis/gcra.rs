@@ -26,12 +26,8 @@ pub(super) async fn check(
     key: &str,
     policy: &Policy,
 ) -> Result<Decision, StoreError> {
-    let mut cmd = super::evalsha(&SCRIPT, key);
-    cmd.arg(policy.cost());
-    for rate in policy.rates() {
-        cmd.arg(rate.max()).arg(rate.window_micros());
-    }
-    let reply = super::run_script(conn, &SCRIPT, &cmd).await?;
+    // The counter scripts' arguments: the cost, then each rate's max and window.
+    let reply = super::fixed_window::invoke(&SCRIPT, conn, key, policy).await?;
     let want = 1 + 3 * policy.rates().len();
     if reply.len() != want {
         return Err(StoreError::UnexpectedReply(format!(

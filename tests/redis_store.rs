@@ -103,7 +103,9 @@ async fn keys_follow_the_layout_and_expire() {
             .trim_start_matches(':')
             .parse()
             .unwrap();
-        assert!(ttl > 1_500 && ttl <= 2_000, "{execution:?}: PTTL {ttl}");
+        // The longest window, plus the transaction's twice 5 ms of clock
+        // tolerance (and half a loopback round trip).
+        assert!(ttl > 1_500 && ttl <= 2_020, "{execution:?}: PTTL {ttl}");
     }
     // A key that could break the layout is hashed into one hash tag.
     let policy: Policy = "5/2s".parse().unwrap();

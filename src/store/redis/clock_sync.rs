@@ -14,6 +14,17 @@ use crate::store::StoreError;
 /// shortest round trip wins.
 const INITIAL_SAMPLES: usize = 3;
 
+/// How far (µs) a transaction's reading may be from the time Redis ran it,
+/// beyond the offset's own error, before the transaction execution corrects
+/// for it: the time a healthy round trip takes to reach Redis and wait in
+/// its queue.
+pub(super) const BASE_TOLERANCE: u64 = 5_000;
+
+/// The largest error (half the round trip, µs) of a sample that may replace
+/// one in force because the latter is old. Samples taken under a stall
+/// never replace a good offset.
+pub(super) const MAX_SAMPLE_ERROR: u64 = BASE_TOLERANCE;
+
 pub(super) struct ClockSync {
     local: Arc<dyn Clock>,
     refresh: Duration,
@@ -68,6 +79,14 @@ impl ClockSync {
         Some((now, sample.taken.elapsed() >= self.refresh))
     }
 
+    /// How far (µs) a reading may be from Redis's time and still be used as
+    /// it is: [`BASE_TOLERANCE`] plus the error of the offset in force (half
+    /// its round trip).
+    pub(super) fn tolerance(&self) -> u64 {
+        let sample = *self.sample.lock().unwrap_or_else(PoisonError::into_inner);
+        BASE_TOLERANCE + sample.map_or(0, |s| s.rtt / 2)
+    }
+
     /// Record a `TIME` reply (`redis`, µs) read between local times `sent`
     /// and `received`.
     pub(super) fn record(&self, sent: u64, received: u64, redis: u64) {
@@ -84,13 +103,16 @@ impl ClockSync {
         let accept = match *slot {
             None => true,
             // A sample taken under load (a long round trip) is less precise:
-            // keep the old one, unless the offset moved by more than this
-            // sample's error (a clock step, a failover) or the old one is
-            // getting stale.
+            // keep the old one, unless the offset moved by more than both
+            // samples' errors together (a clock step, a failover), or the
+            // old one is getting stale and this one's error is bounded.
+            // (The transaction execution does not rely on the offset being
+            // right: it checks every transaction against Redis's `TIME`.)
             Some(old) => {
                 rtt <= old.rtt.saturating_mul(2).max(1_000)
-                    || old.offset.abs_diff(offset) > rtt
-                    || old.taken.elapsed() >= self.refresh.saturating_mul(10)
+                    || old.offset.abs_diff(offset) > rtt / 2 + old.rtt / 2
+                    || (old.taken.elapsed() >= self.refresh.saturating_mul(10)
+                        && rtt / 2 <= MAX_SAMPLE_ERROR)
             }
         };
         if accept {

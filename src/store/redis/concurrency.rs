@@ -22,18 +22,14 @@ static SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(CONCURRENCY_SCRIPT));
 
 /// Take a lease: one `EVALSHA` (reloading the script after `NOSCRIPT`), on
-/// Redis's clock.
-pub(super) async fn check(
-    conn: &mut AnyConn,
+/// Redis's clock. The caller takes the lease back out if the check fails
+/// (see [`Cleanup`](super::sliding_log::Cleanup)).
+pub(super) async fn check<C: redis::aio::ConnectionLike>(
+    conn: &mut C,
     key: &str,
     policy: &Policy,
     lease: Lease,
-    timeout: Duration,
 ) -> Result<Decision, StoreError> {
-    // Until the reply is read, an error or a dropped future (the store's
-    // timeout) takes the lease back out, on the same connection, so a slow
-    // Redis cannot fill the slots with leases nobody holds.
-    let cleanup = super::sliding_log::Cleanup::new(conn, key, vec![member(lease)], timeout);
     let [rate] = policy.rates() else {
         return Err(StoreError::UnexpectedReply(format!(
             "concurrency needs exactly one rate, the policy has {}",
@@ -71,8 +67,6 @@ pub(super) async fn check(
     let decision = builder
         .build()
         .ok_or_else(|| StoreError::UnexpectedReply("concurrency: no rate".to_owned()))?;
-    // The caller holds the lease now (and releases it), or none was taken.
-    cleanup.disarm();
     Ok(if allowed {
         decision.with_lease(lease)
     } else {

@@ -2,8 +2,11 @@
 //! the pool.
 
 use std::fmt;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::Notify;
 
 use bb8_redis::RedisConnectionManager;
 use bb8_redis::bb8::{self, ManageConnection, Pool, RunError};
@@ -159,11 +162,11 @@ impl ConnectionLike for AnyConn {
 #[derive(Clone)]
 pub(super) enum Source {
     /// Built by `connect`: broken connections are dropped, no checkout PING.
-    Tracked(Pool<TrackedManager>),
+    Tracked(Pool<TrackedManager>, Arc<Refusals>),
     /// A bb8-redis pool passed to `from_pool`: its own settings apply (bb8
     /// tests connections on checkout by default, which is what replaces a
     /// broken one there).
-    Bb8Redis(Pool<RedisConnectionManager>),
+    Bb8Redis(Pool<RedisConnectionManager>, Arc<Refusals>),
     /// One multiplexed connection that reconnects by itself.
     Manager(ConnectionManager),
     /// A Redis Cluster connection (one multiplexed connection per node,
@@ -182,21 +185,21 @@ impl Source {
     /// the checks are spread over.
     pub(super) async fn get(&self) -> Result<Conn, StoreError> {
         match self {
-            Self::Tracked(pool) => {
+            Self::Tracked(pool, refusals) => {
                 // Skip connections opened before the last connection error:
                 // at most every idle one, then a fresh one.
                 for _ in 0..pool.state().connections {
-                    let conn = pool.get().await.map_err(run_error)?;
+                    let conn = refusals.get(pool).await?;
                     if !conn.stale() {
                         return Ok(Conn::tracked(&conn));
                     }
                     // Dropped as it goes back (`has_broken`).
                 }
-                let conn = pool.get().await.map_err(run_error)?;
+                let conn = refusals.get(pool).await?;
                 Ok(Conn::tracked(&conn))
             }
-            Self::Bb8Redis(pool) => {
-                let conn = pool.get().await.map_err(run_error)?;
+            Self::Bb8Redis(pool, refusals) => {
+                let conn = refusals.get(pool).await?;
                 Ok(Conn {
                     any: AnyConn::Multiplexed((*conn).clone()),
                     failure: None,
@@ -217,11 +220,117 @@ impl Source {
     /// The pool's state, if there is a pool.
     pub(super) fn state(&self) -> Option<bb8::State> {
         match self {
-            Self::Tracked(pool) => Some(pool.state()),
-            Self::Bb8Redis(pool) => Some(pool.state()),
+            Self::Tracked(pool, _) => Some(pool.state()),
+            Self::Bb8Redis(pool, _) => Some(pool.state()),
             Self::Manager(_) => None,
             #[cfg(feature = "cluster")]
             Self::Cluster(_) => None,
+        }
+    }
+}
+
+/// How long a pool checkout may take before the store asks whether Redis
+/// refuses connections: a pool with a connection to hand answers in
+/// microseconds.
+const CHECKOUT_GRACE: Duration = Duration::from_millis(5);
+
+/// Finds out at once that Redis refuses connections. A bb8 pool that has no
+/// working connection waits for a new one until its connection timeout
+/// (bb8 retries refused connections, or hands the error only to its error
+/// sink), so every check would wait the store's whole timeout. A checkout
+/// that is not served within [`CHECKOUT_GRACE`] opens one connection of its
+/// own, outside the pool: refused, the check (and every checkout waiting
+/// meanwhile) fails at once; accepted, the connection joins the pool. One
+/// such attempt runs at a time per store.
+#[derive(Debug, Default)]
+pub(super) struct Refusals {
+    running: AtomicBool,
+    done: Notify,
+    /// The last attempt's failure, for the checkouts that waited on it.
+    last: Mutex<Option<(std::io::ErrorKind, String)>>,
+}
+
+impl Refusals {
+    /// A connection from `pool`, or the error of a refused connection.
+    async fn get<'a, M>(&self, pool: &'a Pool<M>) -> Result<Checkout<'a, M>, StoreError>
+    where
+        M: ManageConnection<Error = RedisError>,
+    {
+        let checkout = pool.get();
+        tokio::pin!(checkout);
+        tokio::select! {
+            biased;
+            conn = &mut checkout => return conn.map(Checkout::Pooled).map_err(run_error),
+            () = tokio::time::sleep(CHECKOUT_GRACE) => {}
+        }
+        let direct = tokio::select! {
+            biased;
+            conn = &mut checkout => return conn.map(Checkout::Pooled).map_err(run_error),
+            direct = self.connect(pool) => direct?,
+        };
+        match direct {
+            Some(conn) => Ok(Checkout::Direct(conn)),
+            None => checkout.await.map(Checkout::Pooled).map_err(run_error),
+        }
+    }
+
+    /// Open one connection outside the pool, or wait for the attempt under
+    /// way. Its error if it failed; if it succeeded, the connection joins
+    /// the pool (`None`), or is handed back when the pool is full.
+    async fn connect<M>(&self, pool: &Pool<M>) -> Result<Option<M::Connection>, StoreError>
+    where
+        M: ManageConnection<Error = RedisError>,
+    {
+        let done = self.done.notified();
+        tokio::pin!(done);
+        done.as_mut().enable();
+        if self.running.swap(true, Ordering::AcqRel) {
+            done.await;
+            return self.last_error().map_or(Ok(None), Err);
+        }
+        let outcome = pool.dedicated_connection().await;
+        let (failure, conn) = match outcome {
+            Ok(conn) => match pool.add(conn) {
+                Ok(()) => (None, None),
+                Err(bb8::AddError::NoCapacity(conn) | bb8::AddError::Broken(conn)) => {
+                    (None, Some(conn))
+                }
+            },
+            Err(error) => {
+                let kind = if error.is_connection_refusal() {
+                    std::io::ErrorKind::ConnectionRefused
+                } else {
+                    std::io::ErrorKind::Other
+                };
+                (Some((kind, error.to_string())), None)
+            }
+        };
+        *self.last.lock().unwrap_or_else(PoisonError::into_inner) = failure;
+        self.running.store(false, Ordering::Release);
+        self.done.notify_waiters();
+        self.last_error().map_or(Ok(conn), Err)
+    }
+
+    fn last_error(&self) -> Option<StoreError> {
+        let last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        last.as_ref()
+            .map(|(kind, text)| StoreError::Redis(std::io::Error::new(*kind, text.clone()).into()))
+    }
+}
+
+/// A connection from a pool, or one opened beside a full pool.
+enum Checkout<'a, M: ManageConnection> {
+    Pooled(bb8::PooledConnection<'a, M>),
+    Direct(M::Connection),
+}
+
+impl<M: ManageConnection> std::ops::Deref for Checkout<'_, M> {
+    type Target = M::Connection;
+
+    fn deref(&self) -> &M::Connection {
+        match self {
+            Self::Pooled(conn) => conn,
+            Self::Direct(conn) => conn,
         }
     }
 }

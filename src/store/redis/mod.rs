@@ -34,6 +34,7 @@ pub use sliding_window::SLIDING_WINDOW_SCRIPT;
 
 use clock_sync::ClockSync;
 use connection::{Source, is_connection_error};
+use sliding_log::Cleanup;
 
 /// The default bound on every Redis call (pool checkout included).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -128,7 +129,7 @@ impl RedisStore {
         store
             .with_timeout_do(store.clock.measure(&mut conn))
             .await?;
-        if let Source::Tracked(pool) = &store.source {
+        if let Source::Tracked(pool, _) = &store.source {
             // Fails only when the pool is full, and it is empty.
             let _ = pool.add(adopt.adopt(conn));
         }
@@ -142,7 +143,7 @@ impl RedisStore {
     /// Nothing is sent until the first check, which also measures the offset
     /// to Redis's clock.
     pub fn from_pool(pool: Pool<RedisConnectionManager>) -> Self {
-        Self::from_source(Source::Bb8Redis(pool))
+        Self::from_source(Source::Bb8Redis(pool, Arc::default()))
     }
 
     /// Use a bb8 pool of [`TrackedManager`] built with your own settings
@@ -160,7 +161,7 @@ impl RedisStore {
     /// # Ok(()) }
     /// ```
     pub fn from_tracked_pool(pool: Pool<TrackedManager>) -> Self {
-        Self::from_source(Source::Tracked(pool))
+        Self::from_source(Source::Tracked(pool, Arc::default()))
     }
 
     /// Use one multiplexed [`redis::aio::ConnectionManager`]: every check is
@@ -366,59 +367,71 @@ impl Store for RedisStore {
     async fn check(&self, key: &str, policy: &Policy) -> Result<Decision, StoreError> {
         let redis_key = self.redis_key(policy.algorithm().tag(), key);
         let lease = self.ids.next();
-        // The member the sliding log writes; the other algorithms need none.
-        let id = if policy.algorithm() == Algorithm::SlidingLog {
-            member(lease)
-        } else {
-            String::new()
+        // The entries the sliding log writes, or the lease the concurrency
+        // limit takes: the same on every attempt, so a retry after a lost
+        // reply counts once. Until the outcome is known, an error or a
+        // dropped future (the timeout) takes them back out, after the last
+        // attempt's commands on the same connection.
+        let mut pending = match policy.algorithm() {
+            Algorithm::SlidingLog => Some(Cleanup::new(
+                &redis_key,
+                sliding_log::members(&member(lease), policy.cost()),
+                self.timeout,
+            )),
+            Algorithm::Concurrency => {
+                Some(Cleanup::new(&redis_key, vec![member(lease)], self.timeout))
+            }
+            _ => None,
         };
-        let (decision, cleanup) = self
+        if policy.execution() == Execution::Script
+            && let Some(pending) = &mut pending
+        {
+            // The script writes only admitted requests: an error after it ran
+            // leaves an admission that counts once, as the fail mode decides.
+            pending.disarm();
+        }
+        let decision = self
             .with_timeout_do(async {
                 let mut retried = false;
                 loop {
                     let mut conn = self.source.get().await?;
+                    if let Some(pending) = &mut pending {
+                        pending.bind(conn.get());
+                    }
+                    let members = pending.as_ref().map_or(&[][..], Cleanup::members);
                     let result = match (policy.algorithm(), policy.execution()) {
                         (Algorithm::FixedWindow, _) => {
-                            fixed_window::check(conn.get(), &redis_key, policy)
-                                .await
-                                .map(|decision| (decision, None))
+                            fixed_window::check(conn.get(), &redis_key, policy).await
                         }
                         (Algorithm::SlidingWindow, _) => {
-                            sliding_window::check(conn.get(), &redis_key, policy)
-                                .await
-                                .map(|decision| (decision, None))
+                            sliding_window::check(conn.get(), &redis_key, policy).await
                         }
-                        (Algorithm::Gcra, _) => gcra::check(conn.get(), &redis_key, policy)
-                            .await
-                            .map(|decision| (decision, None)),
+                        (Algorithm::Gcra, _) => gcra::check(conn.get(), &redis_key, policy).await,
                         (Algorithm::Concurrency, _) => {
-                            concurrency::check(conn.get(), &redis_key, policy, lease, self.timeout)
-                                .await
-                                .map(|decision| (decision, None))
+                            concurrency::check(conn.get(), &redis_key, policy, lease).await
                         }
                         (_, Execution::Script) => {
-                            sliding_log::script(conn.get(), &redis_key, policy, &id)
+                            sliding_log::script(conn.get(), &redis_key, policy, &member(lease))
                                 .await
-                                .map(|decision| (decision, None))
                         }
                         (_, Execution::Transaction) => {
                             sliding_log::transaction(
                                 conn.get(),
                                 &redis_key,
                                 policy,
-                                &id,
+                                members,
                                 &self.clock,
-                                self.timeout,
                             )
                             .await
                         }
                     };
                     match result {
-                        // A connection broken by a Redis restart: drop it and
-                        // try once more on a fresh one, where a repeat is
-                        // harmless (the request id makes it the same entry or
-                        // lease). The counters and GCRA would count it twice:
-                        // their failure goes to the fail mode instead.
+                        // A connection broken by a Redis restart or a lost
+                        // reply: drop it and try once more on a fresh one,
+                        // where a repeat is harmless (the request's entries
+                        // or lease are the same). The counters and GCRA would
+                        // count it twice: their failure goes to the fail mode
+                        // instead.
                         Err(error)
                             if is_connection_error(&error)
                                 && !retried
@@ -439,10 +452,17 @@ impl Store for RedisStore {
                 }
             })
             .await?;
-        // Outside the timeout: taking a denied entry back out never turns
-        // the decision into an error.
-        if let Some(cleanup) = cleanup {
-            cleanup.run().await;
+        if let Some(mut pending) = pending {
+            if decision.allowed() || policy.algorithm() == Algorithm::Concurrency {
+                // Admitted: the entries count (a lease is the caller's to
+                // release). A denied lease was never taken.
+                pending.disarm();
+            } else {
+                // Denied attempts must not count. Outside the timeout:
+                // taking a denied entry back out never turns the decision
+                // into an error.
+                pending.run().await;
+            }
         }
         Ok(decision)
     }

@@ -59,50 +59,131 @@ pub(super) async fn script<C: ConnectionLike>(
         .ok_or_else(|| StoreError::UnexpectedReply("no rate in the reply".to_owned()))
 }
 
-/// One `MULTI`/`EXEC` round trip, decided here. A denied request comes
-/// back with the [`Cleanup`] that takes its entries out again.
-pub(super) async fn transaction(
-    conn: &mut AnyConn,
+/// One `MULTI`/`EXEC` round trip, decided here, on this process's clock
+/// corrected to Redis's ([`ClockSync`]).
+///
+/// The entries are written as `members` (the request's ids: a retry after a
+/// lost reply writes the same entries again instead of adding more). Every
+/// transaction also reads Redis's `TIME`, so the decision knows when Redis
+/// really ran it, whatever the offset estimate says. Entries are stamped
+/// `tolerance` after the local reading and windows counted from `tolerance`
+/// before it, so a reading off by up to `tolerance` still counts every
+/// entry that counts and dates none before Redis wrote it. Beyond that:
+/// - Redis ran it *earlier* than the reading minus `tolerance` (only a clock
+///   estimate that moved can do that): the counts may have missed entries;
+///   the sample is recorded and the transaction runs again.
+/// - Redis ran it *later* (a stall on the way): the decision stands (it
+///   counted more, not less), but an admitted request's entries would be
+///   dated in the past; they are stamped again with Redis's time (`ZADD XX
+///   GT`) before the admission is returned. An admission whose restamp is
+///   confirmed later than its shortest window after the reading is not
+///   returned (an error instead, and the entries are taken out): another
+///   check might have counted past its old stamp meanwhile.
+///
+/// So it never admits more than `max`, at the price of denying up to
+/// `2 × tolerance` longer than an exact limiter at the end of a window.
+/// A denied request's entries are still in the set: the caller takes them
+/// back out.
+pub(super) async fn transaction<C: ConnectionLike>(
+    conn: &mut C,
     key: &str,
     policy: &Policy,
-    id: &str,
+    members: &[String],
     clock: &ClockSync,
-    timeout: Duration,
-) -> Result<(Decision, Option<Cleanup>), StoreError> {
-    let (now, refresh) = match clock.now() {
-        Some(now) => now,
-        None => {
-            clock.measure(conn).await?;
-            clock.now().ok_or_else(|| {
-                StoreError::UnexpectedReply("TIME gave no usable clock sample".to_owned())
-            })?
+) -> Result<Decision, StoreError> {
+    loop {
+        let (now, refresh) = match clock.now() {
+            Some(now) => now,
+            None => {
+                clock.measure(conn).await?;
+                clock.now().ok_or_else(|| {
+                    StoreError::UnexpectedReply("TIME gave no usable clock sample".to_owned())
+                })?
+            }
+        };
+        let tolerance = clock.tolerance();
+        let sent = clock.local_micros();
+        let reply = send(conn, key, policy, members, now, tolerance).await?;
+        let received = clock.local_micros();
+        let (decision, redis_now) = decide(&reply, policy, members, now, tolerance)?;
+        let off = redis_now.abs_diff(now) > tolerance;
+        if refresh || off {
+            clock.record(sent, received, redis_now);
         }
-    };
-    let cost = policy.cost();
+        if redis_now.saturating_add(tolerance) < now {
+            tracing::debug!(
+                ahead_us = now - redis_now,
+                tolerance_us = tolerance,
+                "sliding log transaction: the clock estimate ran ahead of Redis; running it again"
+            );
+            continue;
+        }
+        if off && decision.allowed() {
+            restamp(conn, key, members, redis_now.saturating_add(tolerance)).await?;
+            let took = clock.local_micros().saturating_sub(sent);
+            // Another check could have passed the old stamp only that long
+            // after the reading: its shortest window, or the spacing.
+            let shortest = policy
+                .rates()
+                .iter()
+                .map(|rate| rate.window_micros())
+                .chain(policy.min_spacing().map(duration_micros))
+                .min()
+                .unwrap_or(0);
+            if took.saturating_add(tolerance) >= shortest {
+                return Err(StoreError::Timeout(Duration::from_micros(took)));
+            }
+        }
+        return Ok(decision);
+    }
+}
+
+/// Date the entries of an admitted request at `stamp` (later only).
+async fn restamp<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    members: &[String],
+    stamp: u64,
+) -> Result<(), StoreError> {
+    let mut cmd = redis::cmd("ZADD");
+    cmd.arg(key).arg("XX").arg("GT");
+    for member in members {
+        cmd.arg(stamp).arg(member);
+    }
+    cmd.query_async::<()>(conn).await?;
+    Ok(())
+}
+
+/// The transaction's commands, sent in one round trip.
+async fn send<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    policy: &Policy,
+    members: &[String],
+    now: u64,
+    tolerance: u64,
+) -> Result<Vec<Value>, StoreError> {
     let rates = policy.rates();
     let longest = duration_micros(policy.longest_window());
-    let members: Vec<String> = if cost == 1 {
-        vec![format!("{now}:{id}")]
-    } else {
-        (1..=cost).map(|j| format!("{now}:{id}:{j}")).collect()
-    };
+    let stamp = now.saturating_add(tolerance);
+    let from = now.saturating_sub(tolerance);
 
     let mut pipe = redis::pipe();
     pipe.atomic();
     pipe.cmd("ZREMRANGEBYSCORE")
         .arg(key)
         .arg("-inf")
-        .arg(now.saturating_sub(longest))
+        .arg(from.saturating_sub(longest))
         .ignore();
     let zadd = pipe.cmd("ZADD").arg(key);
-    for member in &members {
-        zadd.arg(now).arg(member);
+    for member in members {
+        zadd.arg(stamp).arg(member);
     }
     zadd.ignore();
     for rate in rates {
         pipe.cmd("ZCOUNT")
             .arg(key)
-            .arg(format!("({}", now.saturating_sub(rate.window_micros())))
+            .arg(format!("({}", from.saturating_sub(rate.window_micros())))
             .arg("+inf");
     }
     for rate in rates {
@@ -119,39 +200,45 @@ pub(super) async fn transaction(
     pipe.cmd("ZREVRANGE")
         .arg(key)
         .arg(0)
-        .arg(cost)
+        .arg(members.len())
         .arg("WITHSCORES");
     pipe.cmd("PEXPIRE")
         .arg(key)
-        .arg(longest.div_ceil(1_000))
+        .arg(longest.saturating_add(2 * tolerance).div_ceil(1_000))
         .ignore();
-    if refresh {
-        pipe.cmd("TIME");
-    }
-    // From here until the decision is known, an error or a dropped future
-    // takes our entries back out (on the same connection, so after EXEC).
-    let cleanup = Cleanup::new(conn, key, members, timeout);
-    let members = &cleanup.members;
-    let sent = clock.local_micros();
-    let reply: Vec<Value> = pipe.query_async(conn).await?;
-    let received = clock.local_micros();
+    // When Redis really ran it.
+    pipe.cmd("TIME");
+    Ok(pipe.query_async(conn).await?)
+}
 
+/// The decision from the transaction's replies, and Redis's time when it
+/// ran. Counted from `now - tolerance`; waits are measured from Redis's time
+/// and padded by `2 × tolerance`, so a client that waits them finds the
+/// entries gone for a check whose reading is off by up to `tolerance`.
+fn decide(
+    reply: &[Value],
+    policy: &Policy,
+    members: &[String],
+    now: u64,
+    tolerance: u64,
+) -> Result<(Decision, u64), StoreError> {
+    let rates = policy.rates();
     let n = rates.len();
-    let want = 2 * n + 1 + usize::from(refresh);
+    let want = 2 * n + 2;
     if reply.len() != want {
         return Err(StoreError::UnexpectedReply(format!(
             "sliding log transaction: expected {want} replies, got {}",
             reply.len()
         )));
     }
-    if refresh {
-        let (secs, us) = time_reply(&reply[want - 1])?;
-        clock.record(
-            sent,
-            received,
-            secs.saturating_mul(1_000_000).saturating_add(us),
-        );
-    }
+    let (secs, us) = time_reply(&reply[want - 1])?;
+    let redis_now = secs.saturating_mul(1_000_000).saturating_add(us);
+    let from = now.saturating_sub(tolerance);
+    let pad = 2 * tolerance;
+    // The time left until `at` (a score plus a span) is behind every
+    // check's reading.
+    let until = |at: u64| at.saturating_add(pad).saturating_sub(redis_now);
+    let cost = u64::try_from(members.len()).unwrap_or(u64::MAX);
     let newest_other = scored_entries(&reply[2 * n])?
         .into_iter()
         .find(|(member, _)| !members.iter().any(|m| m.as_bytes() == member.as_slice()))
@@ -161,9 +248,9 @@ pub(super) async fn transaction(
     let mut spacing_wait = 0;
     if let (Some(spacing), Some(last)) = (policy.min_spacing(), newest_other) {
         let ready_at = last.saturating_add(duration_micros(spacing));
-        if ready_at > now {
+        if ready_at > from {
             allowed = false;
-            spacing_wait = ready_at - now;
+            spacing_wait = until(ready_at);
         }
     }
     let mut counts = Vec::with_capacity(n);
@@ -190,13 +277,13 @@ pub(super) async fn transaction(
             }
         } else {
             let reset = match newest_other {
-                Some(t) if others > 0 => (t + window).saturating_sub(now),
+                Some(t) if others > 0 => until(t.saturating_add(window)),
                 _ => 0,
             };
             let wait = if counts[i] > rate.max() {
                 scored_entries(&reply[n + i])?
                     .first()
-                    .map_or(window, |&(_, t)| (t + window).saturating_sub(now))
+                    .map_or(window, |&(_, t)| until(t.saturating_add(window)))
             } else {
                 0
             };
@@ -212,22 +299,30 @@ pub(super) async fn transaction(
     let decision = builder
         .build()
         .ok_or_else(|| StoreError::UnexpectedReply("policy without rates".to_owned()))?;
-    if allowed {
-        cleanup.disarm();
-        Ok((decision, None))
+    Ok((decision, redis_now))
+}
+
+/// The entries of one request of `cost` units: its id, or its id and `:j`
+/// for each unit. The same in both executions, and the same on a retry, so
+/// a retried request never counts twice.
+pub(super) fn members(id: &str, cost: u64) -> Vec<String> {
+    if cost == 1 {
+        vec![id.to_owned()]
     } else {
-        // Denied attempts must not count.
-        Ok((decision, Some(cleanup)))
+        (1..=cost).map(|j| format!("{id}:{j}")).collect()
     }
 }
 
-/// Takes the entries of a request that must not count out of its sorted
-/// set: run it, or drop it and it runs in a spawned task. It uses a clone
-/// of the request's own multiplexed connection, so the `ZREM` reaches Redis
-/// after the request's `EXEC`, even when the request timed out or its
-/// future was dropped while waiting.
+/// Takes the entries (or the lease) of a request that must not count out of
+/// its sorted set, unless disarmed: run it, or drop it and it runs in a
+/// spawned task. It is bound to the connection the request's last attempt
+/// went out on (a clone of it), so the `ZREM` reaches Redis after that
+/// attempt's commands, even when the request timed out or its future was
+/// dropped while waiting. One guard serves every attempt of a request: an
+/// attempt that failed and is retried leaves nothing to clean up behind the
+/// retry (its entries are the retry's own).
 pub(super) struct Cleanup {
-    conn: AnyConn,
+    conn: Option<AnyConn>,
     key: String,
     members: Vec<String>,
     timeout: Duration,
@@ -236,10 +331,10 @@ pub(super) struct Cleanup {
 
 impl Cleanup {
     /// A clean-up of `members` of `key`, armed: it runs when dropped unless
-    /// disarmed.
-    pub(super) fn new(conn: &AnyConn, key: &str, members: Vec<String>, timeout: Duration) -> Self {
+    /// disarmed, once it is bound to a connection.
+    pub(super) fn new(key: &str, members: Vec<String>, timeout: Duration) -> Self {
         Self {
-            conn: conn.clone(),
+            conn: None,
             key: key.to_owned(),
             members,
             timeout,
@@ -247,16 +342,30 @@ impl Cleanup {
         }
     }
 
+    /// The request's next attempt goes out on `conn`.
+    pub(super) fn bind(&mut self, conn: &AnyConn) {
+        self.conn = Some(conn.clone());
+    }
+
+    /// The members this guard takes out.
+    pub(super) fn members(&self) -> &[String] {
+        &self.members
+    }
+
     /// Nothing to take out: the request's outcome is known.
-    pub(super) fn disarm(mut self) {
+    pub(super) fn disarm(&mut self) {
         self.armed = false;
     }
 
     /// Remove the entries now, within the timeout; failures are logged.
     pub(super) async fn run(mut self) {
+        // Armed until done: a run cut short by a dropped future is finished
+        // by the drop.
+        let Some(mut conn) = self.conn.clone() else {
+            return;
+        };
         let outcome =
-            tokio::time::timeout(self.timeout, zrem(&mut self.conn, &self.key, &self.members))
-                .await;
+            tokio::time::timeout(self.timeout, zrem(&mut conn, &self.key, &self.members)).await;
         match outcome {
             Ok(Ok(())) => {}
             Ok(Err(error)) => tracing::warn!(
@@ -276,10 +385,12 @@ impl Drop for Cleanup {
         if !self.armed {
             return;
         }
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let mut conn = self.conn.clone();
         let key = std::mem::take(&mut self.key);
         let members = std::mem::take(&mut self.members);
         let timeout = self.timeout;

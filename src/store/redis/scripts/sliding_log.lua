@@ -1,14 +1,17 @@
 -- Sliding log, decided inside Redis on Redis's own clock (TIME).
 --
--- KEYS[1]  the sorted set of one limited key (members: "<µs>:<request id>",
---          scores: µs since the epoch)
+-- KEYS[1]  the sorted set of one limited key (members: the request id, or
+--          "<request id>:<unit>" when the cost is over 1; scores: µs since
+--          the epoch)
 -- ARGV[1]  cost: entries an admitted request adds
 -- ARGV[2]  minimum spacing between admitted requests, µs (0: none)
 -- ARGV[3]  a request id unique across every process
 -- ARGV[4], ARGV[5], ...  max and window (µs) of each rate, in pairs
 --
 -- Returns {allowed (1/0), spacing wait µs, then per rate: remaining, reset µs, wait µs}.
--- A denied request writes nothing.
+-- A denied request writes nothing. A request whose entries are already in
+-- the set (a retry after its reply was lost) is admitted again and writes
+-- nothing more: it counts once.
 if redis.replicate_commands then
   pcall(redis.replicate_commands)
 end
@@ -35,6 +38,30 @@ for i = 1, nrates do
 end
 
 redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - longest))
+
+local function member(j)
+  if cost == 1 then
+    return id
+  end
+  return id .. ':' .. j
+end
+
+local counted = redis.call('ZSCORE', key, member(1))
+if counted then
+  local out = { 1, 0 }
+  for i = 1, nrates do
+    local max = tonumber(ARGV[2 + 2 * i])
+    local w = tonumber(ARGV[3 + 2 * i])
+    local remaining = max - redis.call('ZCOUNT', key, '(' .. int(now - w), '+inf')
+    if remaining < 0 then
+      remaining = 0
+    end
+    out[#out + 1] = remaining
+    out[#out + 1] = int(w)
+    out[#out + 1] = 0
+  end
+  return out
+end
 
 local newest = nil
 local last = redis.call('ZREVRANGE', key, 0, 0, 'WITHSCORES')
@@ -100,11 +127,7 @@ if allowed == 1 then
   local args = {}
   for j = 1, cost do
     args[#args + 1] = stamp
-    if cost == 1 then
-      args[#args + 1] = stamp .. ':' .. id
-    else
-      args[#args + 1] = stamp .. ':' .. id .. ':' .. j
-    end
+    args[#args + 1] = member(j)
     if #args >= 1000 or j == cost then
       redis.call('ZADD', key, unpack(args))
       args = {}

@@ -15,8 +15,9 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use crate::body::ResponseBody;
+use crate::breaker::Ticket;
 use crate::decision::{Decision, Lease};
-use crate::layer::{Check, FailMode, Rejection, Settings};
+use crate::layer::{Check, FailMode, Origin, Rejection, Settings};
 use crate::metrics::Outcome;
 use crate::policy::Policy;
 use crate::response;
@@ -37,6 +38,11 @@ pin_project! {
 struct Pending<S, ReqBody> {
     request: Request<ReqBody>,
     service: S,
+    /// Whether `service` is ready (holding whatever its readiness reserves,
+    /// such as a concurrency-limit permit or a buffer slot). A request that
+    /// is delayed gives that up while it sleeps, and drives a clone to
+    /// readiness once it is admitted.
+    ready: bool,
     settings: Arc<Settings>,
     /// The key in the store, to check again after a delay or release a lease
     /// (held by the check while it waits for the store).
@@ -45,6 +51,8 @@ struct Pending<S, ReqBody> {
     waited: Duration,
     /// When the current check was sent.
     sent: Instant,
+    /// The breaker's ticket for the current check, if it let it through.
+    ticket: Option<Ticket>,
     /// A gRPC call: denials are trailers-only gRPC statuses.
     grpc: bool,
 }
@@ -63,16 +71,28 @@ pin_project! {
             sleep: Pin<Box<Sleep>>,
             pending: Option<Pending<S, ReqBody>>,
         },
+        /// Admitted after a delay: waiting for the inner service to be ready.
+        Readying {
+            admitted: Option<Admitted<S, ReqBody>>,
+        },
         Calling {
             #[pin]
             future: S::Future,
-            decision: Option<(Decision, Arc<Settings>)>,
+            decision: Option<(Decision, Arc<Settings>, Origin)>,
             lease: Option<LeaseGuard>,
         },
         Answered {
             response: Option<Response<Bytes>>,
         },
     }
+}
+
+/// An admitted request waiting for its service to be ready.
+struct Admitted<S, ReqBody> {
+    service: S,
+    request: Request<ReqBody>,
+    decision: Option<(Decision, Arc<Settings>, Origin)>,
+    lease: Option<LeaseGuard>,
 }
 
 impl<S, ReqBody> ResponseFuture<S, ReqBody>
@@ -104,17 +124,19 @@ where
         mut key: String,
         grpc: bool,
     ) -> Self {
-        let check = settings.check(&mut key);
+        let (check, ticket) = settings.check(&mut key);
         Self {
             state: State::Checking {
                 check,
                 pending: Some(Pending {
                     request,
                     service,
+                    ready: true,
                     settings,
                     key,
                     waited: Duration::ZERO,
                     sent: Instant::now(),
+                    ticket,
                     grpc,
                 }),
             },
@@ -130,6 +152,7 @@ where
         let state = match &self.state {
             State::Checking { .. } => "checking",
             State::Delaying { .. } => "delaying",
+            State::Readying { .. } => "readying",
             State::Calling { .. } => "calling",
             State::Answered { .. } => "answered",
         };
@@ -154,13 +177,6 @@ impl fmt::Display for KeyHash<'_> {
 }
 
 /// What to do after a decision.
-/// Who took a decision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Origin {
-    Store,
-    Fallback,
-}
-
 enum Next {
     Call(Option<Decision>, Origin),
     Wait(Duration),
@@ -173,6 +189,7 @@ fn next_step(
     key: &str,
     waited: Duration,
     sent: Instant,
+    ticket: Option<Ticket>,
     grpc: bool,
 ) -> Next {
     // Only the store's own denials may be cached: a fallback's would
@@ -191,7 +208,7 @@ fn next_step(
     }
     let decision = match outcome {
         Ok(decision) => {
-            settings.store_answered(true);
+            settings.store_answered(ticket, true);
             decision
         }
         Err(error) => {
@@ -199,7 +216,7 @@ fn next_step(
             // breaker, and no warning per request.
             let circuit_open = matches!(error, StoreError::CircuitOpen);
             if !circuit_open {
-                settings.store_answered(false);
+                settings.store_answered(ticket, false);
             }
             match &settings.fail_mode {
                 FailMode::Open => {
@@ -274,14 +291,14 @@ fn next_step(
             if from_store {
                 settings.remember_denial(key, &decision, sent);
             }
-            Next::Answer(settings.denial(&decision, grpc))
+            Next::Answer(settings.denial(&decision, grpc, origin))
         }
     }
 }
 
 impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
 {
     type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 
@@ -306,7 +323,16 @@ where
                     if let Some(key) = key {
                         p.key = key;
                     }
-                    match next_step(outcome, &p.settings, &p.key, p.waited, p.sent, p.grpc) {
+                    let step = next_step(
+                        outcome,
+                        &p.settings,
+                        &p.key,
+                        p.waited,
+                        p.sent,
+                        p.ticket,
+                        p.grpc,
+                    );
+                    match step {
                         Next::Call(decision, origin) => {
                             // A concurrency slot, held until the response is done.
                             let lease = decision
@@ -317,16 +343,34 @@ where
                             if let Some(decision) = &decision {
                                 p.request.extensions_mut().insert(decision.clone());
                             }
-                            let future = p.service.call(p.request);
-                            let decision = decision.map(|d| (d, p.settings));
-                            this.state.set(State::Calling {
-                                future,
-                                decision,
-                                lease,
-                            });
+                            let decision = decision.map(|d| (d, p.settings, origin));
+                            if p.ready {
+                                let future = p.service.call(p.request);
+                                this.state.set(State::Calling {
+                                    future,
+                                    decision,
+                                    lease,
+                                });
+                            } else {
+                                this.state.set(State::Readying {
+                                    admitted: Some(Admitted {
+                                        service: p.service,
+                                        request: p.request,
+                                        decision,
+                                        lease,
+                                    }),
+                                });
+                            }
                         }
                         Next::Wait(wait) => {
                             p.waited += wait;
+                            if p.ready {
+                                // Give up what the inner service's readiness
+                                // holds while sleeping: a fresh clone takes
+                                // its place, made ready once admitted.
+                                p.service = p.service.clone();
+                                p.ready = false;
+                            }
                             this.state.set(State::Delaying {
                                 sleep: Box::pin(tokio::time::sleep(wait)),
                                 pending: Some(p),
@@ -347,10 +391,28 @@ where
                         ));
                     };
                     p.sent = Instant::now();
-                    let check = p.settings.check(&mut p.key);
+                    let (check, ticket) = p.settings.check(&mut p.key);
+                    p.ticket = ticket;
                     this.state.set(State::Checking {
                         check,
                         pending: Some(p),
+                    });
+                }
+                StateProj::Readying { admitted } => {
+                    if let Some(a) = admitted.as_mut() {
+                        ready!(a.service.poll_ready(cx))?;
+                    }
+                    let Some(mut a) = admitted.take() else {
+                        // Only reachable if polled again after a panic inside poll.
+                        return Poll::Ready(Ok(
+                            response::store_unavailable().map(ResponseBody::full)
+                        ));
+                    };
+                    let future = a.service.call(a.request);
+                    this.state.set(State::Calling {
+                        future,
+                        decision: a.decision,
+                        lease: a.lease,
                     });
                 }
                 StateProj::Calling {
@@ -359,8 +421,8 @@ where
                     lease,
                 } => {
                     let mut response = ready!(future.poll(cx))?;
-                    if let Some((decision, settings)) = decision {
-                        settings.set_headers(response.headers_mut(), decision);
+                    if let Some((decision, settings, origin)) = decision {
+                        settings.set_headers(response.headers_mut(), decision, *origin);
                     }
                     let lease = lease.take();
                     return Poll::Ready(Ok(response.map(|body| ResponseBody::inner(body, lease))));

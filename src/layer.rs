@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::Response;
 use tower_layer::Layer;
 
-use crate::breaker::{Breaker, CircuitBreaker};
+use crate::breaker::{Breaker, CircuitBreaker, Permit, Ticket};
 use crate::decision::Decision;
 use crate::deny_cache::{DEFAULT_DENY_CACHE_SIZE, DenyCache};
 use crate::policy::Policy;
@@ -33,6 +33,8 @@ pub enum FailMode {
     /// divided among `instances` processes (each rate's max divided by
     /// `instances`, rounded down, at least the cost), and go back to the
     /// store when it answers again. Build it with [`FailMode::fallback`].
+    /// Responses decided by the fallback carry the limit it enforces (the
+    /// divided maxes) in their rate-limit fields, under the same policy names.
     Fallback {
         /// Where the limits are held meanwhile.
         store: MemoryStore,
@@ -72,7 +74,10 @@ pub enum Rejection {
     Reject,
     /// Shape instead of police: when the request would be admitted within
     /// `max_wait`, wait and check again (as often as needed, never waiting
-    /// more than `max_wait` in all); otherwise reject it.
+    /// more than `max_wait` in all); otherwise reject it. A waiting request
+    /// holds nothing of the wrapped service (no `Buffer` slot or
+    /// `ConcurrencyLimit` permit its readiness reserved): once admitted, it
+    /// waits for the service to be ready again before it is called.
     Delay {
         /// The longest a request may be held back.
         max_wait: Duration,
@@ -161,6 +166,13 @@ pub struct RateLimitLayer<K> {
     key: Arc<K>,
 }
 
+/// Who took a decision: the store, or the fail mode's fallback store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    Store,
+    Fallback,
+}
+
 /// A check under way, or its outcome (taken once).
 pub(crate) enum Check {
     Done(Option<Result<Decision, crate::store::StoreError>>),
@@ -190,29 +202,45 @@ pub(crate) struct Settings {
 impl Settings {
     /// The check of `key`: the store's, or a failure at once while the
     /// circuit is open. A check that must wait takes the key and hands it
-    /// back with its answer.
-    pub(crate) fn check(&self, key: &mut String) -> Check {
-        if let Some(breaker) = &self.breaker
-            && breaker.permit() == crate::breaker::Permit::Skip
-        {
-            return Check::Done(Some(Err(crate::store::StoreError::CircuitOpen)));
-        }
+    /// back with its answer. The ticket, when the breaker let the check
+    /// through, goes back to [`store_answered`](Self::store_answered).
+    pub(crate) fn check(&self, key: &mut String) -> (Check, Option<Ticket>) {
+        let ticket = match self.breaker.as_deref().map(Breaker::permit) {
+            Some(Permit::Skip) => {
+                return (
+                    Check::Done(Some(Err(crate::store::StoreError::CircuitOpen))),
+                    None,
+                );
+            }
+            Some(Permit::Ask(ticket)) => Some(ticket),
+            None => None,
+        };
         if let Some(decision) = self.store.check_in_process(key, &self.policy) {
-            return Check::Done(Some(Ok(decision)));
+            return (Check::Done(Some(Ok(decision))), ticket);
         }
-        Check::Waiting(
+        let check = Check::Waiting(
             Arc::clone(&self.store).check_owned(std::mem::take(key), Arc::clone(&self.policy)),
-        )
+        );
+        (check, ticket)
     }
 
-    /// Tell the breaker how the store did.
-    pub(crate) fn store_answered(&self, ok: bool) {
-        if let Some(breaker) = &self.breaker {
+    /// Tell the breaker how the store did with the check of `ticket`.
+    pub(crate) fn store_answered(&self, ticket: Option<Ticket>, ok: bool) {
+        if let (Some(breaker), Some(ticket)) = (&self.breaker, ticket) {
             if ok {
-                breaker.success();
+                breaker.success(ticket);
             } else {
-                breaker.failure();
+                breaker.failure(ticket);
             }
+        }
+    }
+
+    /// The policy a decision of `origin` was taken under: the layer's, or
+    /// the fallback's share of it.
+    fn enforced(&self, origin: Origin) -> &Policy {
+        match (origin, &self.fallback_policy) {
+            (Origin::Fallback, Some(policy)) => policy,
+            _ => &self.policy,
         }
     }
 
@@ -254,24 +282,41 @@ impl Settings {
         }
     }
 
-    /// Put the rate-limit fields of `decision` on `headers`, in the chosen
-    /// style.
-    pub(crate) fn set_headers(&self, headers: &mut http::HeaderMap, decision: &Decision) {
+    /// Put the rate-limit fields of `decision`, taken by `origin`, on
+    /// `headers`, in the chosen style. They describe the limit enforced (the
+    /// fallback's share during an outage), under the layer's policy names.
+    pub(crate) fn set_headers(
+        &self,
+        headers: &mut http::HeaderMap,
+        decision: &Decision,
+        origin: Origin,
+    ) {
         if matches!(self.headers, HeaderStyle::XRateLimit | HeaderStyle::Both) {
             crate::response::set_headers(headers, decision);
         }
         if matches!(self.headers, HeaderStyle::Ietf | HeaderStyle::Both) {
-            crate::response::set_ietf_headers(headers, &self.policy, decision);
+            crate::response::set_ietf_headers(
+                headers,
+                &self.policy,
+                self.enforced(origin),
+                decision,
+            );
         }
     }
 
-    /// The response to a denied request (a gRPC call when `grpc`).
-    pub(crate) fn denial(&self, decision: &Decision, grpc: bool) -> Response<Bytes> {
+    /// The response to a request `decision`, taken by `origin`, denies (a
+    /// gRPC call when `grpc`).
+    pub(crate) fn denial(
+        &self,
+        decision: &Decision,
+        grpc: bool,
+        origin: Origin,
+    ) -> Response<Bytes> {
         let mut response = match &self.rejection {
             Rejection::Custom(respond) => {
                 let mut response = respond(decision);
                 let mut fields = http::HeaderMap::new();
-                self.set_headers(&mut fields, decision);
+                self.set_headers(&mut fields, decision, origin);
                 fields.insert(
                     http::header::RETRY_AFTER,
                     http::HeaderValue::from(crate::response::retry_after_secs(decision)),
@@ -298,7 +343,12 @@ impl Settings {
             }
         }
         if self.headers != HeaderStyle::XRateLimit {
-            crate::response::set_ietf_headers(response.headers_mut(), &self.policy, decision);
+            crate::response::set_ietf_headers(
+                response.headers_mut(),
+                &self.policy,
+                self.enforced(origin),
+                decision,
+            );
         }
         response
     }
@@ -353,7 +403,10 @@ impl<K> RateLimitLayer<K> {
     /// The circuit breaker (default [`CircuitBreaker::default`]: open after
     /// 5 consecutive store failures, probe every second). While it is open,
     /// requests are answered by the fail mode at once instead of each
-    /// waiting for the store's timeout. `None` turns it off.
+    /// waiting for the store's timeout. Only results of checks let through
+    /// in the breaker's current state count: a check sent before the circuit
+    /// opened and answered late neither closes nor reopens it; only the
+    /// probe's result does. `None` turns it off.
     #[must_use]
     pub fn with_circuit_breaker(self, breaker: Option<CircuitBreaker>) -> Self {
         self.map_settings(|s| s.breaker = breaker.map(|b| Arc::new(Breaker::new(b))))
@@ -373,8 +426,12 @@ impl<K> RateLimitLayer<K> {
     }
 
     /// Answer denials with an RFC 9457 `application/problem+json` body
-    /// (type, title, detail with the retry time, and the violated policies)
-    /// instead of plain text.
+    /// instead of plain text: the "Quota Exceeded" problem type of
+    /// draft-ietf-httpapi-ratelimit-headers (`type`
+    /// `https://iana.org/assignments/http-problem-types#quota-exceeded`,
+    /// `title` `Quota Exceeded`, `status` 429), its `violated-policies`
+    /// (the rates that deny the request, named as in `RateLimit-Policy`),
+    /// a `detail` with the retry time, and `retry_after` in seconds.
     #[must_use]
     pub fn with_problem_json(self, enabled: bool) -> Self {
         self.map_settings(|s| s.problem_json = enabled)

@@ -38,12 +38,13 @@ const T: &KeyRef = key_ref("t");
 /// `requests`, is left implicit).
 const CONCURRENT_REQUESTS: &StringRef = string_ref("concurrent-requests");
 
-/// The `type` of the problem+json denial. RFC 9457 allows `about:blank`, but a
-/// URI of its own lets a client tell this 429 from any other. It is an
-/// identifier first, so it must not change: it names the crate docs'
-/// "Rate limited" section (a README heading `Rate limited` gives the anchor).
+/// The `type` of the problem+json denial: the "Quota Exceeded" problem type
+/// of draft-ietf-httpapi-ratelimit-headers (section 5.1 from -09 on; the
+/// registration of section 10.2.1 of -11 gives its title and status).
 pub(crate) const PROBLEM_TYPE: &str =
-    "https://docs.rs/tower-redis-ratelimit/latest/tower_redis_ratelimit/#rate-limited";
+    "https://iana.org/assignments/http-problem-types#quota-exceeded";
+/// The title the draft registers for [`PROBLEM_TYPE`].
+const PROBLEM_TITLE: &str = "Quota Exceeded";
 
 /// Whole seconds, rounded up.
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
@@ -117,7 +118,7 @@ fn sf_integer(n: u64) -> Integer {
     Integer::try_from(n).unwrap_or(Integer::MAX)
 }
 
-/// The name of a rate in the IETF fields and in `violated_policies`: its
+/// The name of a rate in the IETF fields and in `violated-policies`: its
 /// text form, `"3/s"`, `"20/min"` (unique within a policy: windows are), or
 /// `"concurrency"` for a concurrency limit, whose window is only a lease time.
 fn rate_name(algorithm: Algorithm, rate: Rate) -> String {
@@ -126,6 +127,20 @@ fn rate_name(algorithm: Algorithm, rate: Rate) -> String {
     } else {
         rate.to_string()
     }
+}
+
+/// The name of `rate`, a rate enforced for `named` (itself, or the
+/// fallback's share of it, with the same window and a smaller max): the name
+/// of `named`'s rate of that window, so a policy keeps its name whichever
+/// store decides.
+fn policy_name(named: &Policy, algorithm: Algorithm, rate: Rate) -> String {
+    let rate = named
+        .rates()
+        .iter()
+        .copied()
+        .find(|r| r.window() == rate.window())
+        .unwrap_or(rate);
+    rate_name(algorithm, rate)
 }
 
 /// Whether this rate is one that keeps the request out.
@@ -144,12 +159,17 @@ fn ietf_reset_secs(decision: &Decision, status: &RateStatus) -> u64 {
     }
 }
 
-/// The value of `RateLimit-Policy`; `None` only for a policy without rates or
-/// a name that is not a structured-field String (neither can happen).
-fn ratelimit_policy_value(policy: &Policy, algorithm: Algorithm) -> Option<String> {
+/// The value of `RateLimit-Policy`: the quotas of `enforced`, under the
+/// names of `named`; `None` only for a policy without rates or a name that is
+/// not a structured-field String (neither can happen).
+fn ratelimit_policy_value(
+    named: &Policy,
+    enforced: &Policy,
+    algorithm: Algorithm,
+) -> Option<String> {
     let mut list = ListSerializer::new();
-    for &rate in policy.rates() {
-        let name = rate_name(algorithm, rate);
+    for &rate in enforced.rates() {
+        let name = policy_name(named, algorithm, rate);
         let extent: (&KeyRef, RefBareItem<'_>) = if algorithm == Algorithm::Concurrency {
             // A concurrency limit has no window: the rate's window is only
             // the lease after which a crashed process's slot frees itself.
@@ -166,11 +186,12 @@ fn ratelimit_policy_value(policy: &Policy, algorithm: Algorithm) -> Option<Strin
     list.finish()
 }
 
-/// The value of `RateLimit`; `None` as for [`ratelimit_policy_value`].
-fn ratelimit_value(decision: &Decision) -> Option<String> {
+/// The value of `RateLimit`, under the names of `named`; `None` as for
+/// [`ratelimit_policy_value`].
+fn ratelimit_value(named: &Policy, decision: &Decision) -> Option<String> {
     let mut list = ListSerializer::new();
     for status in decision.rates() {
-        let name = rate_name(decision.algorithm(), status.rate());
+        let name = policy_name(named, decision.algorithm(), status.rate());
         // No `t` for a concurrency limit: a slot frees when a request ends,
         // not at a time the limiter knows.
         let t = (decision.algorithm() != Algorithm::Concurrency)
@@ -184,15 +205,22 @@ fn ratelimit_value(decision: &Decision) -> Option<String> {
 }
 
 /// Set `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11)
-/// for `decision`, taken under `policy`: one list member per rate, in the
-/// policy's order, serialised as RFC 9651 structured fields.
-pub(crate) fn set_ietf_headers(headers: &mut HeaderMap, policy: &Policy, decision: &Decision) {
+/// for `decision`, taken under `enforced` (the layer's policy `named`, or
+/// the fallback's share of it): one list member per rate, in the policy's
+/// order, named after `named`'s rates, with the quotas of `enforced`,
+/// serialised as RFC 9651 structured fields.
+pub(crate) fn set_ietf_headers(
+    headers: &mut HeaderMap,
+    named: &Policy,
+    enforced: &Policy,
+    decision: &Decision,
+) {
     let fields = [
         (
             &RATELIMIT_POLICY,
-            ratelimit_policy_value(policy, decision.algorithm()),
+            ratelimit_policy_value(named, enforced, decision.algorithm()),
         ),
-        (&RATELIMIT, ratelimit_value(decision)),
+        (&RATELIMIT, ratelimit_value(named, decision)),
     ];
     for (name, value) in fields {
         if let Some(value) = value.and_then(|v| HeaderValue::try_from(v).ok()) {
@@ -260,25 +288,28 @@ pub(crate) fn too_many_requests(decision: &Decision) -> Response<Bytes> {
     response
 }
 
-/// `429 Too Many Requests` as an RFC 9457 `application/problem+json` document,
-/// with `Retry-After` and the rate-limit headers:
+/// `429 Too Many Requests` as an RFC 9457 `application/problem+json` document
+/// of the "Quota Exceeded" problem type of draft-ietf-httpapi-ratelimit-headers
+/// (section 5.1), with `Retry-After` and the rate-limit headers:
 ///
 /// ```json
-/// {"type":"https://docs.rs/tower-redis-ratelimit/latest/tower_redis_ratelimit/#rate-limited",
-///  "title":"Too Many Requests","status":429,
+/// {"type":"https://iana.org/assignments/http-problem-types#quota-exceeded",
+///  "title":"Quota Exceeded","status":429,
 ///  "detail":"Too many requests: the limit is 3/s. Retry in 1 s.",
-///  "violated_policies":["3/s"],"retry_after":1}
+///  "violated-policies":["3/s"],"retry_after":1}
 /// ```
 ///
-/// `violated_policies` names the rates that deny the request, as in
-/// `RateLimit-Policy`; it is empty when only the policy's minimum spacing does.
+/// `violated-policies` (the draft's member) names the rates that deny the
+/// request, as `RateLimit-Policy` names them (after `policy`, the layer's
+/// policy); it is empty when only the policy's minimum spacing does.
+/// `retry_after` (seconds, as `Retry-After`) is this crate's own member.
 pub(crate) fn problem_json(decision: &Decision, policy: &Policy) -> Response<Bytes> {
     let secs = retry_after_secs(decision);
     let violated: Vec<String> = decision
         .rates()
         .iter()
         .filter(|status| denies(decision, status))
-        .map(|status| rate_name(decision.algorithm(), status.rate()))
+        .map(|status| policy_name(policy, decision.algorithm(), status.rate()))
         .collect();
     let phrase = match policy.min_spacing() {
         Some(spacing) if violated.is_empty() => {
@@ -288,10 +319,11 @@ pub(crate) fn problem_json(decision: &Decision, policy: &Policy) -> Response<Byt
     };
     let body = serde_json::json!({
         "type": PROBLEM_TYPE,
-        "title": "Too Many Requests",
+        "title": PROBLEM_TITLE,
         "status": StatusCode::TOO_MANY_REQUESTS.as_u16(),
         "detail": format!("Too many requests: {phrase}. Retry in {secs} s."),
-        "violated_policies": violated,
+        // The draft's member: the policies whose quota was exceeded.
+        "violated-policies": violated,
         "retry_after": secs,
     });
     let mut response = Response::new(Bytes::from(body.to_string()));
@@ -418,7 +450,7 @@ mod tests {
 
     fn ietf(policy: &Policy, decision: &Decision) -> (String, String) {
         let mut headers = HeaderMap::new();
-        set_ietf_headers(&mut headers, policy, decision);
+        set_ietf_headers(&mut headers, policy, policy, decision);
         (
             header(&headers, &RATELIMIT_POLICY).to_owned(),
             header(&headers, &RATELIMIT).to_owned(),
@@ -463,6 +495,36 @@ mod tests {
         let (policy_field, ratelimit) = ietf(&policy, &d);
         assert_eq!(policy_field, r#""3/s";q=3;w=1, "20/min";q=20;w=60"#);
         assert_eq!(ratelimit, r#""3/s";r=2;t=1, "20/min";r=19;t=60"#);
+    }
+
+    #[test]
+    fn a_fallback_share_keeps_the_policy_names_with_its_own_quotas() {
+        let named: Policy = "8/10s, 40/min".parse().unwrap();
+        let enforced = named.shared_by(4);
+        let d = decision(
+            false,
+            Algorithm::SlidingLog,
+            &[
+                status("2/10s", 0, ms(9_000), ms(4_000)),
+                status("10/min", 8, ms(50_000), Duration::ZERO),
+            ],
+        );
+        let mut headers = HeaderMap::new();
+        set_ietf_headers(&mut headers, &named, &enforced, &d);
+        assert_eq!(
+            header(&headers, &RATELIMIT_POLICY),
+            r#""8/10s";q=2;w=10, "40/min";q=10;w=60"#
+        );
+        assert_eq!(
+            header(&headers, &RATELIMIT),
+            r#""8/10s";r=0;t=4, "40/min";r=8;t=50"#
+        );
+        let body: serde_json::Value =
+            serde_json::from_slice(problem_json(&d, &named).body()).unwrap();
+        assert_eq!(body["violated-policies"], serde_json::json!(["8/10s"]));
+        // X-RateLimit-Limit is the max of the enforced rate.
+        let plain = too_many_requests(&d);
+        assert_eq!(header(plain.headers(), &X_RATELIMIT_LIMIT), "2");
     }
 
     #[test]
@@ -585,7 +647,7 @@ mod tests {
         );
         let mut headers = HeaderMap::new();
         headers.insert(RATELIMIT.clone(), HeaderValue::from_static("stale"));
-        set_ietf_headers(&mut headers, &policy, &d);
+        set_ietf_headers(&mut headers, &policy, &policy, &d);
         assert_eq!(headers.get_all(&RATELIMIT).iter().count(), 1);
         assert_eq!(header(&headers, &RATELIMIT), r#""3/s";r=2;t=1"#);
     }
@@ -663,11 +725,11 @@ mod tests {
         assert_eq!(
             body,
             serde_json::json!({
-                "type": "https://docs.rs/tower-redis-ratelimit/latest/tower_redis_ratelimit/#rate-limited",
-                "title": "Too Many Requests",
+                "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
+                "title": "Quota Exceeded",
                 "status": 429,
                 "detail": "Too many requests: the limit is 20/min. Retry in 31 s.",
-                "violated_policies": ["3/s", "20/min"],
+                "violated-policies": ["3/s", "20/min"],
                 "retry_after": 31,
             })
         );
@@ -686,7 +748,7 @@ mod tests {
         let d = b.build().unwrap();
         let response = problem_json(&d, &policy);
         let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
-        assert_eq!(body["violated_policies"], serde_json::json!([]));
+        assert_eq!(body["violated-policies"], serde_json::json!([]));
         assert_eq!(body["retry_after"], 1);
         assert_eq!(
             body["detail"],
@@ -706,7 +768,7 @@ mod tests {
         let body: serde_json::Value =
             serde_json::from_slice(problem_json(&d, &policy).body()).unwrap();
         assert_eq!(
-            body["violated_policies"],
+            body["violated-policies"],
             serde_json::json!(["concurrency"])
         );
         assert_eq!(

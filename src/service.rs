@@ -123,7 +123,11 @@ where
                         "rate limit: denied (deny cache)"
                     );
                     crate::metrics::decision(&self.settings.name, Outcome::Limited);
-                    return ResponseFuture::answered(self.settings.denial(&denied, grpc));
+                    return ResponseFuture::answered(self.settings.denial(
+                        &denied,
+                        grpc,
+                        crate::layer::Origin::Store,
+                    ));
                 }
                 ResponseFuture::checking(request, ready, Arc::clone(&self.settings), key, grpc)
             }

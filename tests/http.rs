@@ -16,7 +16,8 @@ use http_body_util::BodyExt;
 use support::RedisServer;
 use tower::ServiceExt;
 use tower_redis_ratelimit::{
-    Decision, Execution, FailMode, MemoryStore, Policy, RateLimitLayer, RedisStore, Store, key,
+    Decision, Execution, FailMode, HeaderStyle, MemoryStore, Policy, RateLimitLayer, RedisStore,
+    Store, key,
 };
 
 fn app<St: Store>(store: St, policy: &str) -> Router {
@@ -251,6 +252,60 @@ async fn fail_modes_when_redis_hangs() {
     let (res, _) = send(&closed, request("/", "10.0.0.1")).await;
     assert_eq!(res.status(), StatusCode::OK);
     assert!(header(&res, "x-ratelimit-remaining").is_some());
+}
+
+/// Under `FailMode::Fallback` the headers describe the limit the fallback
+/// enforces (each rate's max divided among the instances), in both styles,
+/// under the same policy names as when Redis answers.
+#[tokio::test]
+async fn fallback_headers_describe_the_limit_the_fallback_enforces() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .with_timeout(Duration::from_millis(100));
+    let limiter = RateLimitLayer::new(
+        store,
+        "8/10s, 40/min".parse::<Policy>().unwrap(),
+        key::peer_ip(),
+    )
+    .with_fail_mode(FailMode::fallback(MemoryStore::new(), 4))
+    .with_headers(HeaderStyle::Both)
+    .with_problem_json(true);
+    let app = app_with(limiter);
+    let (res, _) = send(&app, request("/", "10.0.0.1")).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some(r#""8/10s";q=8;w=10, "40/min";q=40;w=60"#)
+    );
+    assert_eq!(header(&res, "x-ratelimit-limit"), Some("8"));
+
+    server.kill();
+    // This instance now allows a quarter: 2 per 10 s, 10 per minute.
+    let fallback_policy = r#""8/10s";q=2;w=10, "40/min";q=10;w=60"#;
+    for remaining in ["1", "0"] {
+        let (res, _) = send(&app, request("/", "10.0.0.1")).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(header(&res, "ratelimit-policy"), Some(fallback_policy));
+        assert_eq!(header(&res, "x-ratelimit-limit"), Some("2"));
+        assert_eq!(header(&res, "x-ratelimit-remaining"), Some(remaining));
+        let ratelimit = header(&res, "ratelimit").unwrap();
+        assert!(
+            ratelimit.starts_with(&format!(r#""8/10s";r={remaining};t="#)),
+            "{ratelimit}"
+        );
+    }
+    let (res, body) = send(&app, request("/", "10.0.0.1")).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "ratelimit-policy"), Some(fallback_policy));
+    assert_eq!(header(&res, "x-ratelimit-limit"), Some("2"));
+    assert_eq!(header(&res, "x-ratelimit-remaining"), Some("0"));
+    let ratelimit = header(&res, "ratelimit").unwrap();
+    assert!(ratelimit.starts_with(r#""8/10s";r=0;t="#), "{ratelimit}");
+    // The violated policy is named as in RateLimit-Policy.
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["violated-policies"], serde_json::json!(["8/10s"]));
 }
 
 /// The whole set-up of the README over a real socket: axum::serve with

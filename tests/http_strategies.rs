@@ -123,10 +123,21 @@ async fn custom_rejection_builds_the_response() {
     assert_eq!(header(&res, "x-ratelimit-remaining"), Some("0"));
 }
 
+/// The names of the policies in a `RateLimit-Policy` value.
+fn policy_names(field: &str) -> Vec<String> {
+    field
+        .split(", ")
+        .map(|item| item.split(';').next().unwrap().trim_matches('"').to_owned())
+        .collect()
+}
+
+/// A denial as problem+json follows draft-ietf-httpapi-ratelimit-headers
+/// (section 5.1): the `quota-exceeded` problem type, with the violated
+/// policies named as in `RateLimit-Policy`.
 #[tokio::test]
 async fn problem_json_denials() {
     let app = app(MemoryStore::new(), policy("1/10s, 5/min"), |l| {
-        l.with_problem_json(true)
+        l.with_problem_json(true).with_headers(HeaderStyle::Both)
     });
     send(&app).await;
     let (res, body) = send(&app).await;
@@ -136,9 +147,22 @@ async fn problem_json_denials() {
         Some("application/problem+json")
     );
     assert_eq!(header(&res, "retry-after"), Some("10"));
-    assert!(body.contains("\"status\":429"), "{body}");
-    assert!(body.contains("\"violated_policies\":[\"1/10s\"]"), "{body}");
-    assert!(body.contains("10"), "{body}");
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        body["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(body["title"], "Quota Exceeded");
+    assert_eq!(body["status"], 429);
+    assert_eq!(body["violated-policies"], serde_json::json!(["1/10s"]));
+    assert!(body.get("violated_policies").is_none(), "{body}");
+    let names = policy_names(header(&res, "ratelimit-policy").unwrap());
+    for violated in body["violated-policies"].as_array().unwrap() {
+        assert!(
+            names.iter().any(|n| n == violated.as_str().unwrap()),
+            "{violated} is not a policy of {names:?}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -348,4 +372,91 @@ async fn a_lease_dropped_outside_a_runtime_does_not_panic() {
     let body = response.into_body();
     let dropped = std::thread::spawn(move || drop(body)).join();
     assert!(dropped.is_ok(), "dropping the body panicked");
+}
+
+/// The layer with `Rejection::delay(2 s)` and `1/600ms` per `x-client`.
+fn delaying_limiter() -> RateLimitLayer<impl key::KeyExtractor<Body>> {
+    RateLimitLayer::new(
+        MemoryStore::new(),
+        policy("1/600ms"),
+        |req: &Request<Body>| {
+            req.headers()
+                .get("x-client")
+                .map(|v| v.to_str().unwrap().to_owned())
+        },
+    )
+    .with_rejection(Rejection::delay(Duration::from_secs(2)))
+}
+
+async fn hello(_req: Request<Body>) -> Result<Response<Body>, std::convert::Infallible> {
+    Ok(Response::new(Body::from("ok")))
+}
+
+/// While client a's second request sleeps its turn, client b's first
+/// request (its own quota) is answered at once.
+async fn an_admitted_request_does_not_queue_behind_a_delayed_one<S>(service: S)
+where
+    S: tower::Service<
+            Request<Body>,
+            Response = Response<tower_redis_ratelimit::ResponseBody<Body>>,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+    S::Error: std::fmt::Debug + Send,
+{
+    let client = |name: &str| {
+        Request::get("/")
+            .header("x-client", name)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let first = service.clone().oneshot(client("a")).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    // Client a's second request waits about 600 ms for its turn.
+    let started = Instant::now();
+    let delayed = tokio::spawn(service.clone().oneshot(client("a")));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let other = Instant::now();
+    let response =
+        tokio::time::timeout(Duration::from_secs(3), service.clone().oneshot(client("b")))
+            .await
+            .expect("client b never answered")
+            .unwrap();
+    let took = other.elapsed();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        took < Duration::from_millis(300),
+        "an admitted request waited {took:?} behind a delayed one"
+    );
+    let delayed = delayed.await.unwrap().unwrap();
+    assert_eq!(delayed.status(), StatusCode::OK);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(500),
+        "the delayed request was not delayed ({waited:?})"
+    );
+}
+
+/// A request delayed by `Rejection::Delay` does not hold the inner
+/// service's readiness while it sleeps: with a `ConcurrencyLimit` of 1
+/// inside the layer, another client's admitted request goes through at once
+/// instead of queueing behind the sleeper.
+#[tokio::test]
+async fn a_delayed_request_does_not_hold_a_concurrency_limit_permit() {
+    let service = tower::ServiceBuilder::new()
+        .layer(delaying_limiter())
+        .concurrency_limit(1)
+        .service_fn(hello);
+    an_admitted_request_does_not_queue_behind_a_delayed_one(service).await;
+}
+
+/// The same with a `Buffer` of one slot inside the layer.
+#[tokio::test]
+async fn a_delayed_request_does_not_hold_a_buffer_slot() {
+    let service = tower::ServiceBuilder::new()
+        .layer(delaying_limiter())
+        .buffer(1)
+        .service_fn(hello);
+    an_admitted_request_does_not_queue_behind_a_delayed_one(service).await;
 }

@@ -1,0 +1,77 @@
+//! The circuit breaker through the layer, against a real redis-server:
+//! configurations at the edges never panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use http::{Request, StatusCode};
+use support::RedisServer;
+use tower::{Service, ServiceExt};
+use tower_redis_ratelimit::{CircuitBreaker, FailMode, Policy, RateLimitLayer, RedisStore, key};
+
+fn request() -> Request<Body> {
+    Request::get("/").body(Body::empty()).unwrap()
+}
+
+async fn status<S>(service: &S) -> StatusCode
+where
+    S: Service<Request<Body>, Response = http::Response<tower_redis_ratelimit::ResponseBody<Body>>>
+        + Clone,
+    S::Error: std::fmt::Debug,
+{
+    service.clone().oneshot(request()).await.unwrap().status()
+}
+
+/// `cooldown: Duration::MAX` ("never probe"): the first failure opens the
+/// circuit for good — no panic, and the store is never asked again, even
+/// once it is back.
+#[tokio::test]
+async fn a_cooldown_of_duration_max_opens_the_circuit_for_good() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .with_timeout(Duration::from_millis(100));
+    let limiter = RateLimitLayer::new(store, "100/s".parse::<Policy>().unwrap(), key::global())
+        .with_fail_mode(FailMode::Closed)
+        .with_circuit_breaker(Some(CircuitBreaker {
+            failures: 1,
+            cooldown: Duration::MAX,
+        }));
+    let service =
+        tower::ServiceBuilder::new()
+            .layer(limiter)
+            .service_fn(|_req: Request<Body>| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(Body::from("ok")))
+            });
+    assert_eq!(status(&service).await, StatusCode::OK);
+    server.kill();
+    let failed = tokio::spawn({
+        let service = service.clone();
+        async move { status(&service).await }
+    })
+    .await;
+    assert_eq!(
+        failed.expect("the first failure panicked"),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    server.restart();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for _ in 0..5 {
+        let started = Instant::now();
+        assert_eq!(status(&service).await, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            started.elapsed() < Duration::from_millis(50),
+            "answered after {:?}: the store was asked",
+            started.elapsed()
+        );
+    }
+    let checks: u64 = ["evalsha", "eval", "multi", "exec"]
+        .iter()
+        .map(|command| server.calls(command))
+        .sum();
+    assert_eq!(checks, 0, "the store was asked");
+}

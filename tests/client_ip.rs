@@ -128,3 +128,91 @@ async fn allowed_keys_are_never_limited() {
         StatusCode::TOO_MANY_REQUESTS
     );
 }
+
+fn request_with(peer: &str, headers: &[(&str, &str)]) -> Request<Body> {
+    let mut builder = Request::get("/");
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    let mut req = builder.body(Body::empty()).unwrap();
+    let addr: SocketAddr = peer.parse().unwrap();
+    req.extensions_mut().insert(ConnectInfo(addr));
+    req
+}
+
+fn one_per_10s<K: key::KeyExtractor<Body>>(extractor: K) -> Router {
+    let limiter = RateLimitLayer::new(
+        MemoryStore::new(),
+        "1/10s".parse::<Policy>().unwrap(),
+        extractor,
+    );
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(limiter)
+}
+
+/// A dual-stack proxy: its listener gives IPv4 peers IPv4-mapped, and it
+/// writes its own IPv4 hops IPv4-mapped. Each client keeps its own budget,
+/// and a client is one client however its address is written.
+#[tokio::test]
+async fn clients_behind_a_dual_stack_proxy_have_their_own_budgets() {
+    for trusted in ["10.0.0.0/8", "::ffff:10.0.0.0/104"] {
+        let app = one_per_10s(key::client_ip().trusting([trusted]).unwrap());
+        let via = |client: &str| {
+            let chain = format!("{client}, ::ffff:10.0.0.5");
+            request_with("[::ffff:10.0.0.2]:5000", &[("x-forwarded-for", &chain)])
+        };
+        assert_eq!(
+            status(&app, via("203.0.113.1")).await,
+            StatusCode::OK,
+            "{trusted}"
+        );
+        assert_eq!(
+            status(&app, via("203.0.113.2")).await,
+            StatusCode::OK,
+            "{trusted}: the second client got the proxy's key"
+        );
+        // The first client again, written IPv4-mapped, through an IPv4 peer.
+        let again = request_with(
+            "10.0.0.3:5000",
+            &[("x-forwarded-for", "::ffff:203.0.113.1")],
+        );
+        assert_eq!(
+            status(&app, again).await,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{trusted}"
+        );
+    }
+}
+
+/// A proxy that appends its X-Real-IP line after the one the client sent:
+/// the client cannot pick its key.
+#[tokio::test]
+async fn a_client_s_own_x_real_ip_line_is_not_believed() {
+    let app = one_per_10s(
+        key::client_ip()
+            .trusting(["10.0.0.2"])
+            .unwrap()
+            .header(key::ProxyHeader::XRealIp),
+    );
+    let from = |forged: &str, real: &str| {
+        request_with(
+            "10.0.0.2:5000",
+            &[("x-real-ip", forged), ("x-real-ip", real)],
+        )
+    };
+    assert_eq!(
+        status(&app, from("198.51.100.1", "203.0.113.1")).await,
+        StatusCode::OK
+    );
+    // The same client, claiming another address each time: still itself.
+    assert_eq!(
+        status(&app, from("198.51.100.2", "203.0.113.1")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Another client, claiming the first one's address: its own budget.
+    assert_eq!(
+        status(&app, from("203.0.113.1", "203.0.113.2")).await,
+        StatusCode::OK
+    );
+}

@@ -5,9 +5,9 @@ use std::str::FromStr;
 
 use http::Request;
 use http::header::{FORWARDED, HeaderName};
-use ipnet::{IpNet, Ipv6Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
-use super::{KeyError, KeyExtractor, PeerIp};
+use super::{KeyError, KeyExtractor, PeerIp, canonical_ip};
 
 /// How many forwarding entries are examined at most, from the right: a
 /// client cannot make the server walk a header of thousands of entries.
@@ -30,7 +30,12 @@ pub enum ProxyHeader {
     XForwardedFor,
     /// `Forwarded: for=client, for=proxy1` (RFC 7239).
     Forwarded,
-    /// `X-Real-IP: client`, one address set by the last proxy.
+    /// `X-Real-IP: client`, one address set by the last proxy. When the
+    /// request holds several (a proxy that appends its line after the one
+    /// the client sent, or an intermediary that joined them with commas),
+    /// the **last** entry of the last line is read: the one the trusted
+    /// proxy wrote. If that entry is not an address, the peer is the client;
+    /// an earlier entry, which the client may have written, is never used.
     XRealIp,
 }
 
@@ -51,8 +56,17 @@ pub struct ClientIp {
 /// when the connecting peer is one of them, and the client is the
 /// rightmost address in the chain that is not a trusted proxy (every
 /// trusted proxy appends what it saw; what is left of them came from the
-/// client and is not believed). A malformed entry ends the walk: the last
-/// trusted address seen is then taken as the client.
+/// client and is not believed). Several lines of the header are one list,
+/// in order (the entries of the last line are the rightmost). A malformed
+/// entry ends the walk: the last trusted address seen is then taken as the
+/// client. With [`ProxyHeader::XRealIp`] the last entry is read (see there).
+///
+/// IPv4-mapped IPv6 addresses (`::ffff:10.0.0.5`, as a dual-stack listener
+/// or proxy writes IPv4 peers) are their IPv4 address everywhere: the peer,
+/// every entry of the header, the trusted proxies (`::ffff:10.0.0.0/104` is
+/// `10.0.0.0/8`) and the key, so a client is one client however its address
+/// is written. An IPv6 block of trusted proxies therefore never covers
+/// IPv4 clients (`::/0` trusts every IPv6 address, no IPv4 one).
 ///
 /// IPv6 clients are grouped by their /64 (see
 /// [`ipv6_prefix`](ClientIp::ipv6_prefix)).
@@ -74,21 +88,62 @@ pub fn client_ip() -> ClientIp {
     }
 }
 
-/// A trusted-proxy entry that is neither an address nor a CIDR block.
+/// A trusted-proxy entry that is neither an address nor a CIDR block, or an
+/// IPv4-mapped block whose prefix reaches outside the IPv4-mapped addresses.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "trusted proxy {entry:?} is not an IP address or CIDR block (such as 10.0.0.0/8 or 2001:db8::/32)"
-)]
+#[error("trusted proxy {entry:?} {problem}")]
 pub struct TrustError {
     entry: String,
+    problem: String,
+}
+
+impl TrustError {
+    fn not_an_address(entry: &str) -> Self {
+        Self {
+            entry: entry.to_owned(),
+            problem: "is not an IP address or CIDR block (such as 10.0.0.0/8 or 2001:db8::/32)"
+                .to_owned(),
+        }
+    }
+}
+
+/// `net` with IPv4-mapped blocks (`::ffff:10.0.0.0/104`) as IPv4 blocks
+/// (`10.0.0.0/8`), truncated to its network.
+fn canonical_net(entry: &str, net: IpNet) -> Result<IpNet, TrustError> {
+    let IpNet::V6(v6) = net else {
+        return Ok(net.trunc());
+    };
+    let Some(v4) = v6.addr().to_ipv4_mapped() else {
+        return Ok(net.trunc());
+    };
+    match v6.prefix_len().checked_sub(96) {
+        Some(len) => Ipv4Net::new(v4, len)
+            .map(|n| IpNet::V4(n.trunc()))
+            .map_err(|_| TrustError::not_an_address(entry)),
+        // `::ffff:10.0.0.0/8` would trust `::/8`: surely not what was meant.
+        None => Err(TrustError {
+            entry: entry.to_owned(),
+            problem: format!(
+                "is an IPv4-mapped address with a prefix shorter than 96, which reaches outside \
+                 the IPv4-mapped block: write the IPv4 block ({v4}/{len}) or add 96 to the \
+                 prefix (::ffff:{v4}/{mapped})",
+                len = v6.prefix_len().min(32),
+                mapped = v6.prefix_len().min(32) + 96,
+            ),
+        }),
+    }
 }
 
 impl ClientIp {
     /// Trust these proxies: addresses (`10.0.0.7`) or CIDR blocks
     /// (`10.0.0.0/8`, `fd00::/8`), added to those already trusted.
+    /// IPv4-mapped entries are their IPv4 address or block
+    /// (`::ffff:10.0.0.0/104` is `10.0.0.0/8`).
     ///
     /// # Errors
-    /// An entry that is neither, named in the error.
+    /// An entry that is neither, or an IPv4-mapped block with a prefix
+    /// under 96 (`::ffff:10.0.0.0/8`, which would trust `::/8`), named in
+    /// the error.
     pub fn trusting<S: AsRef<str>>(
         mut self,
         proxies: impl IntoIterator<Item = S>,
@@ -97,10 +152,8 @@ impl ClientIp {
             let entry = entry.as_ref().trim();
             let net = IpNet::from_str(entry)
                 .or_else(|_| IpAddr::from_str(entry).map(IpNet::from))
-                .map_err(|_| TrustError {
-                    entry: entry.to_owned(),
-                })?;
-            self.trusted.push(net.trunc());
+                .map_err(|_| TrustError::not_an_address(entry))?;
+            self.trusted.push(canonical_net(entry, net)?);
         }
         Ok(self)
     }
@@ -123,6 +176,8 @@ impl ClientIp {
         self
     }
 
+    /// Whether `ip` (canonical: IPv4-mapped addresses as IPv4, as the
+    /// trusted blocks are) is a trusted proxy.
     fn is_trusted(&self, ip: IpAddr) -> bool {
         self.trusted.iter().any(|net| net.contains(&ip))
     }
@@ -134,9 +189,14 @@ impl ClientIp {
         }
         let headers = request.headers();
         match self.header {
+            // The last entry of the last line: the one the trusted proxy
+            // wrote, whatever the client sent before it.
             ProxyHeader::XRealIp => headers
-                .get(&X_REAL_IP)
-                .and_then(|v| v.to_str().ok())
+                .get_all(&X_REAL_IP)
+                .iter()
+                .next_back()
+                .and_then(|v| v.as_bytes().rsplit(|&b| b == b',').next())
+                .and_then(|entry| std::str::from_utf8(entry).ok())
                 .and_then(parse_address)
                 .unwrap_or(peer),
             ProxyHeader::XForwardedFor | ProxyHeader::Forwarded => {
@@ -176,14 +236,15 @@ impl ClientIp {
 
 impl<B> KeyExtractor<B> for ClientIp {
     fn extract(&self, request: &Request<B>) -> Result<Option<String>, KeyError> {
-        let Some(peer) = PeerIp::addr(request).map(|a| super::canonical_ip(a.ip())) else {
+        let Some(peer) = PeerIp::addr(request).map(|a| canonical_ip(a.ip())) else {
             return Err(KeyError::new(
                 "key::client_ip() found no peer address in the request",
                 "serve the axum Router with `into_make_service_with_connect_info::<SocketAddr>()` \
                  (or insert the peer's SocketAddr as a request extension)",
             ));
         };
-        let client = super::canonical_ip(self.resolve(request, peer));
+        // `resolve` gives canonical addresses: the peer, or a parsed entry.
+        let client = self.resolve(request, peer);
         Ok(Some(group(client, self.ipv6_prefix)))
     }
 }
@@ -213,8 +274,13 @@ fn text(value: impl std::fmt::Display) -> String {
 }
 
 /// One address as proxies write it: `1.2.3.4`, `1.2.3.4:5678`, `2001:db8::1`,
-/// `[2001:db8::1]:443`, `fe80::1%eth0`, optionally quoted.
+/// `[2001:db8::1]:443`, `fe80::1%eth0`, optionally quoted; IPv4-mapped
+/// addresses as their IPv4 address.
 fn parse_address(text: &str) -> Option<IpAddr> {
+    parse_any_address(text).map(canonical_ip)
+}
+
+fn parse_any_address(text: &str) -> Option<IpAddr> {
     let text = text.trim().trim_matches('"');
     if text.is_empty() || text.len() > 64 {
         return None;
@@ -405,6 +471,111 @@ mod tests {
             key(&client_ip(), "[::ffff:198.51.100.7]:1", &[]),
             "198.51.100.7"
         );
+    }
+
+    #[test]
+    fn ipv4_mapped_hops_peers_and_cidrs_count_as_ipv4() {
+        let behind = client_ip().trusting(["10.0.0.0/8"]).unwrap();
+        // A dual-stack proxy writes its IPv4 hop IPv4-mapped.
+        let mapped_hop = [("x-forwarded-for", "203.0.113.9, ::ffff:10.0.0.5")];
+        assert_eq!(key(&behind, "10.0.0.2:1", &mapped_hop), "203.0.113.9");
+        let bracketed = [("x-forwarded-for", "203.0.113.9, [::ffff:10.0.0.5]:443")];
+        assert_eq!(key(&behind, "10.0.0.2:1", &bracketed), "203.0.113.9");
+        // A dual-stack listener gives the peer IPv4-mapped.
+        let plain = [("x-forwarded-for", "203.0.113.9")];
+        assert_eq!(key(&behind, "[::ffff:10.0.0.2]:1", &plain), "203.0.113.9");
+        assert_eq!(
+            key(&behind, "[::ffff:10.0.0.2]:1", &mapped_hop),
+            "203.0.113.9"
+        );
+        // The client seen IPv4-mapped is the same client, with the same key.
+        let mapped_client = [("x-forwarded-for", "::ffff:203.0.113.9, 10.0.0.5")];
+        assert_eq!(key(&behind, "10.0.0.2:1", &mapped_client), "203.0.113.9");
+        // Forwarded and X-Real-IP too.
+        let fwd = behind.clone().header(ProxyHeader::Forwarded);
+        let headers = [("forwarded", "for=203.0.113.9, for=\"[::ffff:10.0.0.5]\"")];
+        assert_eq!(key(&fwd, "[::ffff:10.0.0.2]:1", &headers), "203.0.113.9");
+        let real = behind.header(ProxyHeader::XRealIp);
+        let headers = [("x-real-ip", "::ffff:203.0.113.9")];
+        assert_eq!(key(&real, "[::ffff:10.0.0.2]:1", &headers), "203.0.113.9");
+        // Trusted proxies written IPv4-mapped match both forms.
+        for trusted in ["::ffff:10.0.0.0/104", "::ffff:10.0.0.2", "::ffff:a00:0/104"] {
+            let mapped = client_ip().trusting([trusted]).unwrap();
+            for peer in ["10.0.0.2:1", "[::ffff:10.0.0.2]:1"] {
+                assert_eq!(
+                    key(&mapped, peer, &plain),
+                    "203.0.113.9",
+                    "{trusted} {peer}"
+                );
+            }
+        }
+        let mapped = client_ip().trusting(["::ffff:10.0.0.0/104"]).unwrap();
+        assert_eq!(key(&mapped, "10.0.0.2:1", &mapped_hop), "203.0.113.9");
+        // Outside the mapped block: not trusted.
+        assert_eq!(key(&mapped, "11.0.0.2:1", &plain), "11.0.0.2");
+        // An IPv4-mapped address with a prefix reaching outside the mapped
+        // block is a mistake (it would trust ::/8): named, not guessed.
+        let err = client_ip().trusting(["::ffff:10.0.0.0/8"]).unwrap_err();
+        assert!(err.to_string().contains("\"::ffff:10.0.0.0/8\""), "{err}");
+        assert!(err.to_string().contains("(10.0.0.0/8)"), "{err}");
+        assert!(err.to_string().contains("(::ffff:10.0.0.0/104)"), "{err}");
+        // An IPv6 block never covers IPv4 peers, however they are written.
+        let v6_only = client_ip().trusting(["::/0"]).unwrap();
+        assert_eq!(key(&v6_only, "10.0.0.2:1", &plain), "10.0.0.2");
+        assert_eq!(key(&v6_only, "[::ffff:10.0.0.2]:1", &plain), "10.0.0.2");
+        assert_eq!(key(&v6_only, "[2001:db8::1]:1", &plain), "203.0.113.9");
+    }
+
+    #[test]
+    fn x_real_ip_is_the_last_entry_the_trusted_proxy_wrote() {
+        let real = client_ip()
+            .trusting(["10.0.0.2"])
+            .unwrap()
+            .header(ProxyHeader::XRealIp);
+        // A proxy that appends its line after the client's own.
+        let appended = [("x-real-ip", "6.6.6.6"), ("x-real-ip", "203.0.113.5")];
+        assert_eq!(key(&real, "10.0.0.2:1", &appended), "203.0.113.5");
+        // The same lines combined into one, as an intermediary may.
+        let combined = [("x-real-ip", "6.6.6.6, 203.0.113.5")];
+        assert_eq!(key(&real, "10.0.0.2:1", &combined), "203.0.113.5");
+        // A malformed last entry never falls back to the client's.
+        let broken = [("x-real-ip", "6.6.6.6"), ("x-real-ip", "garbage")];
+        assert_eq!(key(&real, "10.0.0.2:1", &broken), "10.0.0.2");
+        let empty_last = [("x-real-ip", "6.6.6.6, ")];
+        assert_eq!(key(&real, "10.0.0.2:1", &empty_last), "10.0.0.2");
+        let mut raw = req("10.0.0.2:1", &[("x-real-ip", "6.6.6.6")]);
+        raw.headers_mut().append(
+            "x-real-ip",
+            http::HeaderValue::from_bytes(b"\xff203.0.113.5").unwrap(),
+        );
+        assert_eq!(real.extract(&raw).unwrap().as_deref(), Some("10.0.0.2"));
+    }
+
+    #[test]
+    fn forwarded_lines_are_one_list_in_order() {
+        let fwd = client_ip()
+            .trusting(["10.0.0.0/8"])
+            .unwrap()
+            .header(ProxyHeader::Forwarded);
+        let lines = [
+            ("forwarded", "for=6.6.6.6"),
+            ("forwarded", "for=203.0.113.9;proto=https"),
+            ("forwarded", "for=10.0.0.7, for=10.0.0.8"),
+        ];
+        assert_eq!(key(&fwd, "10.0.0.2:1", &lines), "203.0.113.9");
+        // A malformed entry in a later line ends the walk there.
+        let broken = [
+            ("forwarded", "for=6.6.6.6"),
+            ("forwarded", "for=_hidden, for=10.0.0.7"),
+        ];
+        assert_eq!(key(&fwd, "10.0.0.2:1", &broken), "10.0.0.7");
+        let xff = client_ip().trusting(["10.0.0.0/8"]).unwrap();
+        let lines = [
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-for", "203.0.113.9"),
+            ("x-forwarded-for", "10.0.0.7"),
+        ];
+        assert_eq!(key(&xff, "10.0.0.2:1", &lines), "203.0.113.9");
     }
 
     #[test]

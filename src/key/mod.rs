@@ -4,6 +4,13 @@
 //! extractor. `None` lets the request through without limiting it (health
 //! checks, internal callers).
 //!
+//! Two different clients never get one key from the built-in extractors or
+//! their combinations ([`And`], [`Or`]): keys are the plain value where it
+//! cannot be mistaken for another, and escaped or encoded where it could
+//! (see [`header`], [`And`] and [`Or`]). IPv4-mapped IPv6 addresses are
+//! their IPv4 address, so a client has one key however its address is
+//! written.
+//!
 //! ```
 //! use http::Request;
 //! use tower_redis_ratelimit::key::{self, KeyExtractor};
@@ -152,8 +159,15 @@ fn canonical_ip(ip: IpAddr) -> IpAddr {
 /// A request without the header is **not limited** (the extractor returns
 /// `None`); to limit such requests by address instead, write
 /// `key::header("x-api-key").or(key::peer_ip())` ([`Or`] keeps the two
-/// kinds of key apart). A value that is not
-/// visible ASCII is used as its hex bytes.
+/// kinds of key apart).
+///
+/// A value of visible ASCII (spaces and tabs included) is the key as it is.
+/// Any other value is `hex:` and its bytes in hex (`a\xffb` is
+/// `hex:61ff62`), and so is a value that starts with `hex:` itself (the
+/// text `hex:61ff62` is `hex:6865783a363166663632`), so two different values
+/// never share a key: a client cannot send the spelling of another
+/// client's encoded value and spend its quota. Only the first line of the
+/// header is read.
 ///
 /// # Panics
 /// If `name` is not a valid header name: this runs at start-up, with a
@@ -194,15 +208,17 @@ impl<B> KeyExtractor<B> for Header {
             return Ok(None);
         };
         Ok(Some(match value.to_str() {
-            Ok(text) => {
+            // Text that could be read as an encoding is encoded too.
+            Ok(text) if !text.starts_with(HEX_MARKER) => {
                 let mut key = String::with_capacity(text.len() + NAMESPACE_ROOM);
                 key.push_str(text);
                 key
             }
-            Err(_) => {
+            _ => {
                 const HEX: &[u8; 16] = b"0123456789abcdef";
-                let mut hex = String::with_capacity(4 + value.len() * 2 + NAMESPACE_ROOM);
-                hex.push_str("hex:");
+                let mut hex =
+                    String::with_capacity(HEX_MARKER.len() + value.len() * 2 + NAMESPACE_ROOM);
+                hex.push_str(HEX_MARKER);
                 for b in value.as_bytes() {
                     hex.push(char::from(HEX[usize::from(b >> 4)]));
                     hex.push(char::from(HEX[usize::from(b & 0xf)]));
@@ -212,6 +228,9 @@ impl<B> KeyExtractor<B> for Header {
         }))
     }
 }
+
+/// What starts the key of a header value that is written in hex.
+const HEX_MARKER: &str = "hex:";
 
 /// One key for every request: a limit on the whole service.
 pub fn global() -> Global {
@@ -426,6 +445,216 @@ mod tests {
             header("x-api-key").extract(&binary).unwrap().as_deref(),
             Some("hex:61ff62")
         );
+    }
+
+    #[test]
+    fn a_plain_value_never_takes_an_encoded_value_s_key() {
+        let extractor = header("x-api-key");
+        let key_of = |value: &[u8]| {
+            let r = req("/")
+                .header("x-api-key", http::HeaderValue::from_bytes(value).unwrap())
+                .body(())
+                .unwrap();
+            extractor.extract(&r).unwrap().unwrap()
+        };
+        let binary = key_of(b"a\xffb");
+        assert_eq!(binary, "hex:61ff62");
+        let forged = key_of(b"hex:61ff62");
+        assert_ne!(
+            forged, binary,
+            "a plain header value took a binary value's key"
+        );
+        assert_eq!(forged, "hex:6865783a363166663632");
+        // Other plain values stay readable.
+        assert_eq!(key_of(b"k-123 v2"), "k-123 v2");
+        assert_eq!(key_of(b"HEX:61ff62"), "HEX:61ff62");
+    }
+
+    /// Every built-in extractor and combination, over values chosen to hit
+    /// each separator and marker: two requests get one key only when they
+    /// are the same client.
+    #[test]
+    fn every_combination_is_injective() {
+        use std::collections::HashMap;
+
+        let values: Vec<Option<&[u8]>> = vec![
+            None,
+            Some(b""),
+            Some(b"a"),
+            Some(b"a+"),
+            Some(b"+a"),
+            Some(b"+"),
+            Some(b"a+b"),
+            Some(b"%"),
+            Some(b"%2B"),
+            Some(b"%25"),
+            Some(b"%252B"),
+            Some(b"a%2Bb"),
+            Some(b"hex:"),
+            Some(b"hex:61"),
+            Some(b"hex:61ff62"),
+            Some(b"hex:6865783a3631"),
+            Some(b"a\xffb"),
+            Some(b"\xff"),
+            Some(b"hex:\xff"),
+            Some(b"global"),
+            Some(b"+global"),
+            Some(b"198.51.100.7"),
+            Some(b"+198.51.100.7"),
+            Some(b"2001:db8::/64"),
+            Some(b" a"),
+            Some(b"a\t"),
+            Some(b"a:b"),
+        ];
+        let paths = [
+            "/",
+            "/a",
+            "/a+",
+            "/+a",
+            "/a%2B",
+            "/a%252B",
+            "/hex:61ff62",
+            "/login",
+            "/login/",
+            "/a+/b",
+        ];
+        let peers = [
+            "198.51.100.7:1",
+            "[2001:db8::1]:1",
+            "[::ffff:198.51.100.8]:1",
+        ];
+
+        struct Input<'a> {
+            h1: Option<&'a [u8]>,
+            h2: Option<&'a [u8]>,
+            path: &'a str,
+            peer: IpAddr,
+        }
+        let peer_id = |ip: IpAddr| format!("{:?}", canonical_ip(ip));
+        type Identity = fn(&Input<'_>, &dyn Fn(IpAddr) -> String) -> Option<String>;
+        let cases: Vec<(&str, Box<dyn KeyExtractor<()>>, Identity)> = vec![
+            ("header", Box::new(header("h1")), |i, _| {
+                i.h1.map(|v| format!("{v:?}"))
+            }),
+            (
+                "header.and(header)",
+                Box::new(header("h1").and(header("h2"))),
+                |i, _| Some(format!("{:?}+{:?}", i.h1?, i.h2?)),
+            ),
+            (
+                "header.or(header)",
+                Box::new(header("h1").or(header("h2"))),
+                |i, _| match i.h1 {
+                    Some(v) => Some(format!("first {v:?}")),
+                    None => i.h2.map(|v| format!("second {v:?}")),
+                },
+            ),
+            (
+                "header.or(peer_ip)",
+                Box::new(header("h1").or(peer_ip())),
+                |i, p| {
+                    Some(match i.h1 {
+                        Some(v) => format!("first {v:?}"),
+                        None => format!("second {}", p(i.peer)),
+                    })
+                },
+            ),
+            (
+                "header.or(global)",
+                Box::new(header("h1").or(global())),
+                |i, _| {
+                    Some(match i.h1 {
+                        Some(v) => format!("first {v:?}"),
+                        None => "second".to_owned(),
+                    })
+                },
+            ),
+            (
+                "header.and(path)",
+                Box::new(header("h1").and(path())),
+                |i, _| Some(format!("{:?}+{:?}", i.h1?, i.path)),
+            ),
+            (
+                "peer_ip.and(path)",
+                Box::new(peer_ip().and(path())),
+                |i, p| Some(format!("{}+{:?}", p(i.peer), i.path)),
+            ),
+            (
+                "header.or(peer_ip).and(path)",
+                Box::new(header("h1").or(peer_ip()).and(path())),
+                |i, p| {
+                    let first = match i.h1 {
+                        Some(v) => format!("first {v:?}"),
+                        None => format!("second {}", p(i.peer)),
+                    };
+                    Some(format!("{first}+{:?}", i.path))
+                },
+            ),
+            (
+                "header.and(header).or(path)",
+                Box::new(header("h1").and(header("h2")).or(path())),
+                |i, _| {
+                    Some(match (i.h1, i.h2) {
+                        (Some(a), Some(b)) => format!("first {a:?}+{b:?}"),
+                        _ => format!("second {:?}", i.path),
+                    })
+                },
+            ),
+            (
+                "and(header, header.and(path))",
+                Box::new(and(header("h1"), header("h2").and(path()))),
+                |i, _| Some(format!("{:?}+{:?}+{:?}", i.h1?, i.h2?, i.path)),
+            ),
+            (
+                "or(header, or(header, peer_ip))",
+                Box::new(or(header("h1"), or(header("h2"), peer_ip()))),
+                |i, p| {
+                    Some(match (i.h1, i.h2) {
+                        (Some(a), _) => format!("first {a:?}"),
+                        (None, Some(b)) => format!("second {b:?}"),
+                        (None, None) => format!("third {}", p(i.peer)),
+                    })
+                },
+            ),
+        ];
+        for (name, extractor, identity) in &cases {
+            let mut seen: HashMap<String, String> = HashMap::new();
+            for &a in &values {
+                for &b in &values {
+                    for path in paths {
+                        for peer in peers {
+                            let mut builder = req(path);
+                            if let Some(v) = a {
+                                builder =
+                                    builder.header("h1", http::HeaderValue::from_bytes(v).unwrap());
+                            }
+                            if let Some(v) = b {
+                                builder =
+                                    builder.header("h2", http::HeaderValue::from_bytes(v).unwrap());
+                            }
+                            let mut r = builder.body(()).unwrap();
+                            let addr: SocketAddr = peer.parse().unwrap();
+                            r.extensions_mut().insert(addr);
+                            let input = Input {
+                                h1: a,
+                                h2: b,
+                                path,
+                                peer: addr.ip(),
+                            };
+                            let id = identity(&input, &peer_id);
+                            let got = extractor.extract(&r).unwrap();
+                            assert_eq!(got.is_some(), id.is_some(), "{name}: {got:?} for {id:?}");
+                            let (Some(key), Some(id)) = (got, id) else {
+                                continue;
+                            };
+                            if let Some(other) = seen.insert(key.clone(), id.clone()) {
+                                assert_eq!(other, id, "{name}: two clients share the key {key:?}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

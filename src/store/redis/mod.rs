@@ -170,12 +170,22 @@ impl RedisStore {
     /// carries thousands of requests in flight); a pool spreads load over
     /// several sockets and keeps a slow reply on one from delaying the rest.
     ///
+    /// For a check to fail at once while Redis refuses connections, build
+    /// the manager with
+    /// [`ConnectionManagerConfig::set_number_of_retries(0)`](redis::aio::ConnectionManagerConfig::set_number_of_retries)
+    /// and no response timeout of its own (the store's timeout bounds every
+    /// call): it still reconnects at the next check. With redis-rs's default
+    /// retries, a check waits for them, up to the store's timeout.
+    ///
     /// ```no_run
     /// use tower_redis_ratelimit::RedisStore;
     ///
     /// # async fn run() -> Result<(), redis::RedisError> {
+    /// let config = redis::aio::ConnectionManagerConfig::new()
+    ///     .set_number_of_retries(0)
+    ///     .set_response_timeout(None);
     /// let manager = redis::Client::open("redis://127.0.0.1:6379")?
-    ///     .get_connection_manager()
+    ///     .get_connection_manager_with_config(config)
     ///     .await?;
     /// let store = RedisStore::from_connection_manager(manager);
     /// # Ok(()) }

@@ -408,3 +408,79 @@ async fn more_checks_in_flight_than_pooled_connections_all_answer() {
         assert!(total > 64, "{total}");
     }
 }
+
+/// A clock that can step forwards or backwards while the store runs, as an
+/// app server's clock does when NTP steps it between two offset
+/// measurements.
+#[derive(Debug, Clone)]
+struct SteppingClock {
+    inner: SystemClock,
+    /// Seconds added to the inner clock (negative: behind).
+    step: std::sync::Arc<std::sync::atomic::AtomicI64>,
+}
+
+impl tower_redis_ratelimit::Clock for SteppingClock {
+    fn now(&self) -> Duration {
+        let step = self.step.load(std::sync::atomic::Ordering::Relaxed);
+        let now = self.inner.now();
+        if step >= 0 {
+            now + Duration::from_secs(step.unsigned_abs())
+        } else {
+            now - Duration::from_secs(step.unsigned_abs())
+        }
+    }
+}
+
+/// An app clock that steps after its offset to Redis was measured (the
+/// offset is measured again only every 30 s) changes no `Transaction`
+/// decision: stepped ahead, the store would count from the future and drop
+/// live entries; stepped behind, it would date its entries in the past so
+/// that another store drops them early. Each transaction's own Redis `TIME`
+/// catches both.
+#[tokio::test]
+async fn a_clock_stepped_after_measuring_changes_no_decision() {
+    let server = RedisServer::start();
+    for step in [3_i64, -3] {
+        let clock = SteppingClock {
+            inner: SystemClock::new(),
+            step: std::sync::Arc::default(),
+        };
+        let stepping = RedisStore::connect(&server.url())
+            .await
+            .unwrap()
+            .with_clock(clock.clone());
+        let other = RedisStore::connect(&server.url()).await.unwrap();
+        let policy: Policy = "1/2s".parse().unwrap();
+        let key = format!("stepped{step}");
+        assert!(stepping.check(&key, &policy).await.unwrap().allowed());
+        // The first check after the step sees it (and measures the offset
+        // again): once on a fresh key, once on the key with an entry.
+        let stepped = |step| {
+            clock.step.store(step, std::sync::atomic::Ordering::Relaxed);
+        };
+        let fresh = format!("{key}-fresh");
+        stepped(step);
+        assert!(stepping.check(&fresh, &policy).await.unwrap().allowed());
+        assert!(
+            !other.check(&fresh, &policy).await.unwrap().allowed(),
+            "step {step} s: an entry written by the stepped store was dated outside its window"
+        );
+        stepped(0);
+        assert!(
+            stepping
+                .check(&format!("{key}-sync"), &policy)
+                .await
+                .unwrap()
+                .allowed()
+        );
+        stepped(step);
+        assert!(
+            !stepping.check(&key, &policy).await.unwrap().allowed(),
+            "step {step} s: the stepped store admitted a second request within 2 s"
+        );
+        assert!(
+            !other.check(&key, &policy).await.unwrap().allowed(),
+            "step {step} s: the other store admitted a second request within 2 s"
+        );
+    }
+}

@@ -1,6 +1,7 @@
 //! This process's clock corrected to Redis's clock (`TIME`), so app servers
 //! whose clocks disagree still stamp sliding-log entries on one time line.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -29,6 +30,9 @@ pub(super) struct ClockSync {
     local: Arc<dyn Clock>,
     refresh: Duration,
     sample: Mutex<Option<Sample>>,
+    /// The latest Redis time (µs) any reply showed: a time Redis's clock has
+    /// certainly passed, whatever the local clock does.
+    seen: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -55,6 +59,7 @@ impl ClockSync {
             local,
             refresh,
             sample: Mutex::new(None),
+            seen: AtomicU64::new(0),
         }
     }
 
@@ -87,9 +92,20 @@ impl ClockSync {
         BASE_TOLERANCE + sample.map_or(0, |s| s.rtt / 2)
     }
 
+    /// Redis's clock showed `redis` (µs).
+    pub(super) fn saw(&self, redis: u64) {
+        self.seen.fetch_max(redis, Ordering::Relaxed);
+    }
+
+    /// The latest Redis time any reply showed (µs; 0 before the first).
+    pub(super) fn seen(&self) -> u64 {
+        self.seen.load(Ordering::Relaxed)
+    }
+
     /// Record a `TIME` reply (`redis`, µs) read between local times `sent`
     /// and `received`.
     pub(super) fn record(&self, sent: u64, received: u64, redis: u64) {
+        self.saw(redis);
         let rtt = received.saturating_sub(sent);
         let midpoint = sent + rtt / 2;
         let offset =

@@ -71,7 +71,7 @@ pub(super) async fn script<C: ConnectionLike>(
 /// entry that counts and dates none before Redis wrote it. Beyond that:
 /// - Redis ran it *earlier* than the reading minus `tolerance` (only a clock
 ///   estimate that moved can do that): the counts may have missed entries;
-///   the sample is recorded and the transaction runs again.
+///   the offset is measured again and the transaction runs again.
 /// - Redis ran it *later* (a stall on the way): the decision stands (it
 ///   counted more, not less), but an admitted request's entries would be
 ///   dated in the past; they are stamped again with Redis's time (`ZADD XX
@@ -103,9 +103,10 @@ pub(super) async fn transaction<C: ConnectionLike>(
         };
         let tolerance = clock.tolerance();
         let sent = clock.local_micros();
-        let reply = send(conn, key, policy, members, now, tolerance).await?;
+        let reply = send(conn, key, policy, members, now, tolerance, clock.seen()).await?;
         let received = clock.local_micros();
         let (decision, redis_now) = decide(&reply, policy, members, now, tolerance)?;
+        clock.saw(redis_now);
         let off = redis_now.abs_diff(now) > tolerance;
         if refresh || off {
             clock.record(sent, received, redis_now);
@@ -114,8 +115,9 @@ pub(super) async fn transaction<C: ConnectionLike>(
             tracing::debug!(
                 ahead_us = now - redis_now,
                 tolerance_us = tolerance,
-                "sliding log transaction: the clock estimate ran ahead of Redis; running it again"
+                "sliding log transaction: the clock estimate ran ahead of Redis; measuring it again"
             );
+            clock.measure(conn).await?;
             continue;
         }
         if off && decision.allowed() {
@@ -162,18 +164,23 @@ async fn send<C: ConnectionLike>(
     members: &[String],
     now: u64,
     tolerance: u64,
+    clock_seen: u64,
 ) -> Result<Vec<Value>, StoreError> {
     let rates = policy.rates();
     let longest = duration_micros(policy.longest_window());
     let stamp = now.saturating_add(tolerance);
     let from = now.saturating_sub(tolerance);
+    // Entries are deleted only once they are out of every window by a time
+    // Redis's clock has certainly passed: a reading that ran ahead (its
+    // decision is then thrown away) must not delete live entries.
+    let prune = from.min(clock_seen);
 
     let mut pipe = redis::pipe();
     pipe.atomic();
     pipe.cmd("ZREMRANGEBYSCORE")
         .arg(key)
         .arg("-inf")
-        .arg(from.saturating_sub(longest))
+        .arg(prune.saturating_sub(longest))
         .ignore();
     let zadd = pipe.cmd("ZADD").arg(key);
     for member in members {

@@ -7,6 +7,7 @@
 pub mod contention;
 pub mod differential;
 pub mod harness;
+pub mod proxy;
 pub mod rng;
 
 use std::io::{Read, Write};

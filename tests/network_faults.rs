@@ -1736,4 +1736,14 @@ mod proxy_itself {
         assert_eq!(v, 7);
         assert_eq!(proxy.commands("GET"), before + 1);
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_harness_over_a_proxy() {
+        let (h, proxy) = support::harness::Harness::redis_proxied(Execution::Script).await;
+        let policy = h.policy("1/min");
+        proxy.drop_next_reply(Match::command("EVALSHA"), AfterDrop::Close);
+        assert!(h.check("k", &policy).await.allowed());
+        assert_eq!(proxy.stats().replies_dropped, 1);
+        assert!(!h.check("k", &policy).await.allowed());
+    }
 }

@@ -62,6 +62,26 @@ impl Harness {
         }
     }
 
+    /// RedisStore (`connect`'s pool) on a fresh server through a
+    /// [`FaultProxy`](super::proxy::FaultProxy): the returned handle drops,
+    /// cuts and stalls the store's traffic or refuses its connections.
+    pub async fn redis_proxied(
+        execution: Execution,
+    ) -> (Self, std::sync::Arc<super::proxy::FaultProxy>) {
+        let server = RedisServer::start();
+        let proxy = std::sync::Arc::new(super::proxy::FaultProxy::start(server.port()));
+        let store = RedisStore::connect(&proxy.url())
+            .await
+            .expect("connecting to the test redis-server through the fault proxy");
+        let harness = Self::Redis {
+            store,
+            execution,
+            // The proxy goes first, then the server.
+            _server: Box::new((std::sync::Arc::clone(&proxy), server)),
+        };
+        (harness, proxy)
+    }
+
     /// RedisStore over one multiplexed ConnectionManager instead of a pool.
     pub async fn redis_manager(execution: Execution) -> Self {
         let server = RedisServer::start();

@@ -838,7 +838,9 @@ fn request_len(buf: &[u8]) -> Result<Option<usize>, ()> {
     match buf.first() {
         None => Ok(None),
         Some(b'*') => frame_len(buf, 0),
-        Some(_) => Ok(line_end(buf, 0).map(|end| end + 2)),
+        Some(b) if b.is_ascii_alphabetic() => Ok(line_end(buf, 0).map(|end| end + 2)),
+        // Not Redis's protocol (TLS, say): forwarded untouched.
+        Some(_) => Err(()),
     }
 }
 

@@ -144,15 +144,22 @@ impl ClockSync {
             let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
             let received = self.local_micros();
             let redis = secs.saturating_mul(1_000_000).saturating_add(micros);
-            if best.is_none_or(|(s, r, _)| received - sent < r - s) {
+            // A local clock that stepped back inside a sample gives a
+            // round trip of 0: such a sample is kept only if nothing better.
+            if best.is_none_or(|(s, r, _)| received.saturating_sub(sent) < r.saturating_sub(s)) {
                 best = Some((sent, received, redis));
             }
         }
         if let Some((sent, received, redis)) = best {
-            // Replace whatever was there: this is a deliberate measurement.
-            *self.sample.lock().unwrap_or_else(PoisonError::into_inner) = None;
-            self.record(sent, received, redis);
+            self.replace(sent, received, redis);
         }
         Ok(())
+    }
+
+    /// Replace the offset with this sample, whatever its round trip: it is
+    /// a deliberate measurement, or proof that the one in force is wrong.
+    pub(super) fn replace(&self, sent: u64, received: u64, redis: u64) {
+        *self.sample.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        self.record(sent, received, redis);
     }
 }

@@ -23,7 +23,7 @@ static SCRIPT: std::sync::LazyLock<redis::Script> =
 
 /// Take a lease: one `EVALSHA` (reloading the script after `NOSCRIPT`), on
 /// Redis's clock. The caller takes the lease back out if the check fails
-/// (see [`Cleanup`](super::sliding_log::Cleanup)).
+/// (see `Cleanup`).
 pub(super) async fn check<C: redis::aio::ConnectionLike>(
     conn: &mut C,
     key: &str,

@@ -236,12 +236,14 @@ const CHECKOUT_GRACE: Duration = Duration::from_millis(5);
 
 /// Finds out at once that Redis refuses connections. A bb8 pool that has no
 /// working connection waits for a new one until its connection timeout
-/// (bb8 retries refused connections, or hands the error only to its error
-/// sink), so every check would wait the store's whole timeout. A checkout
-/// that is not served within [`CHECKOUT_GRACE`] opens one connection of its
-/// own, outside the pool: refused, the check (and every checkout waiting
-/// meanwhile) fails at once; accepted, the connection joins the pool. One
-/// such attempt runs at a time per store.
+/// (bb8 retries refused connections with a back-off, and hands the error
+/// only to its error sink), so every check would wait the store's whole
+/// timeout, and after a restart the first check would wait for the
+/// back-off. A checkout that is not served within [`CHECKOUT_GRACE`] while
+/// the pool holds no connection at all starts one connection attempt of its
+/// own, outside the pool, in a task of its own (one at a time per store,
+/// finished whatever its callers do): refused, the check and every checkout
+/// waiting meanwhile fail at once; accepted, the connection joins the pool.
 #[derive(Debug, Default)]
 pub(super) struct Refusals {
     running: AtomicBool,
@@ -252,88 +254,88 @@ pub(super) struct Refusals {
 
 impl Refusals {
     /// A connection from `pool`, or the error of a refused connection.
-    async fn get<'a, M>(&self, pool: &'a Pool<M>) -> Result<Checkout<'a, M>, StoreError>
+    async fn get<'a, M>(
+        self: &Arc<Self>,
+        pool: &'a Pool<M>,
+    ) -> Result<bb8::PooledConnection<'a, M>, StoreError>
     where
         M: ManageConnection<Error = RedisError>,
     {
         let checkout = pool.get();
         tokio::pin!(checkout);
+        loop {
+            tokio::select! {
+                biased;
+                conn = &mut checkout => return conn.map_err(run_error),
+                () = tokio::time::sleep(CHECKOUT_GRACE) => {}
+            }
+            // A pool that holds connections serves this checkout soon (or
+            // finds them broken, and then holds none).
+            if pool.state().connections == 0 {
+                break;
+            }
+        }
         tokio::select! {
             biased;
-            conn = &mut checkout => return conn.map(Checkout::Pooled).map_err(run_error),
-            () = tokio::time::sleep(CHECKOUT_GRACE) => {}
-        }
-        let direct = tokio::select! {
-            biased;
-            conn = &mut checkout => return conn.map(Checkout::Pooled).map_err(run_error),
-            direct = self.connect(pool) => direct?,
-        };
-        match direct {
-            Some(conn) => Ok(Checkout::Direct(conn)),
-            None => checkout.await.map(Checkout::Pooled).map_err(run_error),
+            conn = &mut checkout => conn.map_err(run_error),
+            refused = self.attempt(pool) => match refused {
+                Some(error) => Err(error),
+                None => checkout.await.map_err(run_error),
+            },
         }
     }
 
-    /// Open one connection outside the pool, or wait for the attempt under
-    /// way. Its error if it failed; if it succeeded, the connection joins
-    /// the pool (`None`), or is handed back when the pool is full.
-    async fn connect<M>(&self, pool: &Pool<M>) -> Result<Option<M::Connection>, StoreError>
+    /// Wait for a connection attempt beside the pool (starting one unless
+    /// one is under way): its error if it failed, `None` if it succeeded
+    /// (the connection joined the pool, or was dropped if the pool is full).
+    async fn attempt<M>(self: &Arc<Self>, pool: &Pool<M>) -> Option<StoreError>
     where
         M: ManageConnection<Error = RedisError>,
     {
         let done = self.done.notified();
         tokio::pin!(done);
         done.as_mut().enable();
-        if self.running.swap(true, Ordering::AcqRel) {
-            done.await;
-            return self.last_error().map_or(Ok(None), Err);
-        }
-        let outcome = pool.dedicated_connection().await;
-        let (failure, conn) = match outcome {
-            Ok(conn) => match pool.add(conn) {
-                Ok(()) => (None, None),
-                Err(bb8::AddError::NoCapacity(conn) | bb8::AddError::Broken(conn)) => {
-                    (None, Some(conn))
-                }
-            },
-            Err(error) => {
-                let kind = if error.is_connection_refusal() {
-                    std::io::ErrorKind::ConnectionRefused
-                } else {
-                    std::io::ErrorKind::Other
+        if !self.running.swap(true, Ordering::AcqRel) {
+            let this = Arc::clone(self);
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                // A Redis that accepts but does not answer must not hold
+                // the attempt (and every later one) for ever.
+                let limit = CONNECT_ATTEMPT_LIMIT;
+                let outcome = tokio::time::timeout(limit, pool.dedicated_connection()).await;
+                let failure = match outcome {
+                    Ok(Ok(conn)) => {
+                        // Full, or broken: the connection is dropped.
+                        let _ = pool.add(conn);
+                        None
+                    }
+                    Ok(Err(error)) => {
+                        let kind = if error.is_connection_refusal() {
+                            std::io::ErrorKind::ConnectionRefused
+                        } else {
+                            std::io::ErrorKind::Other
+                        };
+                        Some((kind, error.to_string()))
+                    }
+                    Err(_) => Some((
+                        std::io::ErrorKind::TimedOut,
+                        format!("no redis connection within {limit:?}"),
+                    )),
                 };
-                (Some((kind, error.to_string())), None)
-            }
-        };
-        *self.last.lock().unwrap_or_else(PoisonError::into_inner) = failure;
-        self.running.store(false, Ordering::Release);
-        self.done.notify_waiters();
-        self.last_error().map_or(Ok(conn), Err)
-    }
-
-    fn last_error(&self) -> Option<StoreError> {
+                *this.last.lock().unwrap_or_else(PoisonError::into_inner) = failure;
+                this.running.store(false, Ordering::Release);
+                this.done.notify_waiters();
+            });
+        }
+        done.await;
         let last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
         last.as_ref()
             .map(|(kind, text)| StoreError::Redis(std::io::Error::new(*kind, text.clone()).into()))
     }
 }
 
-/// A connection from a pool, or one opened beside a full pool.
-enum Checkout<'a, M: ManageConnection> {
-    Pooled(bb8::PooledConnection<'a, M>),
-    Direct(M::Connection),
-}
-
-impl<M: ManageConnection> std::ops::Deref for Checkout<'_, M> {
-    type Target = M::Connection;
-
-    fn deref(&self) -> &M::Connection {
-        match self {
-            Self::Pooled(conn) => conn,
-            Self::Direct(conn) => conn,
-        }
-    }
-}
+/// The longest a connection attempt beside the pool may take.
+const CONNECT_ATTEMPT_LIMIT: Duration = Duration::from_secs(5);
 
 fn run_error(error: RunError<RedisError>) -> StoreError {
     match error {

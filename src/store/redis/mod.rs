@@ -17,6 +17,7 @@ use crate::decision::Lease;
 use crate::policy::{Algorithm, Execution, Policy};
 use crate::store::{Store, StoreError, bounded_key};
 
+mod cleanup;
 mod clock_sync;
 mod concurrency;
 mod connection;
@@ -32,9 +33,9 @@ pub use gcra::GCRA_SCRIPT;
 pub use sliding_log::SLIDING_LOG_SCRIPT;
 pub use sliding_window::SLIDING_WINDOW_SCRIPT;
 
+use cleanup::Cleanup;
 use clock_sync::ClockSync;
 use connection::{Source, is_connection_error};
-use sliding_log::Cleanup;
 
 /// The default bound on every Redis call (pool checkout included).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -375,6 +376,7 @@ impl Store for RedisStore {
     }
 
     async fn check(&self, key: &str, policy: &Policy) -> Result<Decision, StoreError> {
+        let started = tokio::time::Instant::now();
         let redis_key = self.redis_key(policy.algorithm().tag(), key);
         let lease = self.ids.next();
         // The entries the sliding log writes, or the lease the concurrency
@@ -384,13 +386,17 @@ impl Store for RedisStore {
         // attempt's commands on the same connection.
         let mut pending = match policy.algorithm() {
             Algorithm::SlidingLog => Some(Cleanup::new(
+                &self.source,
                 &redis_key,
                 sliding_log::members(&member(lease), policy.cost()),
                 self.timeout,
             )),
-            Algorithm::Concurrency => {
-                Some(Cleanup::new(&redis_key, vec![member(lease)], self.timeout))
-            }
+            Algorithm::Concurrency => Some(Cleanup::new(
+                &self.source,
+                &redis_key,
+                vec![member(lease)],
+                self.timeout,
+            )),
             _ => None,
         };
         if policy.execution() == Execution::Script
@@ -468,10 +474,13 @@ impl Store for RedisStore {
                 // release). A denied lease was never taken.
                 pending.disarm();
             } else {
-                // Denied attempts must not count. Outside the timeout:
-                // taking a denied entry back out never turns the decision
-                // into an error.
-                pending.run().await;
+                // Denied attempts must not count. Taking a denied entry
+                // back out never turns the decision into an error, and
+                // waits no longer than what is left of the timeout (then
+                // it goes on in the background).
+                pending
+                    .run(self.timeout.saturating_sub(started.elapsed()))
+                    .await;
             }
         }
         Ok(decision)

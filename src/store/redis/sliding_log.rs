@@ -6,8 +6,6 @@ use std::time::Duration;
 use redis::Value;
 use redis::aio::ConnectionLike;
 
-use super::connection::AnyConn;
-
 use super::clock_sync::ClockSync;
 use super::int_reply;
 use crate::decision::{Decision, DecisionBuilder, RateState};
@@ -71,14 +69,14 @@ pub(super) async fn script<C: ConnectionLike>(
 /// entry that counts and dates none before Redis wrote it. Beyond that:
 /// - Redis ran it *earlier* than the reading minus `tolerance` (only a clock
 ///   estimate that moved can do that): the counts may have missed entries;
-///   the offset is measured again and the transaction runs again.
+///   the offset is taken from this transaction's `TIME` and it runs again.
 /// - Redis ran it *later* (a stall on the way): the decision stands (it
 ///   counted more, not less), but an admitted request's entries would be
 ///   dated in the past; they are stamped again with Redis's time (`ZADD XX
-///   GT`) before the admission is returned. An admission whose restamp is
-///   confirmed later than its shortest window after the reading is not
-///   returned (an error instead, and the entries are taken out): another
-///   check might have counted past its old stamp meanwhile.
+///   GT`) before the admission is returned. An admission whose restamp may
+///   have run once Redis's clock was a shortest window (or the spacing)
+///   past the old stamp is not returned (an error instead, and the entries
+///   are taken out): another check might have counted past it meanwhile.
 ///
 /// So it never admits more than `max`, at the price of denying up to
 /// `2 × tolerance` longer than an exact limiter at the end of a window.
@@ -115,16 +113,22 @@ pub(super) async fn transaction<C: ConnectionLike>(
             tracing::debug!(
                 ahead_us = now - redis_now,
                 tolerance_us = tolerance,
-                "sliding log transaction: the clock estimate ran ahead of Redis; measuring it again"
+                "sliding log transaction: the clock estimate ran ahead of Redis; taking this sample"
             );
-            clock.measure(conn).await?;
+            // This sample comes from the node that holds the key (on a
+            // cluster, a measurement's `TIME` may go to another).
+            clock.replace(sent, received, redis_now);
             continue;
         }
         if off && decision.allowed() {
             restamp(conn, key, members, redis_now.saturating_add(tolerance)).await?;
             let took = clock.local_micros().saturating_sub(sent);
-            // Another check could have passed the old stamp only that long
-            // after the reading: its shortest window, or the spacing.
+            // Until the restamp ran, our entries carried `now + tolerance`:
+            // a check whose own reading is behind Redis by at most
+            // `tolerance` passes that stamp (counts or prunes past it) only
+            // once Redis's clock is at `now + tolerance + shortest` (its
+            // shortest window, or the spacing). The restamp ran at most
+            // `took` after the transaction, which ran at `redis_now`.
             let shortest = policy
                 .rates()
                 .iter()
@@ -132,7 +136,9 @@ pub(super) async fn transaction<C: ConnectionLike>(
                 .chain(policy.min_spacing().map(duration_micros))
                 .min()
                 .unwrap_or(0);
-            if took.saturating_add(tolerance) >= shortest {
+            if redis_now.saturating_add(took)
+                >= now.saturating_add(tolerance).saturating_add(shortest)
+            {
                 return Err(StoreError::Timeout(Duration::from_micros(took)));
             }
         }
@@ -318,101 +324,6 @@ pub(super) fn members(id: &str, cost: u64) -> Vec<String> {
     } else {
         (1..=cost).map(|j| format!("{id}:{j}")).collect()
     }
-}
-
-/// Takes the entries (or the lease) of a request that must not count out of
-/// its sorted set, unless disarmed: run it, or drop it and it runs in a
-/// spawned task. It is bound to the connection the request's last attempt
-/// went out on (a clone of it), so the `ZREM` reaches Redis after that
-/// attempt's commands, even when the request timed out or its future was
-/// dropped while waiting. One guard serves every attempt of a request: an
-/// attempt that failed and is retried leaves nothing to clean up behind the
-/// retry (its entries are the retry's own).
-pub(super) struct Cleanup {
-    conn: Option<AnyConn>,
-    key: String,
-    members: Vec<String>,
-    timeout: Duration,
-    armed: bool,
-}
-
-impl Cleanup {
-    /// A clean-up of `members` of `key`, armed: it runs when dropped unless
-    /// disarmed, once it is bound to a connection.
-    pub(super) fn new(key: &str, members: Vec<String>, timeout: Duration) -> Self {
-        Self {
-            conn: None,
-            key: key.to_owned(),
-            members,
-            timeout,
-            armed: true,
-        }
-    }
-
-    /// The request's next attempt goes out on `conn`.
-    pub(super) fn bind(&mut self, conn: &AnyConn) {
-        self.conn = Some(conn.clone());
-    }
-
-    /// The members this guard takes out.
-    pub(super) fn members(&self) -> &[String] {
-        &self.members
-    }
-
-    /// Nothing to take out: the request's outcome is known.
-    pub(super) fn disarm(&mut self) {
-        self.armed = false;
-    }
-
-    /// Remove the entries now, within the timeout; failures are logged.
-    pub(super) async fn run(mut self) {
-        // Armed until done: a run cut short by a dropped future is finished
-        // by the drop.
-        let Some(mut conn) = self.conn.clone() else {
-            return;
-        };
-        let outcome =
-            tokio::time::timeout(self.timeout, zrem(&mut conn, &self.key, &self.members)).await;
-        match outcome {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::warn!(
-                %error,
-                "could not remove a denied request's entry; it counts until its window passes"
-            ),
-            Err(_) => tracing::warn!(
-                "removing a denied request's entry timed out; Redis runs it when it answers again"
-            ),
-        }
-        self.armed = false;
-    }
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let Some(mut conn) = self.conn.take() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let key = std::mem::take(&mut self.key);
-        let members = std::mem::take(&mut self.members);
-        let timeout = self.timeout;
-        runtime.spawn(async move {
-            let _ = tokio::time::timeout(timeout, zrem(&mut conn, &key, &members)).await;
-        });
-    }
-}
-
-async fn zrem(conn: &mut AnyConn, key: &str, members: &[String]) -> Result<(), redis::RedisError> {
-    redis::cmd("ZREM")
-        .arg(key)
-        .arg(members)
-        .query_async(conn)
-        .await
 }
 
 fn micros(value: i64) -> Duration {

@@ -60,10 +60,12 @@ enum Source {
     /// rustdoc recommends: no retries, no response timeout of its own.
     ManagerNoRetries,
     /// `RedisStore::connect_cluster`: three masters, each behind a proxy.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     Cluster,
     /// `RedisStore::from_cluster_connection` of a client built with
     /// `.retries(0)`, as `connect_cluster`'s rustdoc suggests when a lost
     /// reply must not count twice.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     ClusterNoRetries,
 }
 
@@ -1703,6 +1705,7 @@ mod proxy_itself {
         assert_eq!((stats.refusals, stats.accepted), (1, 2), "{stats:?}");
     }
 
+    #[cfg(feature = "cluster")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn proxied_cluster_sends_clients_through_the_proxies() {
         let started = Instant::now();

@@ -207,9 +207,11 @@ impl RedisStore {
     /// the sliding log's `Transaction` execution, a single `MULTI`/`EXEC`
     /// pipeline routed to that key's node (its piggy-backed `TIME` is
     /// answered by that node too). The `Transaction` execution corrects
-    /// local time by one offset per store: the clocks of the nodes must
-    /// agree (NTP) for it to be exact; the `Script` execution, on each
-    /// node's own clock, does not need it.
+    /// local time by one offset per store and checks every transaction
+    /// against its node's `TIME`: nodes whose clocks disagree by more than
+    /// its tolerance (5 ms) cost it extra round trips, never exactness, so
+    /// keep them in sync (NTP); the `Script` execution, on each node's own
+    /// clock, does not need it.
     ///
     /// redis-rs's cluster client follows `MOVED`/`ASK` and retries a command
     /// after a dropped connection by itself, so a fixed-window,

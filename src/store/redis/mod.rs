@@ -213,13 +213,18 @@ impl RedisStore {
     /// keep them in sync (NTP); the `Script` execution, on each node's own
     /// clock, does not need it.
     ///
-    /// redis-rs's cluster client follows `MOVED`/`ASK` and retries a command
-    /// after a dropped connection by itself, so a fixed-window,
-    /// sliding-window or GCRA check cut off after Redis ran it may count
-    /// twice (the store's own retry is limited to the sliding log and the
-    /// concurrency limit, where a repeat is harmless). Build the client with
-    /// `.retries(0)` and use [`from_cluster_connection`](Self::from_cluster_connection)
-    /// if that matters more than riding out a resharding.
+    /// The cluster client is built with `.retries(0)`: redis-rs's own retry
+    /// would send a command again after a dropped connection, so a
+    /// fixed-window, sliding-window or GCRA check whose reply was lost after
+    /// Redis ran it would count twice. The store retries instead, knowing
+    /// what may be repeated: any check refused before it ran (`MOVED`,
+    /// `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `READONLY`,
+    /// `LOADING`, an aborted transaction, no connection to the node; after
+    /// `MOVED` the client refreshes its slots), a few times within the
+    /// timeout; and after a connection error only the sliding log and the
+    /// concurrency limit, where a repeat counts once. Build your own client
+    /// for [`from_cluster_connection`](Self::from_cluster_connection) with
+    /// `.retries(0)` too for the same guarantee.
     ///
     /// ```no_run
     /// use tower_redis_ratelimit::RedisStore;
@@ -245,6 +250,8 @@ impl RedisStore {
             // The store's timeout bounds every call (retries included).
             .connection_timeout(CONNECT_TIMEOUT)
             .overall_response_timeout(None)
+            // The store retries what may be repeated (see above).
+            .retries(0)
             .build()?;
         let conn = tokio::time::timeout(CONNECT_TIMEOUT, async {
             let mut conn = client.get_async_connection().await?;
@@ -411,6 +418,7 @@ impl Store for RedisStore {
         let decision = self
             .with_timeout_do(async {
                 let mut retried = false;
+                let mut redirects = 0;
                 loop {
                     let mut conn = self.source.get().await?;
                     if let Some(pending) = &mut pending {
@@ -458,6 +466,14 @@ impl Store for RedisStore {
                             conn.mark_broken();
                             retried = true;
                             tracing::debug!(%error, "redis connection failed; retrying on a fresh one");
+                        }
+                        // Refused before it ran (a cluster redirect, a node
+                        // loading or failing over): any check may be sent
+                        // again, a few times.
+                        Err(error) if not_run(&error) && redirects < MAX_REDIRECTS => {
+                            redirects += 1;
+                            tracing::debug!(%error, "redis did not run the check; sending it again");
+                            tokio::time::sleep(REDIRECT_PAUSE * redirects).await;
                         }
                         Err(error) => {
                             if is_connection_error(&error) {
@@ -510,6 +526,34 @@ impl RedisStore {
         })
         .await
     }
+}
+
+/// How many times a check Redis refused before running it is sent again.
+const MAX_REDIRECTS: u32 = 3;
+/// The pause before sending it again, times the number of the try.
+const REDIRECT_PAUSE: Duration = Duration::from_millis(5);
+
+/// Whether Redis (or the cluster client) refused `error`'s command before
+/// running any of it, so that sending it again cannot count it twice.
+fn not_run(error: &StoreError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    let StoreError::Redis(error) = error else {
+        return false;
+    };
+    matches!(
+        error.kind(),
+        ErrorKind::ClusterConnectionNotFound
+            | ErrorKind::Server(
+                ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly
+                    | ServerErrorKind::BusyLoading
+                    | ServerErrorKind::ExecAbort
+            )
+    )
 }
 
 /// Whether running a check twice (after a connection error that may have

@@ -240,14 +240,14 @@ impl Rng {
 /// The ceiling of the sliding log's `Transaction` execution:
 /// `redis-benchmark` sends one command at a time, so this client sends the
 /// store's exact `MULTI` … `EXEC` batch (ZREMRANGEBYSCORE, ZADD, ZCOUNT,
-/// ZREVRANGE ×2, PEXPIRE) from `settings.concurrency` raw connections, one
-/// batch in flight on each, and only counts the replies.
+/// ZREVRANGE ×2, PEXPIRE, TIME) from `settings.concurrency` raw connections,
+/// one batch in flight on each, and only counts the replies.
 async fn ceiling_transaction(settings: &Settings) {
     let rate = raw_ceiling(settings, |rng, now, out| {
         let key = format!("rl:log:{{k{}}}", rng.next() % 10_000);
-        let member = format!("{now}:{:016x}", rng.next());
+        let member = format!("{:032x}", u128::from(rng.next()));
         let window = 1_000_000u64;
-        let commands: [&[&str]; 8] = [
+        let commands: [&[&str]; 9] = [
             &["MULTI"],
             &[
                 "ZREMRANGEBYSCORE",
@@ -260,6 +260,7 @@ async fn ceiling_transaction(settings: &Settings) {
             &["ZREVRANGE", &key, "1000000", "1000000", "WITHSCORES"],
             &["ZREVRANGE", &key, "0", "1", "WITHSCORES"],
             &["PEXPIRE", &key, "1000"],
+            &["TIME"],
             &["EXEC"],
         ];
         for command in commands {

@@ -473,12 +473,12 @@ impl<K> RateLimitLayer<K> {
     /// store and a key extractor keep separate counts unless they share a
     /// name. The default is the policy text without spaces (`"3/s,20/min"`),
     /// followed by every setting that changes what is counted or how, when
-    /// it is not the default: the algorithm (`"2/min;gcra"`), the cost
-    /// (`"2/min;cost=2"`), the minimum spacing (`"2/min;spacing=10s"`) and,
-    /// for the sliding log, the execution (`"2/min;script"`), in that order.
-    /// So layers with the same policy share counts, layers whose policies
-    /// count differently never do, and changing a policy starts its counts
-    /// afresh. Use one name for one policy only: a check trims entries older
+    /// it is not the default: the cost (`"2/min;cost=2"`), the minimum
+    /// spacing (`"2/min;spacing=10s"`) and, for the sliding log, the
+    /// execution (`"2/min;script"`), in that order. (The algorithm is not in
+    /// the name: the stores keep each algorithm's state apart.) So layers
+    /// with the same policy share counts, layers whose policies count
+    /// differently never do, and changing a policy starts its counts afresh. Use one name for one policy only: a check trims entries older
     /// than its own longest window, so a shorter policy under the same name
     /// would erase history a longer one needs. The store key is
     /// `{name}:{key}`, so on a shared store no name should be another's
@@ -523,35 +523,13 @@ fn default_name(policy: &Policy) -> String {
     use crate::policy::{Algorithm, Execution};
     use std::fmt::Write as _;
 
-    /// `10s`, `250ms`, `1500us`: exact to the microsecond, as stores count.
-    fn micros(d: Duration) -> String {
-        let us = d.as_micros();
-        let units: [(u128, &str); 5] = [
-            (86_400_000_000, "d"),
-            (3_600_000_000, "h"),
-            (60_000_000, "min"),
-            (1_000_000, "s"),
-            (1_000, "ms"),
-        ];
-        units
-            .into_iter()
-            .find(|&(size, _)| us >= size && us.is_multiple_of(size))
-            .map_or_else(
-                || format!("{us}us"),
-                |(size, unit)| format!("{}{unit}", us / size),
-            )
-    }
-
     // Writing to a `String` never fails.
     let mut name = policy.to_string().replace(' ', "");
-    if policy.algorithm() != Algorithm::default() {
-        let _ = write!(name, ";{}", policy.algorithm());
-    }
     if policy.cost() != 1 {
         let _ = write!(name, ";cost={}", policy.cost());
     }
     if let Some(spacing) = policy.min_spacing() {
-        let _ = write!(name, ";spacing={}", micros(spacing));
+        let _ = write!(name, ";spacing={}", crate::policy::duration_text(spacing));
     }
     // Only the sliding log runs differently by execution.
     if policy.algorithm() == Algorithm::SlidingLog && policy.execution() != Execution::default() {

@@ -873,6 +873,18 @@ impl fmt::Display for Window {
     }
 }
 
+/// A duration as a rate's window is written, with its count even when it
+/// is 1 (`1s`, `10s`, `250ms`, `15m`, `1500us`): exact to the microsecond,
+/// as stores count.
+pub(crate) fn duration_text(d: Duration) -> String {
+    let text = Window(d).to_string();
+    if text.starts_with(|c: char| c.is_ascii_digit()) {
+        text
+    } else {
+        format!("1{text}")
+    }
+}
+
 pub(crate) fn duration_micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }

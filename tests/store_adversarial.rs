@@ -98,7 +98,7 @@ async fn warm(store: &RedisStore) {
 /// over to a node whose clock is ahead). A's transaction is admitted on a
 /// fresh key and its entry is written stamped `now + tolerance`, 3 s in
 /// Redis's past: outside every window (and pruned by the next check) until
-/// the `ZADD XX GT` restamp lands. The restamp is held 400 ms on its way, a
+/// the `ZADD XX` restamp lands. The restamp is held 400 ms on its way, a
 /// stall shorter than the window, so A's admission is returned. Store B,
 /// correct clock, checks meanwhile: with `1/1s` it must be denied. The same
 /// with a min spacing of 300 ms, an offset 500 ms stale and the restamp
@@ -139,9 +139,9 @@ async fn an_entry_dated_in_the_past_by_a_stale_offset_still_counts_before_its_re
         clock.step(Duration::ZERO, true);
         warm(&a).await;
         clock.step(stale, false);
-        // The restamp: a ZADD outside MULTI with XX GT (the keys have no "GT").
+        // The restamp: a ZADD outside MULTI with XX (the keys have no "XX").
         proxy.stall_next_request(
-            Match::command("ZADD").arg("GT"),
+            Match::command("ZADD").arg("XX"),
             Duration::from_millis(hold),
         );
         let first = {

@@ -76,12 +76,15 @@ impl ClockSync {
         duration_micros(self.local.now())
     }
 
-    /// Redis time now, µs, and whether the offset should be measured again;
+    /// Redis time now, µs, and whether the offset should be measured again
+    /// (it is old, or was taken over a slow round trip: a sample forced in
+    /// by [`replace`](Self::replace) during a stall is improved on at once);
     /// `None` before the first measurement.
     pub(super) fn now(&self) -> Option<(u64, bool)> {
         let sample = (*self.sample.lock().unwrap_or_else(PoisonError::into_inner))?;
         let now = self.local_micros().saturating_add_signed(sample.offset);
-        Some((now, sample.taken.elapsed() >= self.refresh))
+        let refresh = sample.taken.elapsed() >= self.refresh || sample.rtt / 2 > MAX_SAMPLE_ERROR;
+        Some((now, refresh))
     }
 
     /// How far (µs) a reading may be from Redis's time and still be used as
@@ -161,5 +164,82 @@ impl ClockSync {
     pub(super) fn replace(&self, sent: u64, received: u64, redis: u64) {
         *self.sample.lock().unwrap_or_else(PoisonError::into_inner) = None;
         self.record(sent, received, redis);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    const S: u64 = 1_000_000;
+
+    fn sync(refresh: Duration) -> (ClockSync, ManualClock) {
+        let clock = ManualClock::new(Duration::from_secs(1_000));
+        (ClockSync::new(Arc::new(clock.clone()), refresh), clock)
+    }
+
+    /// The offset in force, µs.
+    fn offset(sync: &ClockSync) -> i64 {
+        let local = i64::try_from(sync.local_micros()).unwrap();
+        i64::try_from(sync.now().unwrap().0).unwrap() - local
+    }
+
+    #[test]
+    fn the_first_sample_sets_the_offset_and_the_tolerance() {
+        let (sync, _) = sync(Duration::from_secs(30));
+        assert!(sync.now().is_none());
+        // Sent at 1000 s, answered 200 µs later, Redis 5 s ahead.
+        sync.record(1_000 * S, 1_000 * S + 200, 1_005 * S + 100);
+        assert_eq!(offset(&sync), 5 * S as i64);
+        assert_eq!(sync.tolerance(), BASE_TOLERANCE + 100);
+        assert_eq!(sync.seen(), 1_005 * S + 100);
+        assert_eq!(sync.now().map(|(_, refresh)| refresh), Some(false));
+    }
+
+    #[test]
+    fn a_slow_sample_never_replaces_a_good_one_for_being_old() {
+        // Every sample is "old" at once: only its error decides.
+        let (sync, _) = sync(Duration::ZERO);
+        sync.record(1_000 * S, 1_000 * S + 200, 1_005 * S + 100);
+        // A stall: 400 ms round trip, whose midpoint would put the offset
+        // 150 ms off (Redis answered at the very start of it).
+        sync.record(1_000 * S, 1_000 * S + 400_000, 1_005 * S + 50_000);
+        assert_eq!(
+            offset(&sync),
+            5 * S as i64,
+            "a 400 ms sample replaced the offset"
+        );
+        // A sample whose error is bounded replaces a stale one.
+        sync.record(1_001 * S, 1_001 * S + 4_000, 1_006 * S + 2_000 + 300);
+        assert_eq!(offset(&sync), 5 * S as i64 + 300);
+    }
+
+    #[test]
+    fn a_clock_that_moved_by_more_than_both_errors_is_followed() {
+        let (sync, _) = sync(Duration::from_secs(30));
+        sync.record(1_000 * S, 1_000 * S + 200, 1_005 * S + 100);
+        // 20 ms round trip (not better than the old), but the offset moved
+        // by 3 s: the old offset is provably wrong.
+        sync.record(1_000 * S, 1_000 * S + 20_000, 1_008 * S + 10_000);
+        assert_eq!(offset(&sync), 8 * S as i64);
+        // A slower sample that moved by less than the errors together: kept.
+        sync.record(1_000 * S, 1_000 * S + 50_000, 1_008 * S + 25_000 + 9_000);
+        assert_eq!(offset(&sync), 8 * S as i64);
+    }
+
+    #[test]
+    fn a_forced_slow_sample_asks_to_be_measured_again() {
+        let (sync, _) = sync(Duration::from_secs(30));
+        sync.record(1_000 * S, 1_000 * S + 200, 1_005 * S + 100);
+        sync.replace(1_000 * S, 1_000 * S + 400_000, 1_003 * S + 200_000);
+        assert_eq!(offset(&sync), 3 * S as i64);
+        assert_eq!(sync.tolerance(), BASE_TOLERANCE + 200_000);
+        assert_eq!(sync.now().map(|(_, refresh)| refresh), Some(true));
+        // The next sample with a fast round trip replaces it.
+        sync.record(1_001 * S, 1_001 * S + 300, 1_004 * S + 150);
+        assert_eq!(offset(&sync), 3 * S as i64);
+        assert_eq!(sync.tolerance(), BASE_TOLERANCE + 150);
+        assert_eq!(sync.now().map(|(_, refresh)| refresh), Some(false));
     }
 }

@@ -388,33 +388,29 @@ impl Store for RedisStore {
         let started = tokio::time::Instant::now();
         let redis_key = self.redis_key(policy.algorithm().tag(), key);
         let lease = self.ids.next();
-        // The entries the sliding log writes, or the lease the concurrency
-        // limit takes: the same on every attempt, so a retry after a lost
-        // reply counts once. Until the outcome is known, an error or a
-        // dropped future (the timeout) takes them back out, after the last
-        // attempt's commands on the same connection.
-        let mut pending = match policy.algorithm() {
-            Algorithm::SlidingLog => Some(Cleanup::new(
+        let id = member(lease);
+        // The entries the sliding log's transaction writes, or the lease the
+        // concurrency limit takes: the same on every attempt, so a retry
+        // after a lost reply counts once. Until the outcome is known, an
+        // error or a dropped future (the timeout) takes them back out, after
+        // the last attempt's commands on the same connection. (The script
+        // writes only admitted requests: an error after it ran leaves an
+        // admission that counts once, as the fail mode decides.)
+        let mut pending = match (policy.algorithm(), policy.execution()) {
+            (Algorithm::SlidingLog, Execution::Transaction) => Some(Cleanup::new(
                 &self.source,
                 &redis_key,
-                sliding_log::members(&member(lease), policy.cost()),
+                sliding_log::members(&id, policy.cost()),
                 self.timeout,
             )),
-            Algorithm::Concurrency => Some(Cleanup::new(
+            (Algorithm::Concurrency, _) => Some(Cleanup::new(
                 &self.source,
                 &redis_key,
-                vec![member(lease)],
+                vec![id.clone()],
                 self.timeout,
             )),
             _ => None,
         };
-        if policy.execution() == Execution::Script
-            && let Some(pending) = &mut pending
-        {
-            // The script writes only admitted requests: an error after it ran
-            // leaves an admission that counts once, as the fail mode decides.
-            pending.disarm();
-        }
         let decision = self
             .with_timeout_do(async {
                 let mut retried = false;
@@ -437,7 +433,7 @@ impl Store for RedisStore {
                             concurrency::check(conn.get(), &redis_key, policy, lease).await
                         }
                         (_, Execution::Script) => {
-                            sliding_log::script(conn.get(), &redis_key, policy, &member(lease))
+                            sliding_log::script(conn.get(), &redis_key, policy, &id)
                                 .await
                         }
                         (_, Execution::Transaction) => {

@@ -72,14 +72,18 @@ pub(super) async fn script<C: ConnectionLike>(
 ///   the offset is taken from this transaction's `TIME` and it runs again.
 /// - Redis ran it *later* (a stall on the way): the decision stands (it
 ///   counted more, not less), but an admitted request's entries would be
-///   dated in the past; they are stamped again with Redis's time (`ZADD XX
-///   GT`) before the admission is returned. An admission whose restamp may
+///   dated in the past; they are stamped again with Redis's time (`ZADD XX`:
+///   always later than their first stamp, since Redis ran it later) before
+///   the admission is returned. An admission whose restamp may
 ///   have run once Redis's clock was a shortest window (or the spacing)
 ///   past the old stamp is not returned (an error instead, and the entries
 ///   are taken out): another check might have counted past it meanwhile.
 ///
-/// So it never admits more than `max`, at the price of denying up to
-/// `2 × tolerance` longer than an exact limiter at the end of a window.
+/// So it never admits more than `max`, at the price of denying about
+/// `2 × tolerance` (at most `4 ×`, with readings off both ways) longer than
+/// an exact limiter at the end of a window; the waits it suggests are about
+/// `3 × tolerance` longer than exact (at most `4 ×`), so that a client that
+/// waits them is admitted whatever its own reading.
 /// A denied request's entries are still in the set: the caller takes them
 /// back out.
 pub(super) async fn transaction<C: ConnectionLike>(
@@ -154,7 +158,9 @@ async fn restamp<C: ConnectionLike>(
     stamp: u64,
 ) -> Result<(), StoreError> {
     let mut cmd = redis::cmd("ZADD");
-    cmd.arg(key).arg("XX").arg("GT");
+    // `XX`: entries taken out meanwhile (by a clean-up) stay out. Redis
+    // 3.0.2 has it (`GT` would need 6.2, and the new stamp is always later).
+    cmd.arg(key).arg("XX");
     for member in members {
         cmd.arg(stamp).arg(member);
     }
@@ -217,7 +223,11 @@ async fn send<C: ConnectionLike>(
         .arg("WITHSCORES");
     pipe.cmd("PEXPIRE")
         .arg(key)
-        .arg(longest.saturating_add(2 * tolerance).div_ceil(1_000))
+        .arg(
+            longest
+                .saturating_add(tolerance.saturating_mul(2))
+                .div_ceil(1_000),
+        )
         .ignore();
     // When Redis really ran it.
     pipe.cmd("TIME");
@@ -247,7 +257,7 @@ fn decide(
     let (secs, us) = time_reply(&reply[want - 1])?;
     let redis_now = secs.saturating_mul(1_000_000).saturating_add(us);
     let from = now.saturating_sub(tolerance);
-    let pad = 2 * tolerance;
+    let pad = tolerance.saturating_mul(2);
     // The time left until `at` (a score plus a span) is behind every
     // check's reading.
     let until = |at: u64| at.saturating_add(pad).saturating_sub(redis_now);

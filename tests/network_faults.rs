@@ -1360,6 +1360,8 @@ struct Tally {
     decided_by: [usize; 4],
     limited: usize,
     unavailable: usize,
+    /// Answered 503, per client.
+    unavailable_by: [usize; 4],
     worst: Duration,
 }
 
@@ -1407,7 +1409,10 @@ fn record(tally: &mut Tally, (client, response, took): (u8, http::Response<Body>
             }
         }
         StatusCode::TOO_MANY_REQUESTS => tally.limited += 1,
-        StatusCode::SERVICE_UNAVAILABLE => tally.unavailable += 1,
+        StatusCode::SERVICE_UNAVAILABLE => {
+            tally.unavailable += 1;
+            tally.unavailable_by[usize::from(client)] += 1;
+        }
         other => panic!("unexpected status {other}"),
     }
 }
@@ -1470,8 +1475,39 @@ async fn fault_row(fault: NetFault) {
             "{name}: worst {:?}",
             t.worst
         );
+        match fault {
+            // Connections refused fail every check at once.
+            NetFault::Refused => assert!(
+                t.worst < Duration::from_millis(50),
+                "{name}: worst {:?} while refused",
+                t.worst
+            ),
+            // A lost or cut reply is retried on a fresh connection at once.
+            NetFault::DroppedReply | NetFault::CutMidReply => assert!(
+                t.worst < TABLE_TIMEOUT,
+                "{name}: worst {:?}: a lost reply waited",
+                t.worst
+            ),
+            _ => {}
+        }
         for client in 1..=3 {
             let (admitted, decided) = (t.admitted_by[client], t.decided_by[client]);
+            // Where Redis answers between the faults, no client loses quota
+            // to a lost reply counted twice: it is denied only once 20 of
+            // its requests were admitted (or failed, and counted at most
+            // once).
+            if matches!(
+                fault,
+                NetFault::DroppedReply | NetFault::CutMidReply | NetFault::ShortStall
+            ) {
+                let spent = admitted + t.unavailable_by[client];
+                assert!(
+                    spent >= PER_CLIENT,
+                    "{name}: client {client}: denied after {admitted} admitted and {} failed: \
+                     quota lost to a reply counted twice: {t:?}",
+                    t.unavailable_by[client]
+                );
+            }
             match name {
                 "closed" => assert!(
                     admitted == decided && admitted <= PER_CLIENT,

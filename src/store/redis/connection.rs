@@ -2,8 +2,10 @@
 //! the pool.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -263,6 +265,11 @@ impl Refusals {
     {
         let checkout = pool.get();
         tokio::pin!(checkout);
+        // Usually served at the first poll: no timer for that.
+        let first = std::future::poll_fn(|cx| Poll::Ready(checkout.as_mut().poll(cx))).await;
+        if let Poll::Ready(conn) = first {
+            return conn.map_err(run_error);
+        }
         loop {
             tokio::select! {
                 biased;

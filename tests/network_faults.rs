@@ -30,14 +30,18 @@ use axum::extract::ConnectInfo;
 use axum::routing::get;
 use http::{Request, StatusCode};
 use support::RedisServer;
+use support::faults::{
+    self, FaultSpans, Source, admitted, denied, fault_seed, millis, panic_message, random_fault,
+    show,
+};
 use support::harness::away_from_a_boundary;
 use support::proxy::{AfterDrop, Direction, FaultProxy, Match, ProxiedCluster};
 use support::rng::Rng;
 use tokio::task::JoinSet;
 use tower::ServiceExt;
 use tower_redis_ratelimit::{
-    Algorithm, Decision, Execution, FailMode, MemoryStore, Policy, Rate, RateLimitLayer,
-    RedisStore, Store, StoreError, key,
+    Algorithm, Execution, FailMode, MemoryStore, Policy, Rate, RateLimitLayer, RedisStore, Store,
+    key,
 };
 
 /// The store timeout of the store-level tests.
@@ -45,35 +49,6 @@ const TIMEOUT: Duration = Duration::from_millis(300);
 
 // ---------------------------------------------------------------------------
 // The matrix: connection sources and algorithms.
-
-/// Where a RedisStore gets its connections.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Source {
-    /// `RedisStore::connect(url)`: the tracked bb8 pool.
-    Pool,
-    /// `RedisStore::from_pool`: a bb8-redis pool with bb8's defaults.
-    Bb8,
-    /// `RedisStore::from_connection_manager`: one multiplexed connection,
-    /// redis-rs's default `ConnectionManagerConfig`.
-    Manager,
-    /// `RedisStore::from_connection_manager` with the configuration its
-    /// rustdoc recommends: no retries, no response timeout of its own.
-    ManagerNoRetries,
-    /// `RedisStore::connect_cluster`: three masters, each behind a proxy.
-    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
-    Cluster,
-    /// `RedisStore::from_cluster_connection` of a client built with
-    /// `.retries(0)`, as `connect_cluster`'s rustdoc suggests when a lost
-    /// reply must not count twice.
-    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
-    ClusterNoRetries,
-}
-
-impl Source {
-    fn is_cluster(self) -> bool {
-        matches!(self, Self::Cluster | Self::ClusterNoRetries)
-    }
-}
 
 /// An algorithm, and for the sliding log its execution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,7 +141,8 @@ impl Rig {
                 .await
                 .unwrap();
             for _ in 0..stores {
-                rig.stores.push(open_cluster(source, &cluster.urls()).await);
+                let store = faults::open_cluster(source, &cluster.urls(), TIMEOUT).await;
+                rig.stores.push(store);
             }
             // A key on each node.
             rig.reset_keys.clear();
@@ -258,76 +234,14 @@ impl Rig {
 
 /// A store of `source` on the Redis at `url`, with the timeout [`TIMEOUT`].
 async fn open(source: Source, url: &str) -> RedisStore {
-    let store = match source {
-        Source::Pool => RedisStore::connect(url).await.unwrap(),
-        Source::Bb8 => {
-            let manager = bb8_redis::RedisConnectionManager::new(url).unwrap();
-            let pool = bb8_redis::bb8::Pool::builder()
-                .build(manager)
-                .await
-                .unwrap();
-            RedisStore::from_pool(pool)
-        }
-        Source::Manager => {
-            let manager = redis::Client::open(url)
-                .unwrap()
-                .get_connection_manager()
-                .await
-                .unwrap();
-            RedisStore::from_connection_manager(manager)
-        }
-        Source::ManagerNoRetries => {
-            let config = redis::aio::ConnectionManagerConfig::new()
-                .set_number_of_retries(0)
-                .set_response_timeout(None);
-            let manager = redis::Client::open(url)
-                .unwrap()
-                .get_connection_manager_with_config(config)
-                .await
-                .unwrap();
-            RedisStore::from_connection_manager(manager)
-        }
-        Source::Cluster | Source::ClusterNoRetries => {
-            return open_cluster(source, &[url.to_owned()]).await;
-        }
-    };
-    store.with_timeout(TIMEOUT)
-}
-
-/// A cluster store of `source` through the seed nodes `urls`.
-#[cfg(feature = "cluster")]
-async fn open_cluster(source: Source, urls: &[String]) -> RedisStore {
-    let store = if source == Source::ClusterNoRetries {
-        let conn = redis::cluster::ClusterClient::builder(urls.to_vec())
-            .retries(0)
-            .overall_response_timeout(None)
-            .build()
-            .unwrap()
-            .get_async_connection()
-            .await
-            .unwrap();
-        RedisStore::from_cluster_connection(conn)
-    } else {
-        RedisStore::connect_cluster(urls).await.unwrap()
-    };
-    store.with_timeout(TIMEOUT)
-}
-
-#[cfg(not(feature = "cluster"))]
-async fn open_cluster(_: Source, _: &[String]) -> RedisStore {
-    unreachable!("the cluster tests need the `cluster` feature")
+    faults::open(source, url, TIMEOUT).await
 }
 
 /// One check of every algorithm: scripts loaded, clock offset measured,
 /// connections open.
 async fn warm(store: &RedisStore) {
-    for algo in Algo::ALL {
-        let policy = algo.policy(1_000_000, Duration::from_secs(60));
-        let decision = store.check("warm-up", &policy).await.unwrap();
-        if let Some(lease) = decision.lease() {
-            store.release("warm-up", &policy, lease).await.unwrap();
-        }
-    }
+    let policies = Algo::ALL.map(|algo| algo.policy(1_000_000, Duration::from_secs(60)));
+    faults::warm(store, policies).await;
 }
 
 /// Run `scenario` for every algorithm, each on a rig of its own, all at
@@ -351,11 +265,7 @@ where
         if let Err(error) = done {
             let algo = names[&error.id()];
             let message = match error.try_into_panic() {
-                Ok(panic) => panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                    .unwrap_or_default(),
+                Ok(panic) => panic_message(panic),
                 Err(error) => error.to_string(),
             };
             failures.push(format!("{algo:?}: {message}"));
@@ -371,38 +281,15 @@ where
     );
 }
 
-fn show(outcome: &Result<Decision, StoreError>) -> String {
-    match outcome {
-        Ok(d) if d.allowed() => "admitted".to_owned(),
-        Ok(d) => format!("denied (retry after {:?})", d.retry_after()),
-        Err(e) => format!("error ({e})"),
-    }
-}
-
-fn admitted(outcome: &Result<Decision, StoreError>) -> bool {
-    matches!(outcome, Ok(d) if d.allowed())
-}
-
-fn denied(outcome: &Result<Decision, StoreError>) -> bool {
-    matches!(outcome, Ok(d) if !d.allowed())
-}
-
 /// A seed per test, different for every source and algorithm; `FAULT_SEED`
 /// changes them all.
 fn seed(source: Source, algo: Algo) -> u64 {
-    let base: u64 = std::env::var("FAULT_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5eed);
+    let base = fault_seed(0x5eed);
     let mut h = base ^ 0x9e37_79b9_7f4a_7c15;
     for b in format!("{source:?}/{algo:?}").bytes() {
         h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
     }
     h | 1
-}
-
-fn millis(rng: &mut Rng, from: u64, to: u64) -> Duration {
-    Duration::from_millis(from + rng.below(to - from))
 }
 
 // ---------------------------------------------------------------------------
@@ -479,6 +366,12 @@ async fn never_over(rig: Rig, algo: Algo) {
         let mut rng = Rng::new(seed);
         let redis_key = redis_key.clone();
         tokio::spawn(async move {
+            const SPANS: FaultSpans = FaultSpans {
+                hang: (100, 600),
+                held: (50, 500),
+                stall: (50, 400),
+                refused: (50, 300),
+            };
             let mut schedule = Vec::new();
             while Instant::now() + Duration::from_millis(200) < deadline {
                 tokio::time::sleep(millis(&mut rng, 30, 150)).await;
@@ -489,24 +382,7 @@ async fn never_over(rig: Rig, algo: Algo) {
                     1 => algo.decisive(&redis_key),
                     _ => Match::any().arg(&redis_key),
                 };
-                let fault = rng.below(9);
-                schedule.push(fault);
-                match fault {
-                    0 => proxy.drop_next_reply(target, AfterDrop::Close),
-                    1 => proxy
-                        .drop_next_reply(target, AfterDrop::HangFor(millis(&mut rng, 100, 600))),
-                    2 => proxy.cut_next_reply(target),
-                    3 => proxy.stall_next_request(target, millis(&mut rng, 50, 500)),
-                    4 => proxy.stall_next_reply(target, millis(&mut rng, 50, 500)),
-                    5 => proxy.stall(Direction::ToRedis, millis(&mut rng, 50, 400)),
-                    6 => proxy.stall(Direction::ToClient, millis(&mut rng, 50, 400)),
-                    7 => {
-                        proxy.refuse();
-                        tokio::time::sleep(millis(&mut rng, 50, 300)).await;
-                        proxy.accept();
-                    }
-                    _ => proxy.cut_all(),
-                }
+                schedule.push(random_fault(proxy, target, &mut rng, &SPANS).await);
             }
             schedule
         })
@@ -835,7 +711,7 @@ async fn resumes_after_outage(source: Source, outage: Outage) {
             let c = tokio::task::spawn_blocking(ProxiedCluster::start)
                 .await
                 .unwrap();
-            let store = open_cluster(source, &c.urls()).await;
+            let store = faults::open_cluster(source, &c.urls(), TIMEOUT).await;
             cluster = Some(c);
             store
         }

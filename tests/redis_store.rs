@@ -8,6 +8,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use support::contention::admitted_under_contention;
+use support::faults::SteppingClock;
 use support::{RedisServer, zcard};
 use tower_redis_ratelimit::{
     Execution, Policy, RedisStore, SkewedClock, Store, StoreError, SystemClock,
@@ -409,28 +410,6 @@ async fn more_checks_in_flight_than_pooled_connections_all_answer() {
     }
 }
 
-/// A clock that can step forwards or backwards while the store runs, as an
-/// app server's clock does when NTP steps it between two offset
-/// measurements.
-#[derive(Debug, Clone)]
-struct SteppingClock {
-    inner: SystemClock,
-    /// Seconds added to the inner clock (negative: behind).
-    step: std::sync::Arc<std::sync::atomic::AtomicI64>,
-}
-
-impl tower_redis_ratelimit::Clock for SteppingClock {
-    fn now(&self) -> Duration {
-        let step = self.step.load(std::sync::atomic::Ordering::Relaxed);
-        let now = self.inner.now();
-        if step >= 0 {
-            now + Duration::from_secs(step.unsigned_abs())
-        } else {
-            now - Duration::from_secs(step.unsigned_abs())
-        }
-    }
-}
-
 /// An app clock that steps after its offset to Redis was measured (the
 /// offset is measured again only every 30 s) changes no `Transaction`
 /// decision: stepped ahead, the store would count from the future and drop
@@ -441,10 +420,7 @@ impl tower_redis_ratelimit::Clock for SteppingClock {
 async fn a_clock_stepped_after_measuring_changes_no_decision() {
     let server = RedisServer::start();
     for step in [3_i64, -3] {
-        let clock = SteppingClock {
-            inner: SystemClock::new(),
-            step: std::sync::Arc::default(),
-        };
+        let clock = SteppingClock::new();
         let stepping = RedisStore::connect(&server.url())
             .await
             .unwrap()
@@ -455,8 +431,8 @@ async fn a_clock_stepped_after_measuring_changes_no_decision() {
         assert!(stepping.check(&key, &policy).await.unwrap().allowed());
         // The first check after the step sees it (and measures the offset
         // again): once on a fresh key, once on the key with an entry.
-        let stepped = |step| {
-            clock.step.store(step, std::sync::atomic::Ordering::Relaxed);
+        let stepped = |step: i64| {
+            clock.step(Duration::from_secs(step.unsigned_abs()), step >= 0);
         };
         let fresh = format!("{key}-fresh");
         stepped(step);

@@ -18,74 +18,29 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use support::faults::{
+    self, FaultSpans, Source, SteppingClock, admitted, fault_seed, millis, panic_message,
+    random_fault, show,
+};
 use support::proxy::{AfterDrop, FaultProxy, Match};
 use support::{RedisServer, zcard};
-use tower_redis_ratelimit::{
-    Clock, Decision, Execution, Policy, RedisStore, Store, StoreError, SystemClock,
-};
+use tower_redis_ratelimit::{Clock, Execution, Policy, RedisStore, Store, StoreError, SystemClock};
 
 /// The store timeout of these tests.
 const TIMEOUT: Duration = Duration::from_millis(250);
 
-/// The system clock shifted by a step the test sets (µs, either sign): a
-/// wall clock that NTP stepped, or an offset to Redis that went stale.
-#[derive(Debug, Clone)]
-struct SteppingClock {
-    inner: SystemClock,
-    step: Arc<AtomicI64>,
-}
-
-impl SteppingClock {
-    fn new() -> Self {
-        Self {
-            inner: SystemClock::new(),
-            step: Arc::default(),
-        }
-    }
-
-    fn step(&self, by: Duration, ahead: bool) {
-        let micros = i64::try_from(by.as_micros()).unwrap();
-        self.step
-            .store(if ahead { micros } else { -micros }, Ordering::SeqCst);
-    }
-}
-
-impl Clock for SteppingClock {
-    fn now(&self) -> Duration {
-        let now = self.inner.now();
-        let step = self.step.load(Ordering::SeqCst);
-        if step >= 0 {
-            now + Duration::from_micros(step.unsigned_abs())
-        } else {
-            now - Duration::from_micros(step.unsigned_abs())
-        }
-    }
-}
-
-fn show(outcome: &Result<Decision, StoreError>) -> String {
-    match outcome {
-        Ok(d) if d.allowed() => "admitted".to_owned(),
-        Ok(d) => format!("denied (retry after {:?})", d.retry_after()),
-        Err(e) => format!("error ({e})"),
-    }
-}
-
-fn admitted(outcome: &Result<Decision, StoreError>) -> bool {
-    matches!(outcome, Ok(d) if d.allowed())
-}
-
 /// A check of every sliding-log execution: scripts loaded, offset measured.
 async fn warm(store: &RedisStore) {
-    for execution in [Execution::Transaction, Execution::Script] {
-        let policy = "1000000/1s"
+    let policies = [Execution::Transaction, Execution::Script].map(|execution| {
+        "1000000/1s"
             .parse::<Policy>()
             .unwrap()
-            .with_execution(execution);
-        store.check("warm-up", &policy).await.unwrap();
-    }
+            .with_execution(execution)
+    });
+    faults::warm(store, policies).await;
 }
 
 // ---------------------------------------------------------------------------
@@ -220,6 +175,25 @@ async fn checks_while_refused(
     took
 }
 
+/// The refused checks of [`checks_while_refused`] for the control (`took[0]`)
+/// and the store (`took[1]`) all failed at once; `after`: what the store
+/// went through before.
+#[track_caller]
+fn assert_refused_at_once(took: &[Vec<Duration>], after: &str) {
+    assert!(
+        took[0].iter().all(|&t| t < AT_ONCE),
+        "control: refused checks took {:?}",
+        took[0]
+    );
+    assert!(
+        took[1].iter().all(|&t| t < AT_ONCE),
+        "refused checks failed after {:?} (store timeout {TIMEOUT:?}), not at once \
+         (< {AT_ONCE:?}; the control's: {:?}), once {after}",
+        took[1],
+        took[0]
+    );
+}
+
 fn script_policy() -> Policy {
     "1000000/1s"
         .parse::<Policy>()
@@ -251,18 +225,9 @@ async fn refusals_are_still_seen_after_a_connection_attempt_lost_the_race() {
     assert_eq!(proxy.armed(), 0, "two new connections were expected");
     tokio::time::sleep(Duration::from_millis(200)).await;
     let took = checks_while_refused(&proxy, &[&control, &store], &policy).await;
-    assert!(
-        took[0].iter().all(|&t| t < AT_ONCE),
-        "control: refused checks took {:?}",
-        took[0]
-    );
-    assert!(
-        took[1].iter().all(|&t| t < AT_ONCE),
-        "refused checks failed after {:?} (store timeout {TIMEOUT:?}), not at once \
-         (< {AT_ONCE:?}; the control's: {:?}), once the store's connection attempt had lost \
-         the race to a pool checkout",
-        took[1],
-        took[0]
+    assert_refused_at_once(
+        &took,
+        "the store's connection attempt had lost the race to a pool checkout",
     );
 }
 
@@ -293,18 +258,9 @@ async fn refusals_are_still_seen_after_a_connection_attempt_timed_out() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let took = checks_while_refused(&proxy, &[&control, &store], &policy).await;
-    assert!(
-        took[0].iter().all(|&t| t < AT_ONCE),
-        "control: refused checks took {:?}",
-        took[0]
-    );
-    assert!(
-        took[1].iter().all(|&t| t < AT_ONCE),
-        "refused checks failed after {:?} (store timeout {TIMEOUT:?}), not at once \
-         (< {AT_ONCE:?}; the control's: {:?}), once a check had timed out while the store \
-         opened a connection",
-        took[1],
-        took[0]
+    assert_refused_at_once(
+        &took,
+        "a check had timed out while the store opened a connection",
     );
 }
 
@@ -449,12 +405,7 @@ async fn a_clock_stepped_back_while_measuring_does_not_panic() {
     let policy: Policy = "10/1s".parse().unwrap();
     let outcome = tokio::spawn(async move { store.check("k", &policy).await.map(|_| ()) }).await;
     if let Err(error) = outcome {
-        let panic = error.into_panic();
-        let message = panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-            .unwrap_or_default();
+        let message = panic_message(error.into_panic());
         panic!("the check panicked: {message}");
     }
 }
@@ -513,40 +464,6 @@ fn too_close(admissions: &[Admission], spacing: Duration) -> Option<String> {
     None
 }
 
-/// Where a stress store gets its connections.
-#[derive(Debug, Clone, Copy)]
-enum Via {
-    Pool,
-    Bb8,
-    Manager,
-}
-
-async fn open_via(via: Via, url: &str) -> RedisStore {
-    let store = match via {
-        Via::Pool => RedisStore::connect(url).await.unwrap(),
-        Via::Bb8 => {
-            let manager = bb8_redis::RedisConnectionManager::new(url).unwrap();
-            let pool = bb8_redis::bb8::Pool::builder()
-                .build(manager)
-                .await
-                .unwrap();
-            RedisStore::from_pool(pool)
-        }
-        Via::Manager => {
-            let config = redis::aio::ConnectionManagerConfig::new()
-                .set_number_of_retries(0)
-                .set_response_timeout(None);
-            let manager = redis::Client::open(url)
-                .unwrap()
-                .get_connection_manager_with_config(config)
-                .await
-                .unwrap();
-            RedisStore::from_connection_manager(manager)
-        }
-    };
-    store.with_timeout(Duration::from_millis(300))
-}
-
 /// Three stores (a `connect` pool, a `from_pool` pool, a ConnectionManager),
 /// each through a proxy of its own, three checkers each, hammer one key
 /// with `policy` for 3 s while a seeded schedule of faults hits the
@@ -558,9 +475,9 @@ async fn stress(policy: Policy, seed: u64) -> String {
     let server = RedisServer::start();
     let mut proxies = Vec::new();
     let mut stores = Vec::new();
-    for via in [Via::Pool, Via::Bb8, Via::Manager] {
+    for source in [Source::Pool, Source::Bb8, Source::ManagerNoRetries] {
         let proxy = FaultProxy::start(server.port());
-        let store = open_via(via, &proxy.url()).await;
+        let store = faults::open(source, &proxy.url(), Duration::from_millis(300)).await;
         warm(&store).await;
         stores.push(store);
         proxies.push(proxy);
@@ -606,32 +523,21 @@ async fn stress(policy: Policy, seed: u64) -> String {
         let redis_key = redis_key.clone();
         let mut rng = support::rng::Rng::new(seed);
         tokio::spawn(async move {
-            let ms = |rng: &mut support::rng::Rng, from: u64, to: u64| {
-                Duration::from_millis(from + rng.below(to - from))
+            const SPANS: FaultSpans = FaultSpans {
+                hang: (100, 500),
+                held: (20, 450),
+                stall: (20, 400),
+                refused: (20, 200),
             };
             while Instant::now() + Duration::from_millis(200) < deadline {
-                tokio::time::sleep(ms(&mut rng, 20, 120)).await;
+                tokio::time::sleep(millis(&mut rng, 20, 120)).await;
                 let proxy = &proxies[rng.below(3) as usize];
                 let target = match rng.below(3) {
                     0 => Match::any(),
                     1 => Match::command("EXEC").arg(&redis_key),
                     _ => Match::any().arg(&redis_key),
                 };
-                match rng.below(9) {
-                    0 => proxy.drop_next_reply(target, AfterDrop::Close),
-                    1 => proxy.drop_next_reply(target, AfterDrop::HangFor(ms(&mut rng, 100, 500))),
-                    2 => proxy.cut_next_reply(target),
-                    3 => proxy.stall_next_request(target, ms(&mut rng, 20, 450)),
-                    4 => proxy.stall_next_reply(target, ms(&mut rng, 20, 450)),
-                    5 => proxy.stall(support::proxy::Direction::ToRedis, ms(&mut rng, 20, 400)),
-                    6 => proxy.stall(support::proxy::Direction::ToClient, ms(&mut rng, 20, 400)),
-                    7 => {
-                        proxy.refuse();
-                        tokio::time::sleep(ms(&mut rng, 20, 200)).await;
-                        proxy.accept();
-                    }
-                    _ => proxy.cut_all(),
-                }
+                random_fault(proxy, target, &mut rng, &SPANS).await;
             }
         })
     };
@@ -677,10 +583,7 @@ async fn stress(policy: Policy, seed: u64) -> String {
 /// min spacing, all four at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_over_with_cost_rates_and_spacing_under_faults() {
-    let seed: u64 = std::env::var("FAULT_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x05ee_da11);
+    let seed = fault_seed(0x05ee_da11);
     let mut jobs = tokio::task::JoinSet::new();
     for execution in [Execution::Transaction, Execution::Script] {
         let costly = "4/500ms, 6/2s"
@@ -707,16 +610,7 @@ async fn never_over_with_cost_rates_and_spacing_under_faults() {
     while let Some(done) = jobs.join_next().await {
         match done {
             Ok(what) => eprintln!("{what}"),
-            Err(error) => {
-                let panic = error.into_panic();
-                failures.push(
-                    panic
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                        .unwrap_or_default(),
-                );
-            }
+            Err(error) => failures.push(panic_message(error.into_panic())),
         }
     }
     assert!(failures.is_empty(), "\n  {}", failures.join("\n  "));

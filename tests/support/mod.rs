@@ -6,6 +6,7 @@
 
 pub mod contention;
 pub mod differential;
+pub mod faults;
 pub mod harness;
 pub mod proxy;
 pub mod rng;
@@ -38,10 +39,7 @@ impl RedisServer {
         let mut last_error = String::new();
         for _ in 0..5 {
             let port = free_port();
-            let dir = std::env::temp_dir().join(format!("trr-redis-{}-{port}", std::process::id()));
-            if let Err(error) = std::fs::create_dir_all(&dir) {
-                panic!("creating {}: {error}", dir.display());
-            }
+            let dir = server_dir(port);
             match spawn_ready(port, extra, &dir) {
                 Ok(child) => return Self { child, port, dir },
                 Err(error) => last_error = error,
@@ -131,6 +129,17 @@ const CLI_HINT: &str = "redis-cli was not found on PATH. The Redis Cluster tests
 their cluster with `redis-cli --cluster create`: install it with `sudo apt-get install \
 redis-tools` (Debian/Ubuntu), or run `scripts/test`, which installs it.";
 
+/// The arguments of a `redis-server` that is a cluster node.
+const CLUSTER_NODE_ARGS: [&str; 6] = [
+    "--cluster-enabled",
+    "yes",
+    // In the server's own directory: one file per node.
+    "--cluster-config-file",
+    "nodes.conf",
+    "--cluster-node-timeout",
+    "2000",
+];
+
 /// A Redis Cluster of three masters (no replicas), each a `redis-server` on
 /// a free loopback port, all killed on drop.
 pub struct RedisCluster {
@@ -142,58 +151,11 @@ impl RedisCluster {
     /// --cluster create` and wait until every node reports `cluster_state:ok`.
     pub fn start() -> Self {
         let nodes: Vec<RedisServer> = (0..3)
-            .map(|_| {
-                RedisServer::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    // In the server's own directory: one file per node.
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "2000",
-                ])
-            })
+            .map(|_| RedisServer::start_with(&CLUSTER_NODE_ARGS))
             .collect();
-        let addresses: Vec<String> = nodes
-            .iter()
-            .map(|node| format!("127.0.0.1:{}", node.port()))
-            .collect();
-        let output = match Command::new("redis-cli")
-            .arg("--cluster")
-            .arg("create")
-            .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .stdin(Stdio::null())
-            .output()
-        {
-            Ok(output) => output,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{CLI_HINT}"),
-            Err(e) => panic!("running redis-cli --cluster create: {e}"),
-        };
-        assert!(
-            output.status.success(),
-            "redis-cli --cluster create failed: {}\n{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let cluster = Self { nodes };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let ready = cluster.nodes.iter().all(|node| {
-                let info = node.command(&["CLUSTER", "INFO"]);
-                info.contains("cluster_state:ok")
-                    && info.contains("cluster_slots_assigned:16384")
-                    && info.contains("cluster_known_nodes:3")
-            });
-            if ready {
-                return cluster;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the Redis Cluster on {addresses:?} did not reach cluster_state:ok within 20 s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let ports: Vec<u16> = nodes.iter().map(RedisServer::port).collect();
+        create_cluster(&ports, "Redis Cluster", &nodes, |_| true);
+        Self { nodes }
     }
 
     /// The nodes' URLs.
@@ -213,8 +175,7 @@ impl RedisCluster {
     /// The master that owns `key`'s slot (`CLUSTER KEYSLOT`, then the slot
     /// ranges in `CLUSTER NODES`).
     pub fn node_of(&self, key: &str) -> &RedisServer {
-        let reply = self.nodes[0].command(&["CLUSTER", "KEYSLOT", key]);
-        let slot: u16 = reply.trim().trim_start_matches(':').parse().unwrap();
+        let slot = key_slot(&self.nodes[0], key);
         let nodes = self.nodes[0].command(&["CLUSTER", "NODES"]);
         for line in nodes.lines() {
             let fields: Vec<&str> = line.split(' ').collect();
@@ -226,20 +187,93 @@ impl RedisCluster {
                 .nth(1)
                 .and_then(|p| p.parse().ok())
                 .unwrap();
-            let owns = fields[8..].iter().any(|range| {
-                let mut ends = range.split('-').map(|n| n.trim().parse::<u16>());
-                match (ends.next(), ends.next()) {
-                    (Some(Ok(a)), Some(Ok(b))) => (a..=b).contains(&slot),
-                    (Some(Ok(a)), None) => a == slot,
-                    _ => false,
-                }
-            });
-            if owns {
+            if in_slot_ranges(&fields[8..], slot) {
                 return self.nodes.iter().find(|n| n.port() == port).unwrap();
             }
         }
         panic!("no master owns slot {slot} of {key}:\n{nodes}");
     }
+}
+
+/// Join the cluster-enabled servers `nodes` (reached by clients on `ports`:
+/// their own, or their proxies') into one cluster of masters with
+/// `redis-cli --cluster create`, then wait until every node reports
+/// `cluster_state:ok`, all 16384 slots assigned, 3 nodes known, and `ready`
+/// holds for it. `name` says which cluster in the panic message.
+fn create_cluster(
+    ports: &[u16],
+    name: &str,
+    nodes: &[RedisServer],
+    ready: impl Fn(&RedisServer) -> bool,
+) {
+    let addresses: Vec<String> = ports
+        .iter()
+        .map(|port| format!("127.0.0.1:{port}"))
+        .collect();
+    let output = match Command::new("redis-cli")
+        .arg("--cluster")
+        .arg("create")
+        .args(&addresses)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .stdin(Stdio::null())
+        .output()
+    {
+        Ok(output) => output,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{CLI_HINT}"),
+        Err(e) => panic!("running redis-cli --cluster create: {e}"),
+    };
+    assert!(
+        output.status.success(),
+        "redis-cli --cluster create failed: {}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let all_ready = nodes.iter().all(|node| {
+            let info = node.command(&["CLUSTER", "INFO"]);
+            info.contains("cluster_state:ok")
+                && info.contains("cluster_slots_assigned:16384")
+                && info.contains("cluster_known_nodes:3")
+                && ready(node)
+        });
+        if all_ready {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the {name} on {addresses:?} did not reach cluster_state:ok within 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The hash slot of `key` (`CLUSTER KEYSLOT` on `node`).
+fn key_slot(node: &RedisServer, key: &str) -> u16 {
+    let reply = node.command(&["CLUSTER", "KEYSLOT", key]);
+    reply.trim().trim_start_matches(':').parse().unwrap()
+}
+
+/// Whether `slot` lies in one of `ranges`, the slot fields of a `CLUSTER
+/// NODES` line (`0-5460`, or a single slot `5461`).
+fn in_slot_ranges(ranges: &[&str], slot: u16) -> bool {
+    ranges.iter().any(|range| {
+        let mut ends = range.split('-').map(|n| n.trim().parse::<u16>());
+        match (ends.next(), ends.next()) {
+            (Some(Ok(a)), Some(Ok(b))) => (a..=b).contains(&slot),
+            (Some(Ok(a)), None) => a == slot,
+            _ => false,
+        }
+    })
+}
+
+/// A fresh directory for the `redis-server` on `port`.
+fn server_dir(port: u16) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("trr-redis-{}-{port}", std::process::id()));
+    if let Err(error) = std::fs::create_dir_all(&dir) {
+        panic!("creating {}: {error}", dir.display());
+    }
+    dir
 }
 
 /// Start `redis-server` on `port` and wait until it answers.

@@ -64,8 +64,6 @@
 //! stores). Dropping the proxy closes its port and every connection.
 
 use std::collections::{HashMap, VecDeque};
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -645,31 +643,122 @@ struct Link {
 
 const READ_SIZE: usize = 16 * 1024;
 
+/// One direction of a link: the bytes read and not yet forwarded, cut into
+/// whole frames (RESP requests or replies) that go through the faults one
+/// by one, then forwarded together.
+struct Pump<'a> {
+    link: &'a Link,
+    direction: Direction,
+    /// `request_len` or `reply_len`.
+    frame_len: fn(&[u8]) -> Result<Option<usize>, ()>,
+    to: OwnedWriteHalf,
+    buf: Vec<u8>,
+    /// `buf[..start]` is forwarded already.
+    start: usize,
+    /// `buf[..consumed]` is whole frames that went through the faults.
+    consumed: usize,
+}
+
+impl<'a> Pump<'a> {
+    fn new(
+        link: &'a Link,
+        direction: Direction,
+        frame_len: fn(&[u8]) -> Result<Option<usize>, ()>,
+        to: OwnedWriteHalf,
+    ) -> Self {
+        Self {
+            link,
+            direction,
+            frame_len,
+            to,
+            buf: Vec::with_capacity(READ_SIZE),
+            start: 0,
+            consumed: 0,
+        }
+    }
+
+    /// Read more bytes; false once the peer is gone.
+    async fn read(&mut self, from: &mut OwnedReadHalf) -> bool {
+        matches!(from.read_buf(&mut self.buf).await, Ok(n) if n > 0)
+    }
+
+    /// The length of the next whole frame; `None` if it is not all read
+    /// yet, or the link went raw (bytes that do not parse make it raw).
+    fn next_frame(&mut self) -> Option<usize> {
+        if self.link.raw.load(Ordering::Relaxed) {
+            return None;
+        }
+        match (self.frame_len)(&self.buf[self.consumed..]) {
+            Ok(len) => len,
+            Err(()) => {
+                self.link.raw.store(true, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// The next frame, `len` bytes.
+    fn frame(&self, len: usize) -> &[u8] {
+        &self.buf[self.consumed..self.consumed + len]
+    }
+
+    /// The next frame went through the faults.
+    fn pass(&mut self, len: usize) {
+        self.consumed += len;
+    }
+
+    /// Forward the frames before the next one and the first `part` bytes of
+    /// it; false if the peer is gone.
+    async fn forward_into_frame(&mut self, part: usize) -> bool {
+        let end = self.consumed + part;
+        let sent = forward(
+            &self.link.shared,
+            self.direction,
+            &mut self.to,
+            &self.buf[self.start..end],
+        )
+        .await;
+        self.start = end;
+        sent
+    }
+
+    /// Forward the frames before the next one, then hold the link for
+    /// `duration`; false if the peer is gone.
+    async fn hold(&mut self, duration: Duration) -> bool {
+        if !self.forward_into_frame(0).await {
+            return false;
+        }
+        tokio::time::sleep(duration).await;
+        true
+    }
+
+    /// Forward what is left of the whole frames (of every byte read, once
+    /// the link is raw) and keep the rest for the next read; false if the
+    /// peer is gone.
+    async fn flush(&mut self) -> bool {
+        if self.link.raw.load(Ordering::Relaxed) {
+            self.consumed = self.buf.len();
+        }
+        if !self.forward_into_frame(0).await {
+            return false;
+        }
+        self.buf.drain(..self.consumed);
+        self.start = 0;
+        self.consumed = 0;
+        true
+    }
+}
+
 /// Client → Redis: parse requests, remember them for their replies, apply
 /// the request faults, forward.
-async fn requests(link: &Link, mut from: OwnedReadHalf, mut to: OwnedWriteHalf) {
+async fn requests(link: &Link, mut from: OwnedReadHalf, to: OwnedWriteHalf) {
     let shared = &link.shared;
-    let mut buf: Vec<u8> = Vec::with_capacity(READ_SIZE);
+    let mut pump = Pump::new(link, Direction::ToRedis, request_len, to);
     // The commands of an open MULTI.
     let mut transaction: Option<Vec<Request>> = None;
-    loop {
-        match from.read_buf(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
-        }
-        let mut start = 0;
-        let mut consumed = 0;
-        while !link.raw.load(Ordering::Relaxed) {
-            let len = match request_len(&buf[consumed..]) {
-                Ok(Some(len)) => len,
-                Ok(None) => break,
-                Err(()) => {
-                    link.raw.store(true, Ordering::Relaxed);
-                    break;
-                }
-            };
-            let frame = &buf[consumed..consumed + len];
-            let Some(mut request) = parse_request(frame) else {
+    while pump.read(&mut from).await {
+        while let Some(len) = pump.next_frame() {
+            let Some(mut request) = parse_request(pump.frame(len)) else {
                 link.raw.store(true, Ordering::Relaxed);
                 break;
             };
@@ -689,49 +778,29 @@ async fn requests(link: &Link, mut from: OwnedReadHalf, mut to: OwnedWriteHalf) 
                 shared.take_fault(Direction::ToRedis, Some(&request))
             {
                 shared.counters.stalls.fetch_add(1, Ordering::Relaxed);
-                if !forward(shared, Direction::ToRedis, &mut to, &buf[start..consumed]).await {
+                if !pump.hold(duration).await {
                     return;
                 }
-                start = consumed;
-                tokio::time::sleep(duration).await;
             }
             // Remembered before it is sent: its reply cannot come first.
             lock(&link.pending).push_back(request);
-            consumed += len;
+            pump.pass(len);
         }
-        if link.raw.load(Ordering::Relaxed) {
-            consumed = buf.len();
-        }
-        if !forward(shared, Direction::ToRedis, &mut to, &buf[start..consumed]).await {
+        if !pump.flush().await {
             return;
         }
-        buf.drain(..consumed);
     }
 }
 
 /// Redis → client: pair replies with requests, apply the reply faults,
 /// forward.
-async fn replies(link: &Link, mut from: OwnedReadHalf, mut to: OwnedWriteHalf) {
+async fn replies(link: &Link, mut from: OwnedReadHalf, to: OwnedWriteHalf) {
     let shared = &link.shared;
-    let mut buf: Vec<u8> = Vec::with_capacity(READ_SIZE);
-    loop {
-        match from.read_buf(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
-        }
-        let mut start = 0;
-        let mut consumed = 0;
-        while !link.raw.load(Ordering::Relaxed) {
-            let len = match reply_len(&buf[consumed..]) {
-                Ok(Some(len)) => len,
-                Ok(None) => break,
-                Err(()) => {
-                    link.raw.store(true, Ordering::Relaxed);
-                    break;
-                }
-            };
+    let mut pump = Pump::new(link, Direction::ToClient, reply_len, to);
+    while pump.read(&mut from).await {
+        while let Some(len) = pump.next_frame() {
             // RESP3 pushes answer no request.
-            let request = if buf[consumed] == b'>' {
+            let request = if pump.frame(len)[0] == b'>' {
                 None
             } else {
                 lock(&link.pending).pop_front()
@@ -743,7 +812,7 @@ async fn replies(link: &Link, mut from: OwnedReadHalf, mut to: OwnedWriteHalf) {
                         .counters
                         .replies_dropped
                         .fetch_add(1, Ordering::Relaxed);
-                    if !forward(shared, Direction::ToClient, &mut to, &buf[start..consumed]).await {
+                    if !pump.forward_into_frame(0).await {
                         return;
                     }
                     match after {
@@ -754,34 +823,21 @@ async fn replies(link: &Link, mut from: OwnedReadHalf, mut to: OwnedWriteHalf) {
                 }
                 Some(Fault::CutReply) => {
                     shared.counters.replies_cut.fetch_add(1, Ordering::Relaxed);
-                    let part = (len / 2).max(1).min(len - 1);
-                    forward(
-                        shared,
-                        Direction::ToClient,
-                        &mut to,
-                        &buf[start..consumed + part],
-                    )
-                    .await;
+                    pump.forward_into_frame((len / 2).max(1).min(len - 1)).await;
                     return;
                 }
                 Some(Fault::Stall(_, duration)) => {
                     shared.counters.stalls.fetch_add(1, Ordering::Relaxed);
-                    if !forward(shared, Direction::ToClient, &mut to, &buf[start..consumed]).await {
+                    if !pump.hold(duration).await {
                         return;
                     }
-                    start = consumed;
-                    tokio::time::sleep(duration).await;
                 }
             }
-            consumed += len;
+            pump.pass(len);
         }
-        if link.raw.load(Ordering::Relaxed) {
-            consumed = buf.len();
-        }
-        if !forward(shared, Direction::ToClient, &mut to, &buf[start..consumed]).await {
+        if !pump.flush().await {
             return;
         }
-        buf.drain(..consumed);
     }
 }
 
@@ -989,52 +1045,16 @@ impl ProxiedCluster {
             proxies.push(proxy);
             nodes.push(node);
         }
-        let addresses: Vec<String> = proxies
-            .iter()
-            .map(|proxy| format!("127.0.0.1:{}", proxy.port()))
-            .collect();
-        let output = match Command::new("redis-cli")
-            .arg("--cluster")
-            .arg("create")
-            .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .stdin(Stdio::null())
-            .output()
-        {
-            Ok(output) => output,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{}", super::CLI_HINT),
-            Err(e) => panic!("running redis-cli --cluster create: {e}"),
+        let ports: Vec<u16> = proxies.iter().map(FaultProxy::port).collect();
+        // Every node announces its proxy.
+        let announces_proxies = |node: &RedisServer| {
+            let slots = node.command(&["CLUSTER", "SLOTS"]);
+            ports
+                .iter()
+                .all(|port| slots.contains(&format!(":{port}\r\n")))
         };
-        assert!(
-            output.status.success(),
-            "redis-cli --cluster create failed: {}\n{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let cluster = Self { proxies, nodes };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let ready = cluster.nodes.iter().all(|node| {
-                let info = node.command(&["CLUSTER", "INFO"]);
-                let slots = node.command(&["CLUSTER", "SLOTS"]);
-                info.contains("cluster_state:ok")
-                    && info.contains("cluster_slots_assigned:16384")
-                    && info.contains("cluster_known_nodes:3")
-                    // Every node announces its proxy.
-                    && cluster
-                        .proxies
-                        .iter()
-                        .all(|p| slots.contains(&format!(":{}\r\n", p.port())))
-            });
-            if ready {
-                return cluster;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the proxied Redis Cluster on {addresses:?} did not reach cluster_state:ok within 20 s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        super::create_cluster(&ports, "proxied Redis Cluster", &nodes, announces_proxies);
+        Self { proxies, nodes }
     }
 
     /// The proxies' URLs: what clients are given.
@@ -1055,22 +1075,14 @@ impl ProxiedCluster {
     /// The proxy of the master that owns `key`'s slot (each node's own
     /// line of `CLUSTER NODES` lists its slot ranges).
     pub fn proxy_of(&self, key: &str) -> &FaultProxy {
-        let reply = self.nodes[0].command(&["CLUSTER", "KEYSLOT", key]);
-        let slot: u16 = reply.trim().trim_start_matches(':').parse().unwrap();
+        let slot = super::key_slot(&self.nodes[0], key);
         for (proxy, node) in self.proxies.iter().zip(&self.nodes) {
             let nodes = node.command(&["CLUSTER", "NODES"]);
             let owns = nodes.lines().any(|line| {
                 let fields: Vec<&str> = line.split(' ').collect();
                 fields.len() >= 9
                     && fields[2].contains("myself")
-                    && fields[8..].iter().any(|range| {
-                        let mut ends = range.split('-').map(|n| n.trim().parse::<u16>());
-                        match (ends.next(), ends.next()) {
-                            (Some(Ok(a)), Some(Ok(b))) => (a..=b).contains(&slot),
-                            (Some(Ok(a)), None) => a == slot,
-                            _ => false,
-                        }
-                    })
+                    && super::in_slot_ranges(&fields[8..], slot)
             });
             if owns {
                 return proxy;
@@ -1105,19 +1117,10 @@ fn start_proxied_node() -> (FaultProxy, RedisServer) {
             continue;
         }
         let proxy = FaultProxy::start(port);
-        let dir: PathBuf =
-            std::env::temp_dir().join(format!("trr-redis-{}-{port}", std::process::id()));
-        if let Err(error) = std::fs::create_dir_all(&dir) {
-            panic!("creating {}: {error}", dir.display());
-        }
+        let dir = super::server_dir(port);
         let (proxy_port, bus) = (proxy.port().to_string(), bus.to_string());
-        let args = [
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            "nodes.conf",
-            "--cluster-node-timeout",
-            "2000",
+        let mut args = super::CLUSTER_NODE_ARGS.to_vec();
+        args.extend([
             "--cluster-port",
             &bus,
             "--cluster-announce-ip",
@@ -1126,7 +1129,7 @@ fn start_proxied_node() -> (FaultProxy, RedisServer) {
             &proxy_port,
             "--cluster-announce-bus-port",
             &bus,
-        ];
+        ]);
         match super::spawn_ready(port, &args, &dir) {
             Ok(child) => return (proxy, RedisServer { child, port, dir }),
             Err(error) => last_error = error,

@@ -110,9 +110,6 @@ pub(super) async fn transaction<C: ConnectionLike>(
         let (decision, redis_now) = decide(&reply, policy, members, now, tolerance)?;
         clock.saw(redis_now);
         let off = redis_now.abs_diff(now) > tolerance;
-        if refresh || off {
-            clock.record(sent, received, redis_now);
-        }
         if redis_now.saturating_add(tolerance) < now {
             tracing::debug!(
                 ahead_us = now - redis_now,
@@ -123,6 +120,9 @@ pub(super) async fn transaction<C: ConnectionLike>(
             // cluster, a measurement's `TIME` may go to another).
             clock.replace(sent, received, redis_now);
             continue;
+        }
+        if refresh || off {
+            clock.record(sent, received, redis_now);
         }
         if off && decision.allowed() {
             restamp(conn, key, members, redis_now.saturating_add(tolerance)).await?;

@@ -28,4 +28,4 @@ pub use policy::{Algorithm, Execution, Policy, PolicyError, Rate};
 pub use service::RateLimit;
 pub use store::memory::MemoryStore;
 pub use store::redis::RedisStore;
-pub use store::{Store, StoreError};
+pub use store::{Command, Store, StoreError};

@@ -36,6 +36,29 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    /// Run an operator's [`Command`] on `key` under `policy`, atomically
+    /// (one script in Redis), and return the state it leaves: the decision a
+    /// request of `policy.cost()` would get now, consuming nothing. The
+    /// default answers [`StoreError::Unsupported`].
+    fn command(
+        &self,
+        key: &str,
+        policy: &Policy,
+        command: Command,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        let _ = (key, policy, command);
+        async { Err(StoreError::Unsupported("operator commands")) }
+    }
+
+    /// The decision at once, when the store takes it in process (as
+    /// [`MemoryStore`](memory::MemoryStore) does): the caller then needs no
+    /// future. The default, `None`, means "call [`check`](Self::check)".
+    /// A store that answers `Some` must count exactly as `check` would.
+    fn check_in_process(&self, key: &str, policy: &Policy) -> Option<Decision> {
+        let _ = (key, policy);
+        None
+    }
+
     /// Give back the concurrency slot `lease` of `key`, taken by an admitted
     /// [`Concurrency`](crate::Algorithm::Concurrency) check. The default does
     /// nothing (for stores without that algorithm).
@@ -50,13 +73,43 @@ pub trait Store: Send + Sync + 'static {
     }
 }
 
+/// An operator's command on one key ([`Store::command`]). Every store
+/// gives them the same meaning, for every [`Algorithm`](crate::Algorithm).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Command {
+    /// Change nothing: the state, and the decision a request of the
+    /// policy's cost would get now.
+    Peek,
+    /// Forget the key: its counts, its leases and its block.
+    Reset,
+    /// Deny every request of the key for this long from now, in every
+    /// process sharing the store (replacing an earlier block; zero lifts
+    /// it). The counts are kept.
+    Block(Duration),
+    /// Take `units` of quota, as `units` admitted requests would (even
+    /// beyond the max: the key then waits until the excess has drained).
+    Penalty(u64),
+    /// Give `units` of quota back, as if `units` admitted requests had not
+    /// been counted (never below an empty state).
+    Reward(u64),
+}
+
 /// Why a store could not decide.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// Redis answered with an error, or the connection failed.
-    #[error("redis: {0}")]
-    Redis(#[from] ::redis::RedisError),
+    /// The backend failed: an error reply, or the connection failed. The
+    /// source is the backend's own error (a [`redis::RedisError`] for
+    /// [`RedisStore`](redis::RedisStore)).
+    #[error("{backend}: {source}")]
+    Backend {
+        /// Which backend (`"redis"`).
+        backend: &'static str,
+        /// The backend's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
     /// No answer within the store's timeout.
     #[error("no answer from the store within {0:?}")]
     Timeout(Duration),
@@ -70,6 +123,36 @@ pub enum StoreError {
     /// Redis answered something the store did not expect.
     #[error("unexpected reply from redis: {0}")]
     UnexpectedReply(String),
+    /// The store cannot do this.
+    #[error("the store does not support {0}")]
+    Unsupported(&'static str),
+}
+
+impl StoreError {
+    /// A failure of `backend`, with its error as the source.
+    pub fn backend(
+        backend: &'static str,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self::Backend {
+            backend,
+            source: Box::new(source),
+        }
+    }
+
+    /// The backend's error, when it is an `E`.
+    pub fn backend_error<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            Self::Backend { source, .. } => source.downcast_ref::<E>(),
+            _ => None,
+        }
+    }
+}
+
+impl From<::redis::RedisError> for StoreError {
+    fn from(error: ::redis::RedisError) -> Self {
+        Self::backend("redis", error)
+    }
 }
 
 /// The longest `retry_after` of a denied concurrency request: slots usually
@@ -138,10 +221,7 @@ impl<S: Store> DynStore for S {
     }
 
     fn check_in_process(&self, key: &str, policy: &Policy) -> Option<Decision> {
-        let store: &dyn std::any::Any = self;
-        store
-            .downcast_ref::<memory::MemoryStore>()
-            .map(|memory| memory.check_now(key, policy))
+        Store::check_in_process(self, key, policy)
     }
 
     fn release_owned(

@@ -299,6 +299,10 @@ impl Store for MemoryStore {
         Ok(self.check_now(key, policy))
     }
 
+    fn check_in_process(&self, key: &str, policy: &Policy) -> Option<Decision> {
+        Some(self.check_now(key, policy))
+    }
+
     async fn release(&self, key: &str, policy: &Policy, lease: Lease) -> Result<(), StoreError> {
         self.release_now(key, policy, lease);
         Ok(())

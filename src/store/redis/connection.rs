@@ -336,8 +336,9 @@ impl Refusals {
         }
         done.await;
         let last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
-        last.as_ref()
-            .map(|(kind, text)| StoreError::Redis(std::io::Error::new(*kind, text.clone()).into()))
+        last.as_ref().map(|(kind, text)| {
+            StoreError::from(RedisError::from(std::io::Error::new(*kind, text.clone())))
+        })
     }
 }
 
@@ -346,7 +347,7 @@ const CONNECT_ATTEMPT_LIMIT: Duration = Duration::from_secs(5);
 
 fn run_error(error: RunError<RedisError>) -> StoreError {
     match error {
-        RunError::User(error) => StoreError::Redis(error),
+        RunError::User(error) => StoreError::from(error),
         RunError::TimedOut => StoreError::PoolTimeout,
     }
 }
@@ -385,8 +386,8 @@ impl Conn {
 /// Whether `error` means the connection itself is unusable. A timeout does
 /// not: a slow Redis answers later on the same connection.
 pub(super) fn is_connection_error(error: &StoreError) -> bool {
-    match error {
-        StoreError::Redis(e) => {
+    match error.backend_error::<RedisError>() {
+        Some(e) => {
             !e.is_timeout()
                 && (e.is_io_error()
                     || e.is_connection_dropped()

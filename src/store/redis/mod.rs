@@ -533,7 +533,7 @@ const REDIRECT_PAUSE: Duration = Duration::from_millis(5);
 /// running any of it, so that sending it again cannot count it twice.
 fn not_run(error: &StoreError) -> bool {
     use redis::{ErrorKind, ServerErrorKind};
-    let StoreError::Redis(error) = error else {
+    let Some(error) = error.backend_error::<redis::RedisError>() else {
         return false;
     };
     matches!(

@@ -65,7 +65,7 @@ impl Clock for SystemClock {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::{Clock, ManualClock};
+/// use tower_redis_ratelimit::clock::{Clock, ManualClock};
 ///
 /// let clock = ManualClock::new(Duration::from_secs(1_000));
 /// clock.advance(Duration::from_millis(1_500));
@@ -113,7 +113,7 @@ impl Clock for ManualClock {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::{Clock, ManualClock, SkewedClock};
+/// use tower_redis_ratelimit::clock::{Clock, ManualClock, SkewedClock};
 ///
 /// let base = ManualClock::new(Duration::from_secs(100));
 /// let ahead = SkewedClock::ahead(base.clone(), Duration::from_secs(5));

@@ -88,7 +88,7 @@ impl Decision {
 
     /// The same decision `by` later: every wait and reset shortened by it.
     pub(crate) fn aged(&self, by: Duration) -> Self {
-        let age = |d: Duration| crate::deny_cache::age(d, by);
+        let age = |d: Duration| d.saturating_sub(by);
         let mut aged = self.clone();
         aged.reset = age(self.reset);
         aged.retry_after = age(self.retry_after);

@@ -1,31 +1,35 @@
 #![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod body;
-mod breaker;
 pub mod clock;
-pub mod decision;
-mod deny_cache;
-pub mod future;
+mod decision;
+mod http;
 pub mod key;
-pub mod layer;
+mod limiter;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
-pub mod policy;
-pub mod response;
-pub mod service;
+mod policy;
 pub mod store;
 
-pub use body::ResponseBody;
-pub use breaker::CircuitBreaker;
-pub use clock::{Clock, ManualClock, SkewedClock, SystemClock};
 pub use decision::{Decision, Lease, RateStatus};
-pub use future::ResponseFuture;
-pub use key::KeyExtractor;
-pub use layer::{FailMode, HeaderStyle, RateLimitLayer, Rejection};
-pub use policy::{Algorithm, Execution, Policy, PolicyError, Rate};
-pub use service::RateLimit;
+pub use http::{
+    HeaderStyle, RATELIMIT, RATELIMIT_POLICY, RateLimit, RateLimitLayer, Rejection, Responder,
+    ResponseBody, ResponseFuture, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+};
+pub use limiter::{CircuitBreaker, FailMode, LimitError, Limiter, Permit, Source, Verdict};
+pub use policy::{
+    Algorithm, DEFAULT_LEASE, Execution, MAX_COST, MAX_MAX, MAX_WINDOW, MIN_WINDOW, Policy,
+    PolicyError, Rate,
+};
 pub use store::memory::MemoryStore;
 pub use store::redis::RedisStore;
 pub use store::{Command, Store, StoreError};
+
+/// The bb8 pool of Redis connections this crate is built on (with `bb8`
+/// inside), so that a pool you pass to [`RedisStore::from_pool`] matches its version.
+pub use bb8_redis;
+/// The redis crate this one is built on (redis-rs 1.x), so that a
+/// connection, cluster client or error you build matches its version.
+pub use redis;

@@ -138,7 +138,8 @@ pub enum Algorithm {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::{ManualClock, MemoryStore, Policy};
+    /// use tower_redis_ratelimit::clock::ManualClock;
+    /// use tower_redis_ratelimit::{MemoryStore, Policy};
     ///
     /// let clock = ManualClock::new(Duration::from_secs(1_000)); // on a window boundary
     /// let store = MemoryStore::with_clock(clock.clone());
@@ -161,7 +162,8 @@ pub enum Algorithm {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::{ManualClock, MemoryStore, Policy};
+    /// use tower_redis_ratelimit::clock::ManualClock;
+    /// use tower_redis_ratelimit::{MemoryStore, Policy};
     ///
     /// let clock = ManualClock::new(Duration::from_secs(1_000)); // on a window boundary
     /// let store = MemoryStore::with_clock(clock.clone());
@@ -190,7 +192,8 @@ pub enum Algorithm {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::{ManualClock, MemoryStore, Policy};
+    /// use tower_redis_ratelimit::clock::ManualClock;
+    /// use tower_redis_ratelimit::{MemoryStore, Policy};
     ///
     /// let clock = ManualClock::new(Duration::from_secs(1_000)); // on a window boundary
     /// let store = MemoryStore::with_clock(clock.clone());
@@ -215,7 +218,8 @@ pub enum Algorithm {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::{ManualClock, MemoryStore, Policy};
+    /// use tower_redis_ratelimit::clock::ManualClock;
+    /// use tower_redis_ratelimit::{MemoryStore, Policy};
     ///
     /// let clock = ManualClock::new(Duration::from_secs(1_000)); // on a window boundary
     /// let store = MemoryStore::with_clock(clock.clone());
@@ -239,7 +243,8 @@ pub enum Algorithm {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::{ManualClock, MemoryStore, Policy};
+    /// use tower_redis_ratelimit::clock::ManualClock;
+    /// use tower_redis_ratelimit::{MemoryStore, Policy};
     ///
     /// let clock = ManualClock::new(Duration::from_secs(1_000)); // on a window boundary
     /// let store = MemoryStore::with_clock(clock.clone());

@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use support::contention::admitted_under_contention;
 use support::harness::{Harness, MARGIN, MS, US, advance_to, align, away_from_a_boundary, micros};
 use support::{RedisServer, differential};
-use tower_redis_ratelimit::policy::{MAX_COST, MAX_MAX, MAX_WINDOW};
 use tower_redis_ratelimit::{Algorithm, Execution, Policy, Rate, RedisStore, Store};
+use tower_redis_ratelimit::{MAX_COST, MAX_MAX, MAX_WINDOW};
 
 fn fixed(h: &Harness, text: &str) -> Policy {
     h.policy(text).fixed_window().unwrap()

@@ -18,7 +18,7 @@ use tower_redis_ratelimit::{Policy, RateLimitLayer, RedisStore, key};
 /// A health service behind `limiter`, on a free loopback port.
 async fn grpc_server<K>(limiter: RateLimitLayer<K>) -> SocketAddr
 where
-    K: tower_redis_ratelimit::KeyExtractor<tonic::body::Body>,
+    K: tower_redis_ratelimit::key::KeyExtractor<tonic::body::Body>,
 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

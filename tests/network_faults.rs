@@ -731,7 +731,7 @@ async fn resumes_after_outage(source: Source, outage: Outage) {
         }
     };
     // The default timeout, as the issue measured it.
-    let store = store.with_timeout(tower_redis_ratelimit::store::redis::DEFAULT_TIMEOUT);
+    let store = store.with_timeout(tower_redis_ratelimit::RedisStore::DEFAULT_TIMEOUT);
     let app = app(store, policy, FailMode::Closed);
     let status = |app: &Router| {
         let app = app.clone();
@@ -812,7 +812,7 @@ async fn layer_answers_at_once_while_refused(source: Source) {
     let store = rig
         .store(0)
         .clone()
-        .with_timeout(tower_redis_ratelimit::store::redis::DEFAULT_TIMEOUT);
+        .with_timeout(tower_redis_ratelimit::RedisStore::DEFAULT_TIMEOUT);
     let policy: Policy = "1000/10s"
         .parse::<Policy>()
         .unwrap()

@@ -10,9 +10,8 @@ use std::time::{Duration, Instant};
 use support::contention::admitted_under_contention;
 use support::faults::SteppingClock;
 use support::{RedisServer, zcard};
-use tower_redis_ratelimit::{
-    Execution, Policy, RedisStore, SkewedClock, Store, StoreError, SystemClock,
-};
+use tower_redis_ratelimit::clock::{SkewedClock, SystemClock};
+use tower_redis_ratelimit::{Execution, Policy, RedisStore, Store, StoreError};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn script_admits_exactly_the_limit_under_contention() {

@@ -12,8 +12,8 @@ use support::contention::admitted_under_contention;
 use support::harness::{Harness, MARGIN, MS, US, advance_to, align, away_from_a_boundary, micros};
 use support::rng::Rng;
 use support::{RedisServer, differential};
-use tower_redis_ratelimit::policy::{MAX_COST, MAX_MAX, MAX_WINDOW};
 use tower_redis_ratelimit::{Algorithm, Execution, Policy, Rate, RedisStore, Store};
+use tower_redis_ratelimit::{MAX_COST, MAX_MAX, MAX_WINDOW};
 
 fn sliding(h: &Harness, text: &str) -> Policy {
     h.policy(text).sliding_window().unwrap()

@@ -27,7 +27,8 @@ use support::faults::{
 };
 use support::proxy::{AfterDrop, FaultProxy, Match};
 use support::{RedisServer, zcard};
-use tower_redis_ratelimit::{Clock, Execution, Policy, RedisStore, Store, StoreError, SystemClock};
+use tower_redis_ratelimit::clock::{Clock, SystemClock};
+use tower_redis_ratelimit::{Execution, Policy, RedisStore, Store, StoreError};
 
 /// The store timeout of these tests.
 const TIMEOUT: Duration = Duration::from_millis(250);

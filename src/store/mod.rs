@@ -100,7 +100,7 @@ pub enum Command {
 #[non_exhaustive]
 pub enum StoreError {
     /// The backend failed: an error reply, or the connection failed. The
-    /// source is the backend's own error (a [`redis::RedisError`] for
+    /// source is the backend's own error (a [`RedisError`](::redis::RedisError) for
     /// [`RedisStore`](redis::RedisStore)).
     #[error("{backend}: {source}")]
     Backend {
@@ -205,6 +205,13 @@ pub(crate) trait DynStore: Send + Sync + 'static {
         lease: Lease,
     ) -> BoxFuture<Result<(), StoreError>>;
 
+    fn command_owned(
+        self: Arc<Self>,
+        key: String,
+        policy: Arc<Policy>,
+        command: Command,
+    ) -> BoxFuture<Result<Decision, StoreError>>;
+
     fn denials_are_final_dyn(&self, policy: &Policy) -> bool;
 }
 
@@ -231,6 +238,15 @@ impl<S: Store> DynStore for S {
         lease: Lease,
     ) -> BoxFuture<Result<(), StoreError>> {
         Box::pin(async move { self.release(&key, &policy, lease).await })
+    }
+
+    fn command_owned(
+        self: Arc<Self>,
+        key: String,
+        policy: Arc<Policy>,
+        command: Command,
+    ) -> BoxFuture<Result<Decision, StoreError>> {
+        Box::pin(async move { self.command(&key, &policy, command).await })
     }
 
     fn denials_are_final_dyn(&self, policy: &Policy) -> bool {

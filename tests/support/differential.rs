@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tower_redis_ratelimit::policy::{MAX_COST, MAX_MAX};
+use tower_redis_ratelimit::{MAX_COST, MAX_MAX};
 use tower_redis_ratelimit::{Policy, PolicyError, Rate, Store};
 
 use super::RedisServer;

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use tower_redis_ratelimit::{Clock, Decision, Policy, RedisStore, Store, StoreError, SystemClock};
+use tower_redis_ratelimit::clock::{Clock, SystemClock};
+use tower_redis_ratelimit::{Decision, Policy, RedisStore, Store, StoreError};
 
 use super::proxy::{AfterDrop, Direction, FaultProxy, Match};
 use super::rng::Rng;

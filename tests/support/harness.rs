@@ -6,9 +6,8 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tower_redis_ratelimit::{
-    Clock, Decision, Execution, ManualClock, MemoryStore, Policy, RedisStore, Store,
-};
+use tower_redis_ratelimit::clock::{Clock, ManualClock};
+use tower_redis_ratelimit::{Decision, Execution, MemoryStore, Policy, RedisStore, Store};
 
 use super::RedisServer;
 
@@ -152,7 +151,9 @@ impl Harness {
 
     pub fn mark(&self) -> Mark {
         match self {
-            Self::Memory { clock, .. } => Mark::Clock(tower_redis_ratelimit::Clock::now(clock)),
+            Self::Memory { clock, .. } => {
+                Mark::Clock(tower_redis_ratelimit::clock::Clock::now(clock))
+            }
             Self::Redis { .. } => Mark::Real(Instant::now()),
         }
     }
@@ -160,7 +161,7 @@ impl Harness {
     pub fn since(&self, mark: Mark) -> Duration {
         match (self, mark) {
             (Self::Memory { clock, .. }, Mark::Clock(then)) => {
-                tower_redis_ratelimit::Clock::now(clock) - then
+                tower_redis_ratelimit::clock::Clock::now(clock) - then
             }
             (_, Mark::Real(then)) => then.elapsed(),
             _ => unreachable!(),

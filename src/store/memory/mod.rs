@@ -48,7 +48,8 @@ pub const DEFAULT_MAX_KEYS: usize = 100_000;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::{ManualClock, MemoryStore, Policy, Store};
+/// use tower_redis_ratelimit::clock::ManualClock;
+/// use tower_redis_ratelimit::{MemoryStore, Policy, Store};
 ///
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// let clock = ManualClock::new(Duration::from_secs(1_000));

@@ -94,6 +94,10 @@ impl fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
+    /// How long a check waits for Redis unless
+    /// [`with_timeout`](Self::with_timeout) says otherwise (250 ms).
+    pub const DEFAULT_TIMEOUT: Duration = DEFAULT_TIMEOUT;
+
     /// Connect to the Redis at `url` (`redis://[user:password@]host:port[/db]`;
     /// `rediss://` needs one of redis-rs's TLS features enabled in your
     /// Cargo.toml) through a bb8 pool of at most [`DEFAULT_POOL_SIZE`]

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::decision::Decision;
 use crate::store::bounded_key;
@@ -62,6 +62,13 @@ impl DenyCache {
         Some(entry.decision.aged(now - entry.at))
     }
 
+    /// Forget the denial of `key` (after an operator reset or reward).
+    pub(crate) fn remove(&self, key: &str) {
+        let key = bounded_key(key);
+        let key = key.as_ref();
+        self.shard(key).remove(key);
+    }
+
     /// Remember that `key` is denied until `sent + decision.retry_after()`,
     /// `sent` being when the check was sent: the store decided after that,
     /// so the key cannot be admitted before this deadline.
@@ -107,16 +114,12 @@ impl DenyCache {
     }
 }
 
-/// Let `d` pass on a decision's durations.
-pub(crate) fn age(d: Duration, by: Duration) -> Duration {
-    d.saturating_sub(by)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::decision::{DecisionBuilder, RateStatus};
     use crate::policy::Rate;
+    use std::time::Duration;
 
     fn denial(wait_ms: u64) -> Decision {
         let mut b = DecisionBuilder::new(false);

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::future::LeaseGuard;
+use crate::limiter::Permit;
 
 pin_project! {
     /// The body of every response of [`RateLimit`](crate::RateLimit).
@@ -24,13 +24,13 @@ pin_project! {
     #[derive(Debug)]
     enum Kind<B> {
         // A concurrency slot is held until the body ends or is dropped.
-        Inner { #[pin] body: B, lease: Option<LeaseGuard> },
+        Inner { #[pin] body: B, lease: Option<Permit> },
         Full { data: Option<Bytes> },
     }
 }
 
 impl<B> ResponseBody<B> {
-    pub(crate) fn inner(body: B, lease: Option<LeaseGuard>) -> Self {
+    pub(crate) fn inner(body: B, lease: Option<Permit>) -> Self {
         Self {
             kind: Kind::Inner { body, lease },
         }

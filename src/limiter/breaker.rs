@@ -14,11 +14,27 @@ use std::time::{Duration, Instant};
 /// never probes: once open, the breaker stays open and the fail mode answers
 /// every request until the process restarts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CircuitBreaker {
     /// Consecutive failures that open the breaker (0 counts as 1).
     pub failures: u32,
     /// How long it stays open before one request probes the store.
     pub cooldown: Duration,
+}
+
+impl CircuitBreaker {
+    /// Open after `failures` consecutive failures; probe every `cooldown`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::CircuitBreaker;
+    ///
+    /// let breaker = CircuitBreaker::new(3, Duration::from_millis(500));
+    /// assert_eq!(breaker.failures, 3);
+    /// ```
+    pub fn new(failures: u32, cooldown: Duration) -> Self {
+        Self { failures, cooldown }
+    }
 }
 
 impl Default for CircuitBreaker {
@@ -107,7 +123,7 @@ pub(crate) struct Ticket {
 
 /// What a request may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Permit {
+pub(crate) enum Gate {
     /// Ask the store, and report how it did with the ticket.
     Ask(Ticket),
     /// Do not: the store is considered down.
@@ -157,27 +173,27 @@ impl Breaker {
         now.checked_add(self.config.cooldown)
     }
 
-    pub(crate) fn permit(&self) -> Permit {
+    pub(crate) fn gate(&self) -> Gate {
         let word = self.word.load(Ordering::Acquire);
         if word & SUMMARY_MASK != OPEN {
-            return Permit::Ask(Ticket {
+            return Gate::Ask(Ticket {
                 epoch: word >> SUMMARY_BITS,
             });
         }
         let mut inner = self.inner();
         match inner.state {
-            State::Closed { .. } => Permit::Ask(self.ticket(&inner)),
+            State::Closed { .. } => Gate::Ask(self.ticket(&inner)),
             State::Open { until } | State::Probing { until } => {
                 let now = Instant::now();
                 if !passed(until, now) {
-                    return Permit::Skip;
+                    return Gate::Skip;
                 }
                 let next = State::Probing {
                     until: self.deadline(now),
                 };
                 self.set(&mut inner, next);
                 tracing::info!("rate limit store: circuit half-open, probing");
-                Permit::Ask(self.ticket(&inner))
+                Gate::Ask(self.ticket(&inner))
             }
         }
     }
@@ -253,14 +269,14 @@ mod tests {
 
     /// A ticket to ask the store; panics if the breaker says skip.
     fn ask(breaker: &Breaker, why: &str) -> Ticket {
-        match breaker.permit() {
-            Permit::Ask(ticket) => ticket,
-            Permit::Skip => panic!("skipped: {why}"),
+        match breaker.gate() {
+            Gate::Ask(ticket) => ticket,
+            Gate::Skip => panic!("skipped: {why}"),
         }
     }
 
     fn skips(breaker: &Breaker) -> bool {
-        breaker.permit() == Permit::Skip
+        breaker.gate() == Gate::Skip
     }
 
     #[test]

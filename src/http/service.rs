@@ -7,13 +7,13 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use crate::body::ResponseBody;
-use crate::future::ResponseFuture;
+use super::body::ResponseBody;
+use super::future::ResponseFuture;
+use super::layer::{RateLimitLayer, Shared};
+use super::response;
 use crate::key::KeyExtractor;
-use crate::layer::{RateLimitLayer, Settings};
 use crate::metrics::Outcome;
 use crate::policy::Policy;
-use crate::response;
 use crate::store::Store;
 
 /// Rate-limits the requests of `S`; built by [`RateLimitLayer`].
@@ -23,7 +23,7 @@ use crate::store::Store;
 /// A denied one is answered `429 Too Many Requests` without reaching `S`.
 pub struct RateLimit<S, K> {
     inner: S,
-    settings: Arc<Settings>,
+    shared: Arc<Shared>,
     key: Arc<K>,
 }
 
@@ -33,12 +33,8 @@ impl<S, K> RateLimit<S, K> {
         tower_layer::Layer::layer(&RateLimitLayer::new(store, policy, key), inner)
     }
 
-    pub(crate) fn from_parts(inner: S, settings: Arc<Settings>, key: Arc<K>) -> Self {
-        Self {
-            inner,
-            settings,
-            key,
-        }
+    pub(crate) fn from_parts(inner: S, shared: Arc<Shared>, key: Arc<K>) -> Self {
+        Self { inner, shared, key }
     }
 
     /// The wrapped service.
@@ -61,7 +57,7 @@ impl<S: Clone, K> Clone for RateLimit<S, K> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            settings: Arc::clone(&self.settings),
+            shared: Arc::clone(&self.shared),
             key: Arc::clone(&self.key),
         }
     }
@@ -71,7 +67,7 @@ impl<S: fmt::Debug, K> fmt::Debug for RateLimit<S, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
-            .field("policy", &self.settings.policy.to_string())
+            .field("limiter", &self.shared.limiter)
             .finish_non_exhaustive()
     }
 }
@@ -91,13 +87,14 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let grpc = response::is_grpc(request.headers());
+        let limiter = &self.shared.limiter;
         match self.key.extract(&request) {
-            Ok(None) => {
-                crate::metrics::decision(&self.settings.name, Outcome::Skipped);
-                ResponseFuture::unlimited(self.inner.call(request))
+            Ok(Some(key)) if !limiter.allows(&key) => {
+                let key = limiter.store_key(key);
+                ResponseFuture::start(request, &mut self.inner, &self.shared, key, grpc)
             }
-            Ok(Some(key)) if self.settings.allowed.contains(&key) => {
-                crate::metrics::decision(&self.settings.name, Outcome::Skipped);
+            Ok(_) => {
+                crate::metrics::decision(limiter.name(), Outcome::Skipped);
                 ResponseFuture::unlimited(self.inner.call(request))
             }
             Err(error) => {
@@ -110,26 +107,6 @@ where
                     ));
                 }
                 ResponseFuture::answered(response::misconfigured(&error))
-            }
-            Ok(Some(key)) => {
-                // The ready service goes with the request; a clone stays.
-                let clone = self.inner.clone();
-                let ready = std::mem::replace(&mut self.inner, clone);
-                let key = self.settings.store_key(key);
-                if let Some(denied) = self.settings.cached_denial(&key) {
-                    tracing::debug!(
-                        key = %crate::future::KeyHash(&key),
-                        retry_after_ms = denied.retry_after().as_millis() as u64,
-                        "rate limit: denied (deny cache)"
-                    );
-                    crate::metrics::decision(&self.settings.name, Outcome::Limited);
-                    return ResponseFuture::answered(self.settings.denial(
-                        &denied,
-                        grpc,
-                        crate::layer::Origin::Store,
-                    ));
-                }
-                ResponseFuture::checking(request, ready, Arc::clone(&self.settings), key, grpc)
             }
         }
     }

@@ -1,0 +1,364 @@
+//! [`ResponseFuture`]: a small state machine over the engine's verdict —
+//! wait for it (and, when delaying, for the key's turn), then for the inner
+//! service, or answer the denial.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tokio::time::Sleep;
+use tower_service::Service;
+
+use super::body::ResponseBody;
+use super::layer::{Rejection, Shared};
+use super::response;
+use crate::decision::Decision;
+use crate::limiter::{Begun, KeyHash, LimitError, Permit, Source, Verdict, Waiting};
+
+pin_project! {
+    /// The response future of [`RateLimit`](crate::RateLimit).
+    pub struct ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        #[pin]
+        state: State<S, ReqBody>,
+    }
+}
+
+/// What a request waiting for a verdict carries from state to state.
+struct Pending<S, ReqBody> {
+    request: Request<ReqBody>,
+    service: S,
+    /// Whether `service` is ready (holding whatever its readiness reserves,
+    /// such as a concurrency-limit permit or a buffer slot). A request that
+    /// is delayed gives that up while it sleeps, and drives a clone to
+    /// readiness once it is admitted.
+    ready: bool,
+    shared: Arc<Shared>,
+    /// The key in the store, to check again after a delay (held by the
+    /// check while it waits for the store).
+    key: String,
+    /// Time spent delayed so far.
+    waited: Duration,
+    /// A gRPC call: denials are trailers-only gRPC statuses.
+    grpc: bool,
+}
+
+/// The decision an admitted request carries to its response headers.
+type Shown = Option<(Decision, Arc<Shared>, Source)>;
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        Checking {
+            waiting: Option<Waiting>,
+            pending: Option<Pending<S, ReqBody>>,
+        },
+        Delaying {
+            sleep: Pin<Box<Sleep>>,
+            pending: Option<Pending<S, ReqBody>>,
+        },
+        /// Admitted after a delay: waiting for the inner service to be ready.
+        Readying {
+            admitted: Option<Admitted<S, ReqBody>>,
+        },
+        Calling {
+            #[pin]
+            future: S::Future,
+            shown: Shown,
+            permit: Option<Permit>,
+        },
+        Answered {
+            response: Option<Response<Bytes>>,
+        },
+    }
+}
+
+/// An admitted request waiting for its service to be ready.
+struct Admitted<S, ReqBody> {
+    service: S,
+    request: Request<ReqBody>,
+    shown: Shown,
+    permit: Option<Permit>,
+}
+
+impl<S, ReqBody> ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    pub(crate) fn unlimited(future: S::Future) -> Self {
+        Self {
+            state: State::Calling {
+                future,
+                shown: None,
+                permit: None,
+            },
+        }
+    }
+
+    pub(crate) fn answered(response: Response<Bytes>) -> Self {
+        Self {
+            state: State::Answered {
+                response: Some(response),
+            },
+        }
+    }
+}
+
+impl<S, ReqBody> ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>> + Clone,
+{
+    /// Check `key` for `request`, bound for `service` (ready: it goes with
+    /// the request and a clone stays, unless the request is answered at
+    /// once, as a denial from the deny cache is).
+    pub(crate) fn start(
+        request: Request<ReqBody>,
+        service: &mut S,
+        shared: &Arc<Shared>,
+        mut key: String,
+        grpc: bool,
+    ) -> Self {
+        let begun = shared
+            .limiter
+            .begin(&mut key, None, shared.answers_at_once());
+        let (step, waiting) = match begun {
+            Begun::Done(verdict) => match next_step(verdict, shared, &key, Duration::ZERO, grpc) {
+                Next::Answer(response) => return Self::answered(response),
+                step => (Some(step), None),
+            },
+            Begun::Waiting(waiting) => (None, Some(waiting)),
+        };
+        let clone = service.clone();
+        let pending = Pending {
+            request,
+            service: std::mem::replace(service, clone),
+            ready: true,
+            shared: Arc::clone(shared),
+            key,
+            waited: Duration::ZERO,
+            grpc,
+        };
+        let state = match step {
+            Some(step) => step.into_state(pending),
+            None => State::Checking {
+                waiting,
+                pending: Some(pending),
+            },
+        };
+        Self { state }
+    }
+}
+
+impl<S, ReqBody> fmt::Debug for ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Checking { .. } => "checking",
+            State::Delaying { .. } => "delaying",
+            State::Readying { .. } => "readying",
+            State::Calling { .. } => "calling",
+            State::Answered { .. } => "answered",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+/// What to do after a verdict. (Unboxed: it moves once per request.)
+#[allow(clippy::large_enum_variant)]
+enum Next {
+    Call(Option<Decision>, Source, Option<Permit>),
+    Wait(Duration),
+    Answer(Response<Bytes>),
+}
+
+/// The step a verdict of the engine leads to, under the layer's rejection.
+fn next_step(
+    verdict: Result<Verdict, LimitError>,
+    shared: &Shared,
+    key: &str,
+    waited: Duration,
+    grpc: bool,
+) -> Next {
+    let verdict = match verdict {
+        Ok(verdict) => verdict,
+        // The store failed under FailMode::Closed (the engine logged it).
+        Err(_) => {
+            return Next::Answer(if grpc {
+                response::grpc(
+                    response::grpc_status::UNAVAILABLE,
+                    "rate limiter unavailable: its store does not answer",
+                )
+            } else {
+                response::store_unavailable()
+            });
+        }
+    };
+    let (decision, source, permit) = verdict.into_parts();
+    let decision = match decision {
+        Some(decision) if !decision.allowed() => decision,
+        decision => return Next::Call(decision, source, permit),
+    };
+    let retry_after_ms = decision.retry_after().as_millis() as u64;
+    match &shared.rejection {
+        Rejection::Shadow => {
+            tracing::info!(key = %KeyHash(key), retry_after_ms, policy = %shared.limiter.policy(), "rate limit (shadow): would deny; letting through");
+            Next::Call(Some(decision), source, None)
+        }
+        Rejection::Delay { max_wait } if waited + decision.retry_after() <= *max_wait => {
+            tracing::debug!(key = %KeyHash(key), retry_after_ms, "rate limit: delaying");
+            // At least 1 ms: a store that answers a zero wait must not make
+            // the request check again in a tight loop.
+            Next::Wait(decision.retry_after().max(Duration::from_millis(1)))
+        }
+        _ => {
+            tracing::debug!(key = %KeyHash(key), retry_after_ms, "rate limit: denied");
+            Next::Answer(shared.denial(&decision, grpc, source))
+        }
+    }
+}
+
+impl Next {
+    /// The state of a request `pending` after this step.
+    fn into_state<S, ReqBody>(self, mut p: Pending<S, ReqBody>) -> State<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>> + Clone,
+    {
+        match self {
+            Next::Call(decision, source, permit) => {
+                if let Some(decision) = &decision {
+                    p.request.extensions_mut().insert(decision.clone());
+                }
+                let shown = decision.map(|d| (d, p.shared, source));
+                if p.ready {
+                    State::Calling {
+                        future: p.service.call(p.request),
+                        shown,
+                        permit,
+                    }
+                } else {
+                    State::Readying {
+                        admitted: Some(Admitted {
+                            service: p.service,
+                            request: p.request,
+                            shown,
+                            permit,
+                        }),
+                    }
+                }
+            }
+            Next::Wait(wait) => {
+                p.waited += wait;
+                if p.ready {
+                    // Give up what the inner service's readiness holds while
+                    // sleeping: a fresh clone takes its place, made ready
+                    // once admitted.
+                    p.service = p.service.clone();
+                    p.ready = false;
+                }
+                State::Delaying {
+                    sleep: Box::pin(tokio::time::sleep(wait)),
+                    pending: Some(p),
+                }
+            }
+            Next::Answer(response) => State::Answered {
+                response: Some(response),
+            },
+        }
+    }
+}
+
+/// The answer of a future polled again after a panic inside poll.
+fn poisoned<B>() -> Response<ResponseBody<B>> {
+    response::store_unavailable().map(ResponseBody::full)
+}
+
+impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Checking { waiting, pending } => {
+                    let Some(w) = waiting.as_mut() else {
+                        return Poll::Ready(Ok(poisoned()));
+                    };
+                    let (key, outcome) = ready!(w.future.as_mut().poll(cx));
+                    let (Some(w), Some(mut p)) = (waiting.take(), pending.take()) else {
+                        return Poll::Ready(Ok(poisoned()));
+                    };
+                    p.key = key;
+                    let cache = p.shared.answers_at_once();
+                    let verdict = p.shared.limiter.finish_waiting(&p.key, w, outcome, cache);
+                    let step = next_step(verdict, &p.shared, &p.key, p.waited, p.grpc);
+                    this.state.set(step.into_state(p));
+                }
+                StateProj::Delaying { sleep, pending } => {
+                    ready!(sleep.as_mut().poll(cx));
+                    let Some(mut p) = pending.take() else {
+                        return Poll::Ready(Ok(poisoned()));
+                    };
+                    let shared = Arc::clone(&p.shared);
+                    let state = match shared.limiter.begin(&mut p.key, None, false) {
+                        Begun::Done(verdict) => {
+                            next_step(verdict, &shared, &p.key, p.waited, p.grpc).into_state(p)
+                        }
+                        Begun::Waiting(waiting) => State::Checking {
+                            waiting: Some(waiting),
+                            pending: Some(p),
+                        },
+                    };
+                    this.state.set(state);
+                }
+                StateProj::Readying { admitted } => {
+                    if let Some(a) = admitted.as_mut() {
+                        ready!(a.service.poll_ready(cx))?;
+                    }
+                    let Some(mut a) = admitted.take() else {
+                        return Poll::Ready(Ok(poisoned()));
+                    };
+                    let future = a.service.call(a.request);
+                    this.state.set(State::Calling {
+                        future,
+                        shown: a.shown,
+                        permit: a.permit,
+                    });
+                }
+                StateProj::Calling {
+                    future,
+                    shown,
+                    permit,
+                } => {
+                    let mut response = ready!(future.poll(cx))?;
+                    if let Some((decision, shared, source)) = shown {
+                        shared.set_headers(response.headers_mut(), decision, *source);
+                    }
+                    let permit = permit.take();
+                    return Poll::Ready(Ok(response.map(|body| ResponseBody::inner(body, permit))));
+                }
+                StateProj::Answered { response } => {
+                    let response = response.take().unwrap_or_else(response::store_unavailable);
+                    return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! The tower glue: the layer, its service, future and body, the rate-limit
+//! fields and the denials (429, problem+json, gRPC). It turns a request
+//! into a key, asks the engine ([`Limiter`](crate::Limiter)) and renders
+//! its verdict; it decides nothing about limiting.
+
+mod body;
+mod future;
+mod layer;
+mod response;
+mod service;
+
+pub use body::ResponseBody;
+pub use future::ResponseFuture;
+pub use layer::{HeaderStyle, RateLimitLayer, Rejection, Responder};
+pub use response::{
+    RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+};
+pub use service::RateLimit;

@@ -1,0 +1,769 @@
+//! The engine: [`Limiter`] decides, with no HTTP in sight. The tower layer
+//! is a `Limiter` plus a key extractor plus the rendering of its verdicts;
+//! workers, job queues and clients of third-party APIs use it directly.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::decision::Decision;
+use crate::metrics::Outcome;
+use crate::policy::{Policy, PolicyError};
+use crate::store::memory::MemoryStore;
+use crate::store::{BoxFuture, Command, DynStore, Store, StoreError};
+
+mod breaker;
+mod deny_cache;
+mod lease;
+
+pub use breaker::CircuitBreaker;
+pub use lease::Permit;
+
+use breaker::{Breaker, Gate, Ticket};
+use deny_cache::{DEFAULT_DENY_CACHE_SIZE, DenyCache};
+
+/// What to do when the store cannot decide (Redis down, slow or failing,
+/// or the circuit breaker open).
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub enum FailMode {
+    /// Admit without limiting, and log the failure at warn (the default:
+    /// the limiter never takes the service down).
+    #[default]
+    Open,
+    /// Fail: [`Limiter::check`] returns [`LimitError::Store`], and the layer
+    /// answers `503 Service Unavailable`.
+    Closed,
+    /// Limit in this process while the store fails, with the same policy
+    /// divided among `instances` processes (each rate's max divided by
+    /// `instances`, rounded down, at least the cost), and go back to the
+    /// store when it answers again. Build it with [`FailMode::fallback`].
+    /// Decisions of the fallback carry the limit it enforces (the divided
+    /// maxes); the layer shows them under the same policy names.
+    Fallback {
+        /// Where the limits are held meanwhile.
+        store: MemoryStore,
+        /// How many processes share the limit.
+        instances: u32,
+    },
+}
+
+impl FailMode {
+    /// [`FailMode::Fallback`] to `store`, for `instances` processes sharing
+    /// the limit (1 when this process is alone).
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{FailMode, MemoryStore};
+    ///
+    /// // Four replicas: while Redis is down each allows a quarter of the limit.
+    /// let mode = FailMode::fallback(MemoryStore::new(), 4);
+    /// ```
+    pub fn fallback(store: MemoryStore, instances: u32) -> Self {
+        Self::Fallback {
+            store,
+            instances: instances.max(1),
+        }
+    }
+}
+
+/// Who answered a check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Source {
+    /// The store.
+    Store,
+    /// The deny cache: a denial the store gave earlier, still in force.
+    DenyCache,
+    /// The fail mode's fallback store, while the store fails.
+    Fallback,
+    /// Nobody: the store failed and [`FailMode::Open`] admitted.
+    FailOpen,
+    /// Nobody: the key is one of the allowed keys.
+    AllowedKey,
+}
+
+/// The answer of [`Limiter::check`]: admitted or not, by whom, and the
+/// decision (none when nothing limited the check: an allowed key, or a
+/// store failure under [`FailMode::Open`]).
+///
+/// Under a [`Concurrency`](crate::Algorithm::Concurrency) policy an admitted
+/// verdict holds a slot until it (or the [`Permit`] taken from it) is dropped.
+#[derive(Debug)]
+#[must_use = "a verdict of a concurrency policy holds its slot until it is dropped"]
+pub struct Verdict {
+    decision: Option<Decision>,
+    source: Source,
+    permit: Option<Permit>,
+}
+
+impl Verdict {
+    /// Whether the check is admitted.
+    pub fn allowed(&self) -> bool {
+        self.decision.as_ref().is_none_or(Decision::allowed)
+    }
+
+    /// The decision, when something limited the check.
+    pub fn decision(&self) -> Option<&Decision> {
+        self.decision.as_ref()
+    }
+
+    /// Who answered.
+    pub fn source(&self) -> Source {
+        self.source
+    }
+
+    /// How long to wait before a check can be admitted (zero when admitted).
+    pub fn retry_after(&self) -> Duration {
+        match &self.decision {
+            Some(decision) if !decision.allowed() => decision.retry_after(),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// The concurrency slot this admitted verdict holds, if any: dropping
+    /// the permit gives the slot back.
+    pub fn into_permit(self) -> Option<Permit> {
+        self.permit
+    }
+
+    pub(crate) fn into_parts(self) -> (Option<Decision>, Source, Option<Permit>) {
+        (self.decision, self.source, self.permit)
+    }
+
+    fn unlimited(source: Source) -> Self {
+        Self {
+            decision: None,
+            source,
+            permit: None,
+        }
+    }
+}
+
+/// Why [`Limiter`] could not give an answer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LimitError {
+    /// Denied, and it would take longer than allowed to be admitted
+    /// ([`Limiter::until_ready`], [`Limiter::acquire`]).
+    #[error("rate limited: retry after {:?}", .0.retry_after())]
+    Limited(Box<Decision>),
+    /// The store failed and the fail mode is [`FailMode::Closed`] (or an
+    /// operator command failed).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The cost asked for cannot be counted under the policy.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+}
+
+impl LimitError {
+    /// The denial, for [`LimitError::Limited`].
+    pub fn decision(&self) -> Option<&Decision> {
+        match self {
+            Self::Limited(decision) => Some(decision),
+            _ => None,
+        }
+    }
+}
+
+/// A rate limiter: a [`Store`], a [`Policy`], a name the keys are counted
+/// under, and what to do when the store fails ([`FailMode`], a circuit
+/// breaker, a local deny cache). Cheap to clone: clones share everything.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::{Limiter, MemoryStore, Policy};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let limiter = Limiter::new(MemoryStore::new(), "2/s".parse::<Policy>()?);
+/// assert!(limiter.check("job-queue").await?.allowed());
+/// assert!(limiter.check("job-queue").await?.allowed());
+/// assert!(!limiter.check("job-queue").await?.allowed());
+/// // Wait (at most 2 s) until the next one is admitted.
+/// limiter.until_ready("job-queue", Duration::from_secs(2)).await?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct Limiter {
+    inner: Arc<Inner>,
+}
+
+#[derive(Clone)]
+struct Inner {
+    store: Arc<dyn DynStore>,
+    policy: Arc<Policy>,
+    /// Namespaces the keys of this limiter in the store.
+    name: Arc<str>,
+    fail_mode: FailMode,
+    /// Keys never limited.
+    allowed: Arc<HashSet<String>>,
+    /// Denials held in process (`None`: off).
+    deny_cache: Option<Arc<DenyCache>>,
+    /// Shared by every clone.
+    breaker: Option<Arc<Breaker>>,
+    /// The policy the fallback store enforces.
+    fallback_policy: Option<Arc<Policy>>,
+}
+
+/// A check started by [`Limiter::begin`]. (Unboxed: a request's verdict
+/// moves once, and boxing it would cost an allocation per request.)
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Begun {
+    /// Answered at once (an in-process store, the deny cache, an open
+    /// circuit).
+    Done(Result<Verdict, LimitError>),
+    /// Waiting for the store; finish with [`Limiter::finish_waiting`].
+    Waiting(Waiting),
+}
+
+/// A check waiting for the store. The future holds the key and hands it
+/// back with the answer.
+pub(crate) struct Waiting {
+    pub(crate) future: BoxFuture<(String, Result<Decision, StoreError>)>,
+    sent: Instant,
+    ticket: Option<Ticket>,
+    policy: Arc<Policy>,
+}
+
+impl Limiter {
+    /// Limit keys to `policy`, in `store`. The name keys are counted under
+    /// is derived from the policy (see [`with_name`](Self::with_name)).
+    pub fn new<St: Store>(store: St, policy: Policy) -> Self {
+        let name = default_name(&policy);
+        Self {
+            inner: Arc::new(Inner {
+                store: Arc::new(store),
+                policy: Arc::new(policy),
+                name: Arc::from(name),
+                fail_mode: FailMode::default(),
+                allowed: Arc::default(),
+                deny_cache: Some(Arc::new(DenyCache::new(DEFAULT_DENY_CACHE_SIZE))),
+                breaker: Some(Arc::new(Breaker::new(CircuitBreaker::default()))),
+                fallback_policy: None,
+            }),
+        }
+    }
+
+    /// What to do when the store fails (default [`FailMode::Open`]).
+    #[must_use]
+    pub fn with_fail_mode(self, fail_mode: FailMode) -> Self {
+        self.map(|s| {
+            s.fallback_policy = match &fail_mode {
+                FailMode::Fallback { instances, .. } => {
+                    Some(Arc::new(s.policy.shared_by(*instances)))
+                }
+                _ => None,
+            };
+            s.fail_mode = fail_mode;
+        })
+    }
+
+    /// The circuit breaker (default [`CircuitBreaker::default`]: open after
+    /// 5 consecutive store failures, probe every second). While it is open,
+    /// checks are answered by the fail mode at once instead of each waiting
+    /// for the store's timeout. Only results of checks let through in the
+    /// breaker's current state count: a check sent before the circuit opened
+    /// and answered late neither closes nor reopens it; only the probe's
+    /// result does. `None` turns it off.
+    #[must_use]
+    pub fn with_circuit_breaker(self, breaker: Option<CircuitBreaker>) -> Self {
+        self.map(|s| s.breaker = breaker.map(|b| Arc::new(Breaker::new(b))))
+    }
+
+    /// Hold denials in process: once the store denies a key until `t`, the
+    /// key's checks are denied locally until `t`, with no round trip, so a
+    /// flood from one key costs the store nothing. Used only where that is
+    /// exact ([`Store::denials_are_final`]: a cached denial never refuses a
+    /// check the store would admit). At most `capacity` keys are held
+    /// (default 10,000); 0 turns the cache off.
+    ///
+    /// The cache is this process's: after [`reset`](Self::reset) or
+    /// [`reward`](Self::reward) in another process, this one may go on
+    /// denying the key until the cached denial ends.
+    #[must_use]
+    pub fn with_deny_cache(self, capacity: usize) -> Self {
+        let cache = (capacity > 0).then(|| Arc::new(DenyCache::new(capacity)));
+        self.map(|s| s.deny_cache = cache)
+    }
+
+    /// Never limit the keys in `keys` (trusted internal callers, the
+    /// applications authorised for a resource): their checks are admitted
+    /// with no decision. Adds to the keys already allowed.
+    #[must_use]
+    pub fn with_allowed_keys<S: Into<String>>(self, keys: impl IntoIterator<Item = S>) -> Self {
+        let mut allowed = (*self.inner.allowed).clone();
+        allowed.extend(keys.into_iter().map(Into::into));
+        self.map(|s| s.allowed = Arc::new(allowed))
+    }
+
+    /// Name this limit. Keys are counted per name, so two limiters sharing a
+    /// store keep separate counts unless they share a name. The default is
+    /// the policy text without spaces (`"3/s,20/min"`), followed by every
+    /// setting that changes what is counted or how, when it is not the
+    /// default: the cost (`"2/min;cost=2"`), the minimum spacing
+    /// (`"2/min;spacing=10s"`) and, for the sliding log, the execution
+    /// (`"2/min;script"`), in that order. (The algorithm is not in the name:
+    /// the stores keep each algorithm's state apart.) So limiters with the
+    /// same policy share counts, limiters whose policies count differently
+    /// never do, and changing a policy starts its counts afresh. Use one
+    /// name for one policy only: a check trims entries older than its own
+    /// longest window, so a shorter policy under the same name would erase
+    /// history a longer one needs. The store key is `{name}:{key}`, so on a
+    /// shared store no name should be another's followed by `:` (default
+    /// names hold no `:`).
+    #[must_use]
+    pub fn with_name(self, name: impl Into<String>) -> Self {
+        let name: String = name.into();
+        self.map(|s| s.name = Arc::from(name))
+    }
+
+    /// The policy enforced.
+    pub fn policy(&self) -> &Policy {
+        &self.inner.policy
+    }
+
+    /// The name keys are counted under.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The fail mode.
+    pub fn fail_mode(&self) -> &FailMode {
+        &self.inner.fail_mode
+    }
+
+    fn map(mut self, change: impl FnOnce(&mut Inner)) -> Self {
+        let mut inner = (*self.inner).clone();
+        change(&mut inner);
+        self.inner = Arc::new(inner);
+        self
+    }
+
+    /// Count one check of `key` at the policy's cost.
+    ///
+    /// A denial is a verdict, not an error: the error is for a store failure
+    /// under [`FailMode::Closed`].
+    pub async fn check(&self, key: &str) -> Result<Verdict, LimitError> {
+        self.check_policy(key, None).await
+    }
+
+    /// Count one check of `key` costing `cost` units (the policy's max
+    /// bounds it: a cost no rate can ever admit is an error).
+    pub async fn check_n(&self, key: &str, cost: u64) -> Result<Verdict, LimitError> {
+        let policy = if cost == self.inner.policy.cost() {
+            None
+        } else {
+            Some(Arc::new((*self.inner.policy).clone().with_cost(cost)?))
+        };
+        self.check_policy(key, policy).await
+    }
+
+    async fn check_policy(
+        &self,
+        key: &str,
+        policy: Option<Arc<Policy>>,
+    ) -> Result<Verdict, LimitError> {
+        if self.allows(key) {
+            crate::metrics::decision(&self.inner.name, Outcome::Skipped);
+            return Ok(Verdict::unlimited(Source::AllowedKey));
+        }
+        let mut key = self.store_key(key.to_owned());
+        match self.begin(&mut key, policy, true) {
+            Begun::Done(verdict) => verdict,
+            Begun::Waiting(waiting) => {
+                let Waiting {
+                    future,
+                    sent,
+                    ticket,
+                    policy,
+                } = waiting;
+                let (key, outcome) = future.await;
+                self.finish(&key, &policy, outcome, sent, ticket, true)
+            }
+        }
+    }
+
+    /// Check `key` until it is admitted, sleeping each denial's
+    /// `retry_after`, for at most `max_wait` in all: shaping, for workers
+    /// and clients that must stay under a rate rather than be refused. A
+    /// denial that cannot be waited out within `max_wait` returns
+    /// [`LimitError::Limited`] at once, without sleeping.
+    ///
+    /// Waiting is not queueing: several waiters of one key are admitted in
+    /// no particular order.
+    pub async fn until_ready(&self, key: &str, max_wait: Duration) -> Result<Verdict, LimitError> {
+        self.until_ready_n(key, self.inner.policy.cost(), max_wait)
+            .await
+    }
+
+    /// [`until_ready`](Self::until_ready) for a check costing `cost` units.
+    pub async fn until_ready_n(
+        &self,
+        key: &str,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Verdict, LimitError> {
+        let mut waited = Duration::ZERO;
+        loop {
+            let verdict = self.check_n(key, cost).await?;
+            if verdict.allowed() {
+                return Ok(verdict);
+            }
+            let wait = verdict.retry_after();
+            if waited + wait > max_wait {
+                let (decision, _, _) = verdict.into_parts();
+                return Err(match decision {
+                    Some(decision) => LimitError::Limited(Box::new(decision)),
+                    // A denied verdict always has a decision.
+                    None => LimitError::Store(StoreError::UnexpectedReply(
+                        "a denial without a decision".into(),
+                    )),
+                });
+            }
+            // At least 1 ms: a store that answers a zero wait must not make
+            // the caller check again in a tight loop.
+            let wait = wait.max(Duration::from_millis(1));
+            tokio::time::sleep(wait).await;
+            waited += wait;
+        }
+    }
+
+    /// Take a slot of `key` ([`Concurrency`](crate::Algorithm::Concurrency)
+    /// policies; under other algorithms the permit only proves admission),
+    /// waiting at most `max_wait` for one: the permit gives it back when
+    /// dropped, or with [`Permit::release`].
+    ///
+    /// Admitted with no decision (an allowed key, [`FailMode::Open`]) the
+    /// permit holds no slot.
+    pub async fn acquire(&self, key: &str, max_wait: Duration) -> Result<Permit, LimitError> {
+        let verdict = self.until_ready(key, max_wait).await?;
+        let (decision, _, permit) = verdict.into_parts();
+        Ok(permit.unwrap_or_else(|| Permit::without_lease(decision)))
+    }
+
+    /// The state of `key`: the decision a check would get now, consuming
+    /// nothing. Asks the store (no fail mode): an error if it fails.
+    pub async fn peek(&self, key: &str) -> Result<Decision, StoreError> {
+        self.command(key, Command::Peek).await
+    }
+
+    /// Forget `key`: its counts, its leases and its block, in the store and
+    /// in this process's deny cache. Returns the state after.
+    pub async fn reset(&self, key: &str) -> Result<Decision, StoreError> {
+        self.command(key, Command::Reset).await
+    }
+
+    /// Deny every check of `key` for `duration` from now, in every process
+    /// sharing the store (replacing an earlier block; zero lifts it).
+    pub async fn block(&self, key: &str, duration: Duration) -> Result<Decision, StoreError> {
+        self.command(key, Command::Block(duration)).await
+    }
+
+    /// Take `units` of `key`'s quota, as `units` admitted checks would
+    /// (even beyond the max: the key then waits until the excess drained).
+    pub async fn penalty(&self, key: &str, units: u64) -> Result<Decision, StoreError> {
+        self.command(key, Command::Penalty(units)).await
+    }
+
+    /// Give `units` of `key`'s quota back, as if `units` admitted checks had
+    /// not been counted (never below an empty state).
+    pub async fn reward(&self, key: &str, units: u64) -> Result<Decision, StoreError> {
+        self.command(key, Command::Reward(units)).await
+    }
+
+    async fn command(&self, key: &str, command: Command) -> Result<Decision, StoreError> {
+        let key = self.store_key(key.to_owned());
+        let decision = Arc::clone(&self.inner.store)
+            .command_owned(key.clone(), Arc::clone(&self.inner.policy), command)
+            .await?;
+        if let Some(cache) = &self.inner.deny_cache {
+            // The store's answer stands: forget whatever this process held.
+            cache.remove(&key);
+        }
+        Ok(decision)
+    }
+
+    /// Whether `key` (as extracted, before namespacing) is never limited.
+    pub(crate) fn allows(&self, key: &str) -> bool {
+        !self.inner.allowed.is_empty() && self.inner.allowed.contains(key)
+    }
+
+    /// The store key of an extracted key: `{name}:{key}`, written into the
+    /// extracted key's own buffer (no allocation when it has room, as the
+    /// IP extractors leave).
+    pub(crate) fn store_key(&self, mut key: String) -> String {
+        key.reserve(self.inner.name.len() + 1);
+        key.insert(0, ':');
+        key.insert_str(0, &self.inner.name);
+        key
+    }
+
+    /// The deny cache, when it may answer for this limiter.
+    fn usable_deny_cache(&self) -> Option<&DenyCache> {
+        self.inner
+            .deny_cache
+            .as_deref()
+            .filter(|_| self.inner.store.denials_are_final_dyn(&self.inner.policy))
+    }
+
+    /// Start the check of store key `key` under `policy` (the limiter's
+    /// when `None`). With `cache`, a denial held in the deny cache answers,
+    /// and a denial from the store is held there (callers that let denied
+    /// checks through, or wait them out, pass `false`). A check that must
+    /// wait takes the key and hands it back with the answer.
+    pub(crate) fn begin(
+        &self,
+        key: &mut String,
+        policy: Option<Arc<Policy>>,
+        cache: bool,
+    ) -> Begun {
+        if cache
+            && policy.is_none()
+            && let Some(denied) = self.usable_deny_cache().and_then(|c| c.get(key))
+        {
+            tracing::debug!(
+                key = %KeyHash(key),
+                retry_after_ms = denied.retry_after().as_millis() as u64,
+                "rate limit: denied (deny cache)"
+            );
+            crate::metrics::decision(&self.inner.name, Outcome::Limited);
+            return Begun::Done(Ok(Verdict {
+                decision: Some(denied),
+                source: Source::DenyCache,
+                permit: None,
+            }));
+        }
+        let policy = policy.unwrap_or_else(|| Arc::clone(&self.inner.policy));
+        let sent = Instant::now();
+        let ticket = match self.inner.breaker.as_deref().map(Breaker::gate) {
+            Some(Gate::Skip) => {
+                return Begun::Done(self.finish(
+                    key,
+                    &policy,
+                    Err(StoreError::CircuitOpen),
+                    sent,
+                    None,
+                    cache,
+                ));
+            }
+            Some(Gate::Ask(ticket)) => Some(ticket),
+            None => None,
+        };
+        if let Some(decision) = self.inner.store.check_in_process(key, &policy) {
+            return Begun::Done(self.finish(key, &policy, Ok(decision), sent, ticket, cache));
+        }
+        let future =
+            Arc::clone(&self.inner.store).check_owned(std::mem::take(key), Arc::clone(&policy));
+        Begun::Waiting(Waiting {
+            future,
+            sent,
+            ticket,
+            policy,
+        })
+    }
+
+    /// Finish a check begun with [`begin`](Self::begin): its store's answer
+    /// through the breaker, the fail mode and the deny cache.
+    pub(crate) fn finish_waiting(
+        &self,
+        key: &str,
+        waiting: Waiting,
+        outcome: Result<Decision, StoreError>,
+        cache: bool,
+    ) -> Result<Verdict, LimitError> {
+        self.finish(
+            key,
+            &waiting.policy,
+            outcome,
+            waiting.sent,
+            waiting.ticket,
+            cache,
+        )
+    }
+
+    fn finish(
+        &self,
+        key: &str,
+        policy: &Arc<Policy>,
+        outcome: Result<Decision, StoreError>,
+        sent: Instant,
+        ticket: Option<Ticket>,
+        cache: bool,
+    ) -> Result<Verdict, LimitError> {
+        let name = &self.inner.name;
+        let (decision, source) = match outcome {
+            Ok(decision) => {
+                crate::metrics::store_latency(name, sent);
+                self.store_answered(ticket, true);
+                crate::metrics::decision(
+                    name,
+                    if decision.allowed() {
+                        Outcome::Allowed
+                    } else {
+                        Outcome::Limited
+                    },
+                );
+                (decision, Source::Store)
+            }
+            Err(error) => {
+                // While the circuit is open nothing was asked: no news for
+                // the breaker, and no warning per check.
+                let circuit_open = matches!(error, StoreError::CircuitOpen);
+                if !circuit_open {
+                    crate::metrics::store_latency(name, sent);
+                    self.store_answered(ticket, false);
+                }
+                crate::metrics::decision(name, Outcome::StoreError);
+                match &self.inner.fail_mode {
+                    FailMode::Open => {
+                        if circuit_open {
+                            tracing::debug!("rate limit: circuit open; admitting (FailMode::Open)");
+                        } else {
+                            tracing::warn!(%error, "rate limit store failed; admitting (FailMode::Open)");
+                        }
+                        return Ok(Verdict::unlimited(Source::FailOpen));
+                    }
+                    FailMode::Fallback { store, instances } => {
+                        if circuit_open {
+                            tracing::debug!(
+                                "rate limit: circuit open; limiting in process (FailMode::Fallback)"
+                            );
+                        } else {
+                            tracing::warn!(%error, "rate limit store failed; limiting in process (FailMode::Fallback)");
+                        }
+                        let shared;
+                        let fallback_policy = match &self.inner.fallback_policy {
+                            Some(p) if Arc::ptr_eq(policy, &self.inner.policy) => p,
+                            _ => {
+                                shared = Arc::new(policy.shared_by(*instances));
+                                &shared
+                            }
+                        };
+                        let decision = store.check_now(key, fallback_policy);
+                        let permit = decision
+                            .lease()
+                            .filter(|_| decision.allowed())
+                            .map(|lease| {
+                                Permit::new(
+                                    Arc::new(store.clone()),
+                                    Arc::clone(fallback_policy),
+                                    key.to_owned(),
+                                    lease,
+                                    Some(decision.clone()),
+                                )
+                            });
+                        return Ok(Verdict {
+                            decision: Some(decision),
+                            source: Source::Fallback,
+                            permit,
+                        });
+                    }
+                    _ => {
+                        if circuit_open {
+                            tracing::debug!("rate limit: circuit open; failing (FailMode::Closed)");
+                        } else {
+                            tracing::warn!(%error, "rate limit store failed; failing (FailMode::Closed)");
+                        }
+                        return Err(LimitError::Store(error));
+                    }
+                }
+            }
+        };
+        if decision.allowed() {
+            tracing::debug!(key = %KeyHash(key), remaining = decision.remaining(), "rate limit: admitted");
+            let permit = decision.lease().map(|lease| {
+                Permit::new(
+                    Arc::clone(&self.inner.store),
+                    Arc::clone(policy),
+                    key.to_owned(),
+                    lease,
+                    Some(decision.clone()),
+                )
+            });
+            return Ok(Verdict {
+                decision: Some(decision),
+                source,
+                permit,
+            });
+        }
+        if cache
+            && Arc::ptr_eq(policy, &self.inner.policy)
+            && let Some(deny_cache) = self.usable_deny_cache()
+        {
+            deny_cache.insert(key, &decision, sent);
+        }
+        Ok(Verdict {
+            decision: Some(decision),
+            source,
+            permit: None,
+        })
+    }
+
+    /// Tell the breaker how the store did with the check of `ticket`.
+    fn store_answered(&self, ticket: Option<Ticket>, ok: bool) {
+        if let (Some(breaker), Some(ticket)) = (&self.inner.breaker, ticket) {
+            if ok {
+                breaker.success(ticket);
+            } else {
+                breaker.failure(ticket);
+            }
+        }
+    }
+
+    /// The policy a decision of `source` was taken under: the limiter's, or
+    /// the fallback's share of it.
+    pub(crate) fn enforced(&self, source: Source) -> &Policy {
+        match (source, &self.inner.fallback_policy) {
+            (Source::Fallback, Some(policy)) => policy,
+            _ => &self.inner.policy,
+        }
+    }
+}
+
+impl fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limiter")
+            .field("policy", &self.inner.policy.to_string())
+            .field("name", &self.inner.name)
+            .field("fail_mode", &self.inner.fail_mode)
+            .field("breaker", &self.inner.breaker.is_some())
+            .field("deny_cache", &self.inner.deny_cache.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The name keys of `policy` are counted under by default.
+fn default_name(policy: &Policy) -> String {
+    use crate::policy::{Algorithm, Execution};
+    use std::fmt::Write as _;
+
+    // Writing to a `String` never fails.
+    let mut name = policy.to_string().replace(' ', "");
+    if policy.cost() != 1 {
+        let _ = write!(name, ";cost={}", policy.cost());
+    }
+    if let Some(spacing) = policy.min_spacing() {
+        let _ = write!(name, ";spacing={}", crate::policy::duration_text(spacing));
+    }
+    // Only the sliding log runs differently by execution.
+    if policy.algorithm() == Algorithm::SlidingLog && policy.execution() != Execution::default() {
+        let _ = write!(name, ";{}", policy.execution());
+    }
+    name
+}
+
+/// A key in logs: the first 12 hex digits of its SHA-1, the same in every
+/// process, so events of one client can be followed without logging its
+/// address or API key. Computed only when an event is written.
+pub(crate) struct KeyHash<'a>(pub(crate) &'a str);
+
+impl fmt::Display for KeyHash<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let digest = sha1_smol::Sha1::from(self.0.as_bytes())
+            .digest()
+            .to_string();
+        f.write_str(&digest[..12])
+    }
+}

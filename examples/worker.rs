@@ -152,7 +152,7 @@ async fn jobs(redis_url: Option<String>) -> Result<(), String> {
                 }
                 let asked = Instant::now();
                 // Wait for the shared quota (at most a minute per call).
-                limiter
+                let _admitted = limiter
                     .until_ready("third-party-api", Duration::from_secs(60))
                     .await
                     .map_err(|e| format!("job {job}: {e}"))?;

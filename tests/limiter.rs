@@ -1,5 +1,6 @@
 //! The engine without HTTP: `Limiter` against MemoryStore (manual clock)
 //! and a real redis-server.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

@@ -133,7 +133,7 @@ where
     let limiter = if settings.deny_cache {
         limiter
     } else {
-        limiter.with_deny_cache(0)
+        limiter.without_deny_cache()
     };
     // `route_layer` limits only the routes of this router...
     with_health(Router::new().route("/", get(hello)).route_layer(limiter))

@@ -326,6 +326,7 @@ impl FromStr for Algorithm {
 /// How [`RedisStore`](crate::RedisStore) runs the sliding log. Other stores
 /// ignore it: their decisions are the same either way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum Execution {
     /// One `MULTI`/`EXEC` round trip; the decision is taken on the client
     /// from the counts Redis returns, and a denied request's entry is removed

@@ -37,7 +37,7 @@ async fn a_cooldown_of_duration_max_opens_the_circuit_for_good() {
         .with_timeout(Duration::from_millis(100));
     let limiter = RateLimitLayer::new(store, "100/s".parse::<Policy>().unwrap(), key::global())
         .with_fail_mode(FailMode::Closed)
-        .with_circuit_breaker(Some(CircuitBreaker::new(1, Duration::MAX)));
+        .with_circuit_breaker(CircuitBreaker::new(1, Duration::MAX));
     let service =
         tower::ServiceBuilder::new()
             .layer(limiter)

@@ -27,7 +27,7 @@ async fn app(server: &RedisServer, policy: Policy, cache: bool) -> Router {
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let mut limiter = RateLimitLayer::new(store, policy, key::peer_ip());
     if !cache {
-        limiter = limiter.with_deny_cache(0);
+        limiter = limiter.without_deny_cache();
     }
     Router::new()
         .route("/", get(|| async { "ok" }))

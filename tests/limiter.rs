@@ -152,7 +152,7 @@ async fn fail_modes_answer_when_the_store_is_down() {
         .unwrap()
         .with_timeout(Duration::from_millis(100));
     server.kill();
-    let base = Limiter::new(store, policy("1/min")).with_circuit_breaker(None);
+    let base = Limiter::new(store, policy("1/min")).without_circuit_breaker();
 
     let open = base.clone().with_fail_mode(FailMode::Open);
     let verdict = open.check("k").await.unwrap();

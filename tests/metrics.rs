@@ -39,7 +39,7 @@ async fn decisions_and_store_latency_are_counted_per_policy() {
         |req: &Request<Body>| (req.uri().path() != "/health").then_some("client"),
     )
     .with_name("api")
-    .with_deny_cache(0);
+    .without_deny_cache();
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .route("/health", get(|| async { "ok" }))

@@ -257,11 +257,16 @@ impl<K> RateLimitLayer<K> {
         self.map(|s| s.limiter = s.limiter.clone().with_fail_mode(fail_mode))
     }
 
-    /// The circuit breaker (see [`Limiter::with_circuit_breaker`]; `None`
-    /// turns it off).
+    /// The circuit breaker (see [`Limiter::with_circuit_breaker`]).
     #[must_use]
-    pub fn with_circuit_breaker(self, breaker: Option<CircuitBreaker>) -> Self {
+    pub fn with_circuit_breaker(self, breaker: CircuitBreaker) -> Self {
         self.map(|s| s.limiter = s.limiter.clone().with_circuit_breaker(breaker))
+    }
+
+    /// No circuit breaker (see [`Limiter::without_circuit_breaker`]).
+    #[must_use]
+    pub fn without_circuit_breaker(self) -> Self {
+        self.map(|s| s.limiter = s.limiter.clone().without_circuit_breaker())
     }
 
     /// What to do with denied requests (default [`Rejection::Reject`]).
@@ -306,12 +311,18 @@ impl<K> RateLimitLayer<K> {
         self.map(|s| s.limiter = s.limiter.clone().with_allowed_keys(keys))
     }
 
-    /// Hold denials in process (see [`Limiter::with_deny_cache`]; default
-    /// 10,000 keys; 0 turns it off). Used only when denials are answered at
-    /// once ([`Rejection::Reject`] or [`Rejection::Custom`]).
+    /// Hold denials in process (see [`Limiter::with_deny_cache`]; on by
+    /// default, 10,000 keys). Used only when denials are answered at once
+    /// ([`Rejection::Reject`] or [`Rejection::Custom`]).
     #[must_use]
     pub fn with_deny_cache(self, capacity: usize) -> Self {
         self.map(|s| s.limiter = s.limiter.clone().with_deny_cache(capacity))
+    }
+
+    /// No deny cache (see [`Limiter::without_deny_cache`]).
+    #[must_use]
+    pub fn without_deny_cache(self) -> Self {
+        self.map(|s| s.limiter = s.limiter.clone().without_deny_cache())
     }
 
     /// Name this limit (see [`Limiter::with_name`]).

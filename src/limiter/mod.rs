@@ -266,10 +266,18 @@ impl Limiter {
     /// for the store's timeout. Only results of checks let through in the
     /// breaker's current state count: a check sent before the circuit opened
     /// and answered late neither closes nor reopens it; only the probe's
-    /// result does. `None` turns it off.
+    /// result does. [`without_circuit_breaker`](Self::without_circuit_breaker)
+    /// turns it off.
     #[must_use]
-    pub fn with_circuit_breaker(self, breaker: Option<CircuitBreaker>) -> Self {
-        self.map(|s| s.breaker = breaker.map(|b| Arc::new(Breaker::new(b))))
+    pub fn with_circuit_breaker(self, breaker: CircuitBreaker) -> Self {
+        self.map(|s| s.breaker = Some(Arc::new(Breaker::new(breaker))))
+    }
+
+    /// No circuit breaker: every check asks the store, and waits for its
+    /// timeout when it does not answer.
+    #[must_use]
+    pub fn without_circuit_breaker(self) -> Self {
+        self.map(|s| s.breaker = None)
     }
 
     /// Hold denials in process: once the store denies a key until `t`, the
@@ -277,15 +285,22 @@ impl Limiter {
     /// flood from one key costs the store nothing. Used only where that is
     /// exact ([`Store::denials_are_final`]: a cached denial never refuses a
     /// check the store would admit). At most `capacity` keys are held
-    /// (default 10,000); 0 turns the cache off.
+    /// (default 10,000, at least 1);
+    /// [`without_deny_cache`](Self::without_deny_cache) turns the cache off.
     ///
     /// The cache is this process's: after [`reset`](Self::reset) or
     /// [`reward`](Self::reward) in another process, this one may go on
     /// denying the key until the cached denial ends.
     #[must_use]
     pub fn with_deny_cache(self, capacity: usize) -> Self {
-        let cache = (capacity > 0).then(|| Arc::new(DenyCache::new(capacity)));
-        self.map(|s| s.deny_cache = cache)
+        let cache = Arc::new(DenyCache::new(capacity.max(1)));
+        self.map(|s| s.deny_cache = Some(cache))
+    }
+
+    /// No deny cache: every check of a denied key asks the store.
+    #[must_use]
+    pub fn without_deny_cache(self) -> Self {
+        self.map(|s| s.deny_cache = None)
     }
 
     /// Never limit the keys in `keys` (trusted internal callers, the

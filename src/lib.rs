@@ -17,7 +17,7 @@ pub use http::{
     HeaderStyle, RATELIMIT, RATELIMIT_POLICY, RateLimit, RateLimitLayer, Rejection, Responder,
     ResponseBody, ResponseFuture, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
-pub use limiter::{CircuitBreaker, FailMode, LimitError, Limiter, Permit, Source, Verdict};
+pub use limiter::{Check, CircuitBreaker, FailMode, LimitError, Limiter, Permit, Source, Verdict};
 pub use policy::{
     Algorithm, DEFAULT_LEASE, Execution, MAX_COST, MAX_MAX, MAX_WINDOW, MIN_WINDOW, Policy,
     PolicyError, Rate,

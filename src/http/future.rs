@@ -16,10 +16,11 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use super::body::ResponseBody;
-use super::layer::{Rejection, Shared};
 use super::response;
+use super::settings::{Rejection, Shared};
 use crate::decision::Decision;
-use crate::limiter::{Begun, KeyHash, LimitError, Permit, Source, Verdict, Waiting};
+use crate::key::KeyHash;
+use crate::limiter::{Check, LimitError, Permit, Source, Verdict};
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit).
@@ -42,9 +43,9 @@ struct Pending<S, ReqBody> {
     /// readiness once it is admitted.
     ready: bool,
     shared: Arc<Shared>,
-    /// The key in the store, to check again after a delay (held by the
-    /// check while it waits for the store).
-    key: String,
+    /// The key, to check again after a delay and to log a shadowed denial
+    /// (kept only by layers that delay or shadow).
+    key: Option<String>,
     /// Time spent delayed so far.
     waited: Duration,
     /// A gRPC call: denials are trailers-only gRPC statuses.
@@ -61,7 +62,7 @@ pin_project! {
         S: Service<Request<ReqBody>>,
     {
         Checking {
-            waiting: Option<Waiting>,
+            check: Check,
             pending: Option<Pending<S, ReqBody>>,
         },
         Delaying {
@@ -126,18 +127,19 @@ where
         request: Request<ReqBody>,
         service: &mut S,
         shared: &Arc<Shared>,
-        mut key: String,
+        key: String,
         grpc: bool,
     ) -> Self {
-        let begun = shared
-            .limiter
-            .begin(&mut key, None, shared.answers_at_once());
-        let (step, waiting) = match begun {
-            Begun::Done(verdict) => match next_step(verdict, shared, &key, Duration::ZERO, grpc) {
-                Next::Answer(response) => return Self::answered(response),
-                step => (Some(step), None),
-            },
-            Begun::Waiting(waiting) => (None, Some(waiting)),
+        let kept = shared.keeps_keys().then(|| key.clone());
+        let mut check = shared.deciding.check_owned(key);
+        let step = match check.now() {
+            Some(verdict) => {
+                match next_step(verdict, shared, kept.as_deref(), Duration::ZERO, grpc) {
+                    Next::Answer(response) => return Self::answered(response),
+                    step => Some(step),
+                }
+            }
+            None => None,
         };
         let clone = service.clone();
         let pending = Pending {
@@ -145,14 +147,14 @@ where
             service: std::mem::replace(service, clone),
             ready: true,
             shared: Arc::clone(shared),
-            key,
+            key: kept,
             waited: Duration::ZERO,
             grpc,
         };
         let state = match step {
             Some(step) => step.into_state(pending),
             None => State::Checking {
-                waiting,
+                check,
                 pending: Some(pending),
             },
         };
@@ -190,7 +192,7 @@ enum Next {
 fn next_step(
     verdict: Result<Verdict, LimitError>,
     shared: &Shared,
-    key: &str,
+    key: Option<&str>,
     waited: Duration,
     grpc: bool,
 ) -> Next {
@@ -216,19 +218,16 @@ fn next_step(
     let retry_after_ms = decision.retry_after().as_millis() as u64;
     match &shared.rejection {
         Rejection::Shadow => {
-            tracing::info!(key = %KeyHash(key), retry_after_ms, policy = %shared.limiter.policy(), "rate limit (shadow): would deny; letting through");
+            tracing::info!(key = %KeyHash(key.unwrap_or_default()), retry_after_ms, policy = %shared.limiter.policy(), "rate limit (shadow): would deny; letting through");
             Next::Call(Some(decision), source, None)
         }
         Rejection::Delay { max_wait } if waited + decision.retry_after() <= *max_wait => {
-            tracing::debug!(key = %KeyHash(key), retry_after_ms, "rate limit: delaying");
+            tracing::debug!(key = %KeyHash(key.unwrap_or_default()), retry_after_ms, "rate limit: delaying");
             // At least 1 ms: a store that answers a zero wait must not make
             // the request check again in a tight loop.
             Next::Wait(decision.retry_after().max(Duration::from_millis(1)))
         }
-        _ => {
-            tracing::debug!(key = %KeyHash(key), retry_after_ms, "rate limit: denied");
-            Next::Answer(shared.denial(&decision, grpc, source))
-        }
+        _ => Next::Answer(shared.denial(&decision, grpc, source)),
     }
 }
 
@@ -297,36 +296,24 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Checking { waiting, pending } => {
-                    let Some(w) = waiting.as_mut() else {
+                StateProj::Checking { check, pending } => {
+                    let verdict = ready!(Pin::new(check).poll(cx));
+                    let Some(p) = pending.take() else {
                         return Poll::Ready(Ok(poisoned()));
                     };
-                    let (key, outcome) = ready!(w.future.as_mut().poll(cx));
-                    let (Some(w), Some(mut p)) = (waiting.take(), pending.take()) else {
-                        return Poll::Ready(Ok(poisoned()));
-                    };
-                    p.key = key;
-                    let cache = p.shared.answers_at_once();
-                    let verdict = p.shared.limiter.finish_waiting(&p.key, w, outcome, cache);
-                    let step = next_step(verdict, &p.shared, &p.key, p.waited, p.grpc);
+                    let step = next_step(verdict, &p.shared, p.key.as_deref(), p.waited, p.grpc);
                     this.state.set(step.into_state(p));
                 }
                 StateProj::Delaying { sleep, pending } => {
                     ready!(sleep.as_mut().poll(cx));
-                    let Some(mut p) = pending.take() else {
+                    let Some(p) = pending.take() else {
                         return Poll::Ready(Ok(poisoned()));
                     };
-                    let shared = Arc::clone(&p.shared);
-                    let state = match shared.limiter.begin(&mut p.key, None, false) {
-                        Begun::Done(verdict) => {
-                            next_step(verdict, &shared, &p.key, p.waited, p.grpc).into_state(p)
-                        }
-                        Begun::Waiting(waiting) => State::Checking {
-                            waiting: Some(waiting),
-                            pending: Some(p),
-                        },
-                    };
-                    this.state.set(state);
+                    let key = p.key.clone().unwrap_or_default();
+                    this.state.set(State::Checking {
+                        check: p.shared.deciding.check_owned(key),
+                        pending: Some(p),
+                    });
                 }
                 StateProj::Readying { admitted } => {
                     if let Some(a) = admitted.as_mut() {

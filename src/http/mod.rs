@@ -8,11 +8,13 @@ mod future;
 mod layer;
 mod response;
 mod service;
+mod settings;
 
 pub use body::ResponseBody;
 pub use future::ResponseFuture;
-pub use layer::{HeaderStyle, RateLimitLayer, Rejection, Responder};
+pub use layer::RateLimitLayer;
 pub use response::{
     RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
 pub use service::RateLimit;
+pub use settings::{HeaderStyle, Rejection, Responder};

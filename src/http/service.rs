@@ -9,14 +9,14 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::future::ResponseFuture;
-use super::layer::{RateLimitLayer, Shared};
 use super::response;
+use super::settings::Shared;
 use crate::key::KeyExtractor;
 use crate::metrics::Outcome;
 use crate::policy::Policy;
 use crate::store::Store;
 
-/// Rate-limits the requests of `S`; built by [`RateLimitLayer`].
+/// Rate-limits the requests of `S`; built by [`RateLimitLayer`](crate::RateLimitLayer).
 ///
 /// An admitted request goes to `S` with its [`Decision`](crate::Decision)
 /// as a request extension, and its response carries the rate-limit headers.
@@ -30,7 +30,11 @@ pub struct RateLimit<S, K> {
 impl<S, K> RateLimit<S, K> {
     /// Wrap `inner` (the same as `RateLimitLayer::new(store, policy, key).layer(inner)`).
     pub fn new<St: Store>(inner: S, store: St, policy: Policy, key: K) -> Self {
-        tower_layer::Layer::layer(&RateLimitLayer::new(store, policy, key), inner)
+        Self::from_parts(
+            inner,
+            Arc::new(Shared::new(crate::limiter::Limiter::new(store, policy))),
+            Arc::new(key),
+        )
     }
 
     pub(crate) fn from_parts(inner: S, shared: Arc<Shared>, key: Arc<K>) -> Self {
@@ -89,8 +93,7 @@ where
         let grpc = response::is_grpc(request.headers());
         let limiter = &self.shared.limiter;
         match self.key.extract(&request) {
-            Ok(Some(key)) if !limiter.allows(&key) => {
-                let key = limiter.store_key(key);
+            Ok(Some(key)) if !limiter.is_allowed(&key) => {
                 ResponseFuture::start(request, &mut self.inner, &self.shared, key, grpc)
             }
             Ok(_) => {

@@ -365,6 +365,20 @@ pub fn or<A, C>(first: A, second: C) -> Or<A, C> {
     Or { first, second }
 }
 
+/// A key in logs: the first 12 hex digits of its SHA-1, the same in every
+/// process, so events of one client can be followed without logging its
+/// address or API key. Computed only when an event is written.
+pub(crate) struct KeyHash<'a>(pub(crate) &'a str);
+
+impl fmt::Display for KeyHash<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let digest = sha1_smol::Sha1::from(self.0.as_bytes())
+            .digest()
+            .to_string();
+        f.write_str(&digest[..12])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

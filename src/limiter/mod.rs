@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::decision::Decision;
+use crate::key::KeyHash;
 use crate::metrics::Outcome;
 use crate::policy::{Policy, PolicyError};
 use crate::store::memory::MemoryStore;
@@ -127,7 +128,9 @@ impl Verdict {
         self.permit
     }
 
-    pub(crate) fn into_parts(self) -> (Option<Decision>, Source, Option<Permit>) {
+    /// The decision, who answered, and the permit, apart (what the layer
+    /// needs to render a verdict).
+    pub fn into_parts(self) -> (Option<Decision>, Source, Option<Permit>) {
         (self.decision, self.source, self.permit)
     }
 
@@ -210,18 +213,18 @@ struct Inner {
 /// A check started by [`Limiter::begin`]. (Unboxed: a request's verdict
 /// moves once, and boxing it would cost an allocation per request.)
 #[allow(clippy::large_enum_variant)]
-pub(crate) enum Begun {
+enum Begun {
     /// Answered at once (an in-process store, the deny cache, an open
     /// circuit).
     Done(Result<Verdict, LimitError>),
-    /// Waiting for the store; finish with [`Limiter::finish_waiting`].
+    /// Waiting for the store.
     Waiting(Waiting),
 }
 
 /// A check waiting for the store. The future holds the key and hands it
 /// back with the answer.
-pub(crate) struct Waiting {
-    pub(crate) future: BoxFuture<(String, Result<Decision, StoreError>)>,
+struct Waiting {
+    future: BoxFuture<(String, Result<Decision, StoreError>)>,
     sent: Instant,
     ticket: Option<Ticket>,
     policy: Arc<Policy>,
@@ -361,42 +364,47 @@ impl Limiter {
     /// A denial is a verdict, not an error: the error is for a store failure
     /// under [`FailMode::Closed`].
     pub async fn check(&self, key: &str) -> Result<Verdict, LimitError> {
-        self.check_policy(key, None).await
+        self.check_owned(key.to_owned()).await
+    }
+
+    /// [`check`](Self::check), taking the key by value: the limiter writes
+    /// its name into the key's own buffer (no allocation when it has room),
+    /// and the check is a named future that is answered without waiting
+    /// when the store decides in process or the deny cache holds a denial
+    /// ([`Check::now`]). The tower layer checks requests this way.
+    pub fn check_owned(&self, key: String) -> Check {
+        if self.is_allowed(&key) {
+            crate::metrics::decision(&self.inner.name, Outcome::Skipped);
+            return Check::done(Ok(Verdict::unlimited(Source::AllowedKey)));
+        }
+        let mut key = self.store_key(key);
+        self.start(&mut key, None)
     }
 
     /// Count one check of `key` costing `cost` units (the policy's max
     /// bounds it: a cost no rate can ever admit is an error).
     pub async fn check_n(&self, key: &str, cost: u64) -> Result<Verdict, LimitError> {
-        let policy = if cost == self.inner.policy.cost() {
-            None
-        } else {
-            Some(Arc::new((*self.inner.policy).clone().with_cost(cost)?))
-        };
-        self.check_policy(key, policy).await
-    }
-
-    async fn check_policy(
-        &self,
-        key: &str,
-        policy: Option<Arc<Policy>>,
-    ) -> Result<Verdict, LimitError> {
-        if self.allows(key) {
+        if cost == self.inner.policy.cost() {
+            return self.check(key).await;
+        }
+        let policy = Arc::new((*self.inner.policy).clone().with_cost(cost)?);
+        if self.is_allowed(key) {
             crate::metrics::decision(&self.inner.name, Outcome::Skipped);
             return Ok(Verdict::unlimited(Source::AllowedKey));
         }
         let mut key = self.store_key(key.to_owned());
-        match self.begin(&mut key, policy, true) {
-            Begun::Done(verdict) => verdict,
-            Begun::Waiting(waiting) => {
-                let Waiting {
-                    future,
-                    sent,
-                    ticket,
-                    policy,
-                } = waiting;
-                let (key, outcome) = future.await;
-                self.finish(&key, &policy, outcome, sent, ticket, true)
-            }
+        self.start(&mut key, Some(policy)).await
+    }
+
+    fn start(&self, key: &mut String, policy: Option<Arc<Policy>>) -> Check {
+        match self.begin(key, policy) {
+            Begun::Done(verdict) => Check::done(verdict),
+            Begun::Waiting(waiting) => Check {
+                state: CheckState::Waiting {
+                    limiter: self.clone(),
+                    waiting,
+                },
+            },
         }
     }
 
@@ -500,15 +508,15 @@ impl Limiter {
         Ok(decision)
     }
 
-    /// Whether `key` (as extracted, before namespacing) is never limited.
-    pub(crate) fn allows(&self, key: &str) -> bool {
+    /// Whether `key` is one of the allowed keys, never limited.
+    pub fn is_allowed(&self, key: &str) -> bool {
         !self.inner.allowed.is_empty() && self.inner.allowed.contains(key)
     }
 
     /// The store key of an extracted key: `{name}:{key}`, written into the
     /// extracted key's own buffer (no allocation when it has room, as the
     /// IP extractors leave).
-    pub(crate) fn store_key(&self, mut key: String) -> String {
+    fn store_key(&self, mut key: String) -> String {
         key.reserve(self.inner.name.len() + 1);
         key.insert(0, ':');
         key.insert_str(0, &self.inner.name);
@@ -524,18 +532,10 @@ impl Limiter {
     }
 
     /// Start the check of store key `key` under `policy` (the limiter's
-    /// when `None`). With `cache`, a denial held in the deny cache answers,
-    /// and a denial from the store is held there (callers that let denied
-    /// checks through, or wait them out, pass `false`). A check that must
+    /// when `None`; only its denials use the deny cache). A check that must
     /// wait takes the key and hands it back with the answer.
-    pub(crate) fn begin(
-        &self,
-        key: &mut String,
-        policy: Option<Arc<Policy>>,
-        cache: bool,
-    ) -> Begun {
-        if cache
-            && policy.is_none()
+    fn begin(&self, key: &mut String, policy: Option<Arc<Policy>>) -> Begun {
+        if policy.is_none()
             && let Some(denied) = self.usable_deny_cache().and_then(|c| c.get(key))
         {
             tracing::debug!(
@@ -560,14 +560,13 @@ impl Limiter {
                     Err(StoreError::CircuitOpen),
                     sent,
                     None,
-                    cache,
                 ));
             }
             Some(Gate::Ask(ticket)) => Some(ticket),
             None => None,
         };
         if let Some(decision) = self.inner.store.check_in_process(key, &policy) {
-            return Begun::Done(self.finish(key, &policy, Ok(decision), sent, ticket, cache));
+            return Begun::Done(self.finish(key, &policy, Ok(decision), sent, ticket));
         }
         let future =
             Arc::clone(&self.inner.store).check_owned(std::mem::take(key), Arc::clone(&policy));
@@ -579,25 +578,6 @@ impl Limiter {
         })
     }
 
-    /// Finish a check begun with [`begin`](Self::begin): its store's answer
-    /// through the breaker, the fail mode and the deny cache.
-    pub(crate) fn finish_waiting(
-        &self,
-        key: &str,
-        waiting: Waiting,
-        outcome: Result<Decision, StoreError>,
-        cache: bool,
-    ) -> Result<Verdict, LimitError> {
-        self.finish(
-            key,
-            &waiting.policy,
-            outcome,
-            waiting.sent,
-            waiting.ticket,
-            cache,
-        )
-    }
-
     fn finish(
         &self,
         key: &str,
@@ -605,7 +585,6 @@ impl Limiter {
         outcome: Result<Decision, StoreError>,
         sent: Instant,
         ticket: Option<Ticket>,
-        cache: bool,
     ) -> Result<Verdict, LimitError> {
         let name = &self.inner.name;
         let (decision, source) = match outcome {
@@ -703,8 +682,12 @@ impl Limiter {
                 permit,
             });
         }
-        if cache
-            && Arc::ptr_eq(policy, &self.inner.policy)
+        tracing::debug!(
+            key = %KeyHash(key),
+            retry_after_ms = decision.retry_after().as_millis() as u64,
+            "rate limit: denied"
+        );
+        if Arc::ptr_eq(policy, &self.inner.policy)
             && let Some(deny_cache) = self.usable_deny_cache()
         {
             deny_cache.insert(key, &decision, sent);
@@ -727,9 +710,9 @@ impl Limiter {
         }
     }
 
-    /// The policy a decision of `source` was taken under: the limiter's, or
-    /// the fallback's share of it.
-    pub(crate) fn enforced(&self, source: Source) -> &Policy {
+    /// The policy a verdict of `source` was decided under: the limiter's,
+    /// or, for [`Source::Fallback`], the fallback's share of it.
+    pub fn enforced_policy(&self, source: Source) -> &Policy {
         match (source, &self.inner.fallback_policy) {
             (Source::Fallback, Some(policy)) => policy,
             _ => &self.inner.policy,
@@ -769,16 +752,65 @@ fn default_name(policy: &Policy) -> String {
     name
 }
 
-/// A key in logs: the first 12 hex digits of its SHA-1, the same in every
-/// process, so events of one client can be followed without logging its
-/// address or API key. Computed only when an event is written.
-pub(crate) struct KeyHash<'a>(pub(crate) &'a str);
+/// The future of [`Limiter::check_owned`].
+#[must_use = "a check does nothing unless awaited"]
+pub struct Check {
+    state: CheckState,
+}
 
-impl fmt::Display for KeyHash<'_> {
+// Unboxed: the verdict moves once per check; boxing it would allocate.
+#[allow(clippy::large_enum_variant)]
+enum CheckState {
+    Done(Option<Result<Verdict, LimitError>>),
+    Waiting { limiter: Limiter, waiting: Waiting },
+}
+
+impl Check {
+    fn done(verdict: Result<Verdict, LimitError>) -> Self {
+        Self {
+            state: CheckState::Done(Some(verdict)),
+        }
+    }
+
+    /// The answer, taken, when the check was answered without waiting (an
+    /// in-process store, the deny cache, an open circuit): no need to poll.
+    pub fn now(&mut self) -> Option<Result<Verdict, LimitError>> {
+        match &mut self.state {
+            CheckState::Done(verdict) => verdict.take(),
+            CheckState::Waiting { .. } => None,
+        }
+    }
+}
+
+impl fmt::Debug for Check {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let digest = sha1_smol::Sha1::from(self.0.as_bytes())
-            .digest()
-            .to_string();
-        f.write_str(&digest[..12])
+        let state = match &self.state {
+            CheckState::Done(_) => "done",
+            CheckState::Waiting { .. } => "waiting",
+        };
+        f.debug_struct("Check").field("state", &state).finish()
+    }
+}
+
+impl std::future::Future for Check {
+    type Output = Result<Verdict, LimitError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let verdict = match &mut self.state {
+            CheckState::Done(verdict) => verdict.take(),
+            CheckState::Waiting { limiter, waiting } => {
+                let (key, outcome) = std::task::ready!(waiting.future.as_mut().poll(cx));
+                Some(limiter.finish(&key, &waiting.policy, outcome, waiting.sent, waiting.ticket))
+            }
+        };
+        self.state = CheckState::Done(None);
+        std::task::Poll::Ready(verdict.unwrap_or_else(|| {
+            Err(LimitError::Store(StoreError::UnexpectedReply(
+                "a check polled after it completed".into(),
+            )))
+        }))
     }
 }

@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod algorithm;
 pub mod body;
 mod breaker;
 pub mod clock;

@@ -8,8 +8,10 @@ use redis::aio::ConnectionLike;
 
 use super::clock_sync::ClockSync;
 use super::int_reply;
+use crate::algorithm;
+use crate::algorithm::sliding_log::{Log, Times};
 use crate::decision::{Decision, DecisionBuilder, RateState};
-use crate::policy::{Policy, duration_micros};
+use crate::policy::{Policy, Rate, duration_micros};
 use crate::store::StoreError;
 
 /// The Lua source of the sliding log's `Script` execution (public so
@@ -235,7 +237,9 @@ async fn send<C: ConnectionLike>(
 }
 
 /// The decision from the transaction's replies, and Redis's time when it
-/// ran. Counted from `now - tolerance`; waits are measured from Redis's time
+/// ran, taken by the sliding log's own arithmetic
+/// ([`algorithm::sliding_log::decide`]) on what the replies show of the
+/// log. Counted from `now - tolerance`; waits are measured from Redis's time
 /// and padded by `2 × tolerance`, so a client that waits them finds the
 /// entries gone for a check whose reading is off by up to `tolerance`.
 fn decide(
@@ -256,73 +260,58 @@ fn decide(
     }
     let (secs, us) = time_reply(&reply[want - 1])?;
     let redis_now = secs.saturating_mul(1_000_000).saturating_add(us);
-    let from = now.saturating_sub(tolerance);
-    let pad = tolerance.saturating_mul(2);
-    // The time left until `at` (a score plus a span) is behind every
-    // check's reading.
-    let until = |at: u64| at.saturating_add(pad).saturating_sub(redis_now);
     let cost = u64::try_from(members.len()).unwrap_or(u64::MAX);
-    let newest_other = scored_entries(&reply[2 * n])?
+    let newest = scored_entries(&reply[2 * n])?
         .into_iter()
         .find(|(member, _)| !members.iter().any(|m| m.as_bytes() == member.as_slice()))
         .map(|(_, score)| score);
-
-    let mut allowed = true;
-    let mut spacing_wait = 0;
-    if let (Some(spacing), Some(last)) = (policy.min_spacing(), newest_other) {
-        let ready_at = last.saturating_add(duration_micros(spacing));
-        if ready_at > from {
-            allowed = false;
-            spacing_wait = until(ready_at);
-        }
-    }
     let mut counts = Vec::with_capacity(n);
-    for (i, rate) in rates.iter().enumerate() {
-        // Counts include our own entries.
+    let mut blockers = Vec::with_capacity(n);
+    for i in 0..n {
+        // The counts include our own entries.
         let count = u64::try_from(int_reply(&reply[i], "ZCOUNT")?).unwrap_or(0);
-        if count > rate.max() {
-            allowed = false;
-        }
-        counts.push(count);
+        counts.push(count.saturating_sub(cost));
+        // With our entries the newest, the entry of reverse rank `max` is
+        // the one of reverse rank `max - cost` among the others.
+        blockers.push(scored_entries(&reply[n + i])?.first().map(|&(_, t)| t));
+    }
+    let view = Replies {
+        counts,
+        newest,
+        blockers,
+    };
+    let times = Times {
+        at: now.saturating_sub(tolerance),
+        from: redis_now,
+        pad: tolerance.saturating_mul(2),
+    };
+    Ok((
+        algorithm::sliding_log::decide(&view, policy, times),
+        redis_now,
+    ))
+}
+
+/// What the transaction's replies show of the log, without the request's
+/// own entries.
+struct Replies {
+    counts: Vec<u64>,
+    newest: Option<u64>,
+    /// Per rate: the entry of reverse rank `max - cost` among the others.
+    blockers: Vec<Option<u64>>,
+}
+
+impl Log for Replies {
+    fn count(&self, i: usize, _: &Rate) -> u64 {
+        self.counts.get(i).copied().unwrap_or(0)
     }
 
-    let mut builder = DecisionBuilder::new(allowed);
-    builder.wait(Duration::from_micros(spacing_wait));
-    for (i, rate) in rates.iter().enumerate() {
-        let window = rate.window_micros();
-        let others = counts[i].saturating_sub(cost);
-        let state = if allowed {
-            RateState {
-                rate: *rate,
-                remaining: rate.max().saturating_sub(counts[i]),
-                reset: Duration::from_micros(window),
-                wait: Duration::ZERO,
-            }
-        } else {
-            let reset = match newest_other {
-                Some(t) if others > 0 => until(t.saturating_add(window)),
-                _ => 0,
-            };
-            let wait = if counts[i] > rate.max() {
-                scored_entries(&reply[n + i])?
-                    .first()
-                    .map_or(window, |&(_, t)| until(t.saturating_add(window)))
-            } else {
-                0
-            };
-            RateState {
-                rate: *rate,
-                remaining: rate.max().saturating_sub(others),
-                reset: Duration::from_micros(reset),
-                wait: Duration::from_micros(wait),
-            }
-        };
-        builder.rate(state);
+    fn newest(&self) -> Option<u64> {
+        self.newest
     }
-    let decision = builder
-        .build()
-        .ok_or_else(|| StoreError::UnexpectedReply("policy without rates".to_owned()))?;
-    Ok((decision, redis_now))
+
+    fn nth_newest(&self, i: usize, _: u64) -> Option<u64> {
+        self.blockers.get(i).copied().flatten()
+    }
 }
 
 /// The entries of one request of `cost` units: its id, or its id and `:j`

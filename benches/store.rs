@@ -277,10 +277,14 @@ async fn ceiling_transaction(settings: &Settings) {
 async fn ceiling_script(settings: &Settings) {
     let sha = script_sha(settings, tower_redis_ratelimit::store::redis::GCRA_SCRIPT).await;
     let rate = raw_ceiling(settings, move |rng, _now, out| {
-        let key = format!("rl:gcra:{{k{}}}", rng.next() % 10_000);
+        let k = rng.next() % 10_000;
+        let key = format!("rl:gcra:{{k{k}}}");
+        let block = format!("rl:block:{{k{k}}}");
         encode(
             out,
-            &["EVALSHA", &sha, "1", &key, "1", "1000000", "1000000"],
+            &[
+                "EVALSHA", &sha, "2", &key, &block, "1", "1000000", "1000000",
+            ],
         );
         1
     })

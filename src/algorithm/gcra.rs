@@ -15,8 +15,9 @@
 //! IEEE operations in the same order, so both give the same answers.
 //!
 //! A penalty of `u` units moves every rate's offset to
-//! `max(d, 0) + u·T` (at most [`MAX_OFFSET`]: even beyond the window, so the
-//! key waits until the excess has drained); a reward moves it to
+//! `max(d, 0) + u·T` (at most [`MAX_OFFSET`], twice the longest window;
+//! even beyond the window, so the key waits until the excess has drained);
+//! a reward moves it to
 //! `max(d, 0) − u·T`, never below zero (a full bucket).
 
 use std::time::Duration;
@@ -28,9 +29,10 @@ use crate::policy::{Algorithm, Policy, Rate};
 /// Relative tolerance of the admission test and the token count.
 pub(crate) const EPSILON: f64 = 1e-9;
 
-/// The largest offset a penalty leaves (2^52 µs, 142 years): a TAT stays
-/// below 2^53 µs, where Redis's doubles are exact, until the year 2112.
-pub(crate) const MAX_OFFSET: f64 = 4_503_599_627_370_496.0;
+/// The largest offset a penalty leaves: twice the longest window (20
+/// years), so a TAT stays far below 2^53 µs, where Redis's doubles are
+/// exact.
+pub(crate) const MAX_OFFSET: f64 = 2.0 * crate::policy::MAX_WINDOW.as_micros() as f64;
 
 /// One TAT per rate, found by its window: (window µs, TAT whole µs, TAT fraction).
 pub(crate) type State = Vec<(u64, u64, f64)>;

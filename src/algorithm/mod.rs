@@ -73,7 +73,9 @@ pub(crate) fn blocked(policy: &Policy, left: u64) -> Decision {
 }
 
 /// Build a decision from a builder that was given every rate of a policy.
-#[inline]
+/// Always inlined: out of line, the builder and the decision are copied
+/// through memory (measured: +15 ns per check).
+#[inline(always)]
 pub(crate) fn built(builder: DecisionBuilder) -> Decision {
     match builder.build() {
         Some(decision) => decision,

@@ -137,6 +137,7 @@ pub(crate) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, 
 
 /// µs from `now` until the estimate is back to zero: when both counted
 /// windows have slid out.
+#[inline]
 fn reset(c: &Counters, now: u64) -> u64 {
     let end = (c.index + 1) * c.window;
     if c.current > 0 {
@@ -150,6 +151,7 @@ fn reset(c: &Counters, now: u64) -> u64 {
 
 /// Counters of other windows (another policy on this key) stay while they
 /// still count, as the Redis hash keeps their fields.
+#[inline]
 fn keep_others(state: &State, next: &mut State, now: u64, policy: &Policy, expires_at: &mut u64) {
     for other in state.iter() {
         let ours = policy

@@ -85,13 +85,28 @@ pub enum Command {
     Reset,
     /// Deny every request of the key for this long from now, in every
     /// process sharing the store (replacing an earlier block; zero lifts
-    /// it). The counts are kept.
+    /// it; at most [`MAX_WINDOW`](crate::policy::MAX_WINDOW)). The counts
+    /// are kept. A blocked key's decision: denied, nothing remaining, every
+    /// rate's wait and reset the time left.
     Block(Duration),
     /// Take `units` of quota, as `units` admitted requests would (even
     /// beyond the max: the key then waits until the excess has drained).
+    ///
+    /// Counts stay at most 2^53, and a GCRA debt at most twice
+    /// [`MAX_WINDOW`](crate::policy::MAX_WINDOW). Where each unit is
+    /// stored, what no decision can see is not: the sliding log adds at
+    /// most its largest `max` entries (and at most 2^20), the concurrency
+    /// limit takes at most `max` slots. A concurrency penalty takes
+    /// anonymous slots, which nobody releases: they expire after the lease
+    /// time, like the lease of a crashed process.
     Penalty(u64),
     /// Give `units` of quota back, as if `units` admitted requests had not
-    /// been counted (never below an empty state).
+    /// been counted (never below an empty state): the sliding log drops its
+    /// newest entries, the sliding window counter takes the units off the
+    /// current window's count and then the previous one's, and the
+    /// concurrency limit frees its `units` oldest leases (expiring soonest),
+    /// anonymous or held by requests in flight, whose release then does
+    /// nothing.
     Reward(u64),
 }
 
@@ -100,7 +115,7 @@ pub enum Command {
 #[non_exhaustive]
 pub enum StoreError {
     /// The backend failed: an error reply, or the connection failed. The
-    /// source is the backend's own error (a [`redis::RedisError`] for
+    /// source is the backend's own error (a [`::redis::RedisError`] for
     /// [`RedisStore`](redis::RedisStore)).
     #[error("{backend}: {source}")]
     Backend {

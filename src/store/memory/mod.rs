@@ -284,9 +284,9 @@ impl MemoryStore {
             }
         }
         if !shard.blocks.is_empty()
-            && let Some(left) = shard.block_left(hash, key, now)
+            && let Some(blocked) = shard.blocked(hash, key, now, policy)
         {
-            return algorithm::blocked(policy, left);
+            return blocked;
         }
         if let Some(entry) = shard.keys[algorithm].find_mut(hash, |e| &*e.key == key) {
             let (decision, expires_at) = entry.state.check(now, policy, lease);
@@ -461,8 +461,16 @@ impl Store for MemoryStore {
 }
 
 impl Shard {
+    /// The decision for `key` if it is blocked at `now`. Out of line: the
+    /// usual check only sees that no key of its shard is blocked.
+    #[cold]
+    #[inline(never)]
+    fn blocked(&self, hash: u64, key: &str, now: u64, policy: &Policy) -> Option<Decision> {
+        let left = self.block_left(hash, key, now)?;
+        Some(algorithm::blocked(policy, left))
+    }
+
     /// The time left (µs) of `key`'s block, if it is blocked at `now`.
-    #[inline]
     fn block_left(&self, hash: u64, key: &str, now: u64) -> Option<u64> {
         let block = self.blocks.find(hash, |b| &*b.key == key)?;
         algorithm::block_left(block.until, now)

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bb8_redis::bb8::Pool;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tower_redis_ratelimit::store::redis::TrackedManager;
+use tower_redis_ratelimit::TrackedManager;
 use tower_redis_ratelimit::{Execution, Policy, RedisStore, Store};
 
 /// A limit no key of the run reaches: every check is admitted and writes.
@@ -275,12 +275,16 @@ async fn ceiling_transaction(settings: &Settings) {
 /// The same raw client sending one `EVALSHA` of GCRA per request, to compare
 /// it with `redis-benchmark` running the same command.
 async fn ceiling_script(settings: &Settings) {
-    let sha = script_sha(settings, tower_redis_ratelimit::store::redis::GCRA_SCRIPT).await;
+    let sha = script_sha(settings, tower_redis_ratelimit::scripts::GCRA_SCRIPT).await;
     let rate = raw_ceiling(settings, move |rng, _now, out| {
-        let key = format!("rl:gcra:{{k{}}}", rng.next() % 10_000);
+        let k = rng.next() % 10_000;
+        let key = format!("rl:gcra:{{k{k}}}");
+        let block = format!("rl:block:{{k{k}}}");
         encode(
             out,
-            &["EVALSHA", &sha, "1", &key, "1", "1000000", "1000000"],
+            &[
+                "EVALSHA", &sha, "2", &key, &block, "1", "1000000", "1000000",
+            ],
         );
         1
     })

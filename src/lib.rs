@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod algorithm;
 pub mod clock;
 mod decision;
 mod http;
@@ -10,7 +11,7 @@ pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
 mod policy;
-pub mod store;
+mod store;
 
 pub use decision::{Decision, Lease, RateStatus};
 pub use http::{
@@ -24,7 +25,19 @@ pub use policy::{
 };
 pub use store::memory::MemoryStore;
 pub use store::redis::RedisStore;
-pub use store::{Command, Store, StoreError};
+pub use store::redis::{TrackedConnection, TrackedManager};
+pub use store::{CONCURRENCY_RETRY_CAP, Command, MAX_RAW_KEY_LEN, Store, StoreError};
+
+/// The Lua scripts `RedisStore` runs, as sent to Redis (for the crate's
+/// benchmarks and differential tests; not a stable interface).
+#[doc(hidden)]
+pub mod scripts {
+    pub use crate::store::redis::{
+        CONCURRENCY_COMMAND_SCRIPT, CONCURRENCY_SCRIPT, FIXED_WINDOW_COMMAND_SCRIPT,
+        FIXED_WINDOW_SCRIPT, GCRA_COMMAND_SCRIPT, GCRA_SCRIPT, SLIDING_LOG_COMMAND_SCRIPT,
+        SLIDING_LOG_SCRIPT, SLIDING_WINDOW_COMMAND_SCRIPT, SLIDING_WINDOW_SCRIPT,
+    };
+}
 
 /// The bb8 pool of Redis connections this crate is built on (with `bb8`
 /// inside), so that a pool you pass to [`RedisStore::from_pool`] matches its version.

@@ -612,13 +612,12 @@ async fn the_script_is_loaded_again_after_a_flush() {
 #[tokio::test]
 async fn the_script_matches_the_memory_store_to_the_microsecond() {
     let server = RedisServer::start();
-    let mismatches = differential::run(
-        &server,
-        include_str!("../src/store/redis/scripts/sliding_window.lua"),
-        Policy::sliding_window,
-        1 << 53,
-    )
-    .await;
+    let setup = differential::Setup {
+        limit: 1 << 53,
+        commands: false,
+        ..differential::Setup::new(Algorithm::SlidingWindow, 0x2545_f491_4f6c_dd1d)
+    };
+    let mismatches = differential::run(&server, setup).await;
     assert_eq!(mismatches, 0);
 }
 
@@ -628,13 +627,12 @@ async fn the_script_matches_the_memory_store_to_the_microsecond() {
 #[tokio::test]
 async fn the_script_stays_close_to_the_memory_store_beyond_2_pow_53() {
     let server = RedisServer::start();
-    let mismatches = differential::run(
-        &server,
-        include_str!("../src/store/redis/scripts/sliding_window.lua"),
-        Policy::sliding_window,
-        u128::MAX,
-    )
-    .await;
+    let setup = differential::Setup {
+        limit: u128::MAX,
+        commands: false,
+        ..differential::Setup::new(Algorithm::SlidingWindow, 0x2545_f491_4f6c_dd1d)
+    };
+    let mismatches = differential::run(&server, setup).await;
     eprintln!("{mismatches} checks differ with products beyond 2^53");
     // Only a check on the very microsecond of a boundary can differ; the
     // counts of a test are far too small to put one there often.

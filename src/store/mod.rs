@@ -9,8 +9,8 @@ use std::time::Duration;
 use crate::decision::{Decision, Lease};
 use crate::policy::Policy;
 
-pub mod memory;
-pub mod redis;
+pub(crate) mod memory;
+pub(crate) mod redis;
 
 /// Keeps the state of every limited key and takes the decision for one
 /// request, atomically.

@@ -7,16 +7,11 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 
+use crate::algorithm::{self, concurrency, fixed_window, gcra, sliding_log, sliding_window};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Lease};
 use crate::policy::{Algorithm, Policy, duration_micros};
-use crate::store::{Store, StoreError, bounded_key};
-
-mod concurrency;
-mod fixed_window;
-mod gcra;
-mod sliding_log;
-mod sliding_window;
+use crate::store::{Command, Store, StoreError, bounded_key};
 
 const SHARDS: usize = 16;
 /// Every this many operations on a shard, one shard (in turn) drops its idle
@@ -33,7 +28,7 @@ const SWEEP_GRACE: u64 = 1_000_000;
 const EVICTION_SAMPLE: usize = 8;
 
 /// The default bound on the number of keys a [`MemoryStore`] holds.
-pub const DEFAULT_MAX_KEYS: usize = 100_000;
+pub(crate) const DEFAULT_MAX_KEYS: usize = 100_000;
 
 /// Rate limits held in this process: for one process, for tests, and as a
 /// fallback. Every [`Algorithm`] with the same semantics as
@@ -84,6 +79,10 @@ struct Shard {
     /// Keyed by `Entry::key`, found by its hash: one hash per check picks
     /// both the shard and the bucket.
     keys: [HashTable<Entry>; Algorithm::ALL.len()],
+    /// The keys an operator blocked ([`Command::Block`]), whatever their
+    /// algorithm, found by the same hash. Usually empty: a check then
+    /// looks no further.
+    blocks: HashTable<Block>,
     inserts_since_sweep: u64,
     /// Operations on this shard, for the sweep.
     ops: u64,
@@ -95,6 +94,13 @@ struct Entry {
     state: State,
     /// When (µs) this state stops mattering: it can be dropped after.
     expires_at: u64,
+}
+
+/// A blocked key: every request of it is denied until `until` (µs).
+#[derive(Debug)]
+struct Block {
+    key: Box<str>,
+    until: u64,
 }
 
 /// The state of one key under one algorithm.
@@ -133,6 +139,49 @@ impl State {
         }
     }
 
+    /// The decision a request would get now, changing nothing.
+    fn peek(&self, now: u64, policy: &Policy) -> Decision {
+        match self {
+            _ if !self.matches(policy.algorithm()) => {
+                Self::new(policy.algorithm()).peek(now, policy)
+            }
+            Self::Log(log) => sliding_log::peek(log, now, policy),
+            Self::Fixed(counters) => fixed_window::peek(counters, now, policy),
+            Self::Sliding(counters) => sliding_window::peek(counters, now, policy),
+            Self::Gcra(tats) => gcra::peek(tats, now, policy),
+            Self::Leases(leases) => concurrency::peek(leases, now, policy),
+        }
+    }
+
+    /// Take `units` of quota (anonymous slots from lease `first` on, for the
+    /// concurrency limit); returns when the state expires.
+    fn penalty(&mut self, now: u64, policy: &Policy, units: u64, first: u128) -> u64 {
+        if !self.matches(policy.algorithm()) {
+            *self = Self::new(policy.algorithm());
+        }
+        match self {
+            Self::Log(log) => sliding_log::penalty(log, now, policy, units),
+            Self::Fixed(counters) => fixed_window::penalty(counters, now, policy, units),
+            Self::Sliding(counters) => sliding_window::penalty(counters, now, policy, units),
+            Self::Gcra(tats) => gcra::penalty(tats, now, policy, units),
+            Self::Leases(leases) => concurrency::penalty(leases, now, policy, units, first),
+        }
+    }
+
+    /// Give `units` of quota back; returns when the state expires.
+    fn reward(&mut self, now: u64, policy: &Policy, units: u64) -> u64 {
+        if !self.matches(policy.algorithm()) {
+            *self = Self::new(policy.algorithm());
+        }
+        match self {
+            Self::Log(log) => sliding_log::reward(log, now, policy, units),
+            Self::Fixed(counters) => fixed_window::reward(counters, now, policy, units),
+            Self::Sliding(counters) => sliding_window::reward(counters, now, policy, units),
+            Self::Gcra(tats) => gcra::reward(tats, now, policy, units),
+            Self::Leases(leases) => concurrency::reward(leases, now, units),
+        }
+    }
+
     fn matches(&self, algorithm: Algorithm) -> bool {
         matches!(
             (self, algorithm),
@@ -146,7 +195,11 @@ impl State {
 }
 
 impl MemoryStore {
-    /// A store on the system clock holding at most [`DEFAULT_MAX_KEYS`] keys.
+    /// The bound on the number of keys held unless
+    /// [`with_max_keys`](Self::with_max_keys) says otherwise (100,000).
+    pub const DEFAULT_MAX_KEYS: usize = DEFAULT_MAX_KEYS;
+
+    /// A store on the system clock holding at most [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS) keys.
     pub fn new() -> Self {
         Self::with_clock(SystemClock::new())
     }
@@ -235,6 +288,11 @@ impl MemoryStore {
                 self.sweep_one(turn, now);
             }
         }
+        if !shard.blocks.is_empty()
+            && let Some(blocked) = shard.blocked(hash, key, now, policy)
+        {
+            return blocked;
+        }
         if let Some(entry) = shard.keys[algorithm].find_mut(hash, |e| &*e.key == key) {
             let (decision, expires_at) = entry.state.check(now, policy, lease);
             entry.expires_at = expires_at;
@@ -259,6 +317,94 @@ impl MemoryStore {
             shard.inserts_since_sweep += 1;
         }
         decision
+    }
+
+    /// Run an operator's [`Command`] synchronously (the [`Store`] impl
+    /// calls this): the decision a request of `policy.cost()` would get
+    /// afterwards, consuming nothing. A penalty of the concurrency limit
+    /// takes anonymous slots that expire after the lease time; a reward
+    /// frees the oldest leases (see [`Store::command`]).
+    pub fn command_now(&self, key: &str, policy: &Policy, command: Command) -> Decision {
+        let key = bounded_key(key);
+        let key = key.as_ref();
+        let now = self.now();
+        let algorithm = policy.algorithm().index();
+        let (hash, index) = self.locate(key);
+        let hasher = &self.inner.hasher;
+        let mut shard = self.lock(index);
+        let shard = &mut *shard;
+        match command {
+            Command::Reset => {
+                if let Ok(found) = shard.keys[algorithm].find_entry(hash, |e| &*e.key == key) {
+                    found.remove();
+                }
+                if let Ok(found) = shard.blocks.find_entry(hash, |b| &*b.key == key) {
+                    found.remove();
+                }
+            }
+            Command::Block(duration) => {
+                let until = now.saturating_add(algorithm::block_micros(duration));
+                match shard.blocks.find_mut(hash, |b| &*b.key == key) {
+                    Some(block) => block.until = until,
+                    None if until > now => {
+                        shard.blocks.insert_unique(
+                            hash,
+                            Block {
+                                key: key.into(),
+                                until,
+                            },
+                            |b| hasher.hash_one(&*b.key),
+                        );
+                    }
+                    None => {}
+                }
+            }
+            Command::Penalty(units) | Command::Reward(units) => {
+                let units = algorithm::units(units);
+                let first = if matches!(command, Command::Penalty(_))
+                    && policy.algorithm() == Algorithm::Concurrency
+                {
+                    // Ids no request holds, for the anonymous slots.
+                    let n = concurrency::penalty_slots(policy, units);
+                    u128::from(self.inner.leases.fetch_add(n, Ordering::Relaxed))
+                } else {
+                    0
+                };
+                let apply = |state: &mut State| match command {
+                    Command::Penalty(_) => state.penalty(now, policy, units, first),
+                    _ => state.reward(now, policy, units),
+                };
+                match shard.keys[algorithm].find_mut(hash, |e| &*e.key == key) {
+                    Some(entry) => entry.expires_at = apply(&mut entry.state),
+                    None => {
+                        let mut state = State::new(policy.algorithm());
+                        let expires_at = apply(&mut state);
+                        if expires_at > now {
+                            if shard.len() >= self.inner.max_keys_per_shard {
+                                shard.make_room(now, self.inner.max_keys_per_shard, hasher);
+                            }
+                            shard.keys[algorithm].insert_unique(
+                                hash,
+                                Entry {
+                                    key: key.into(),
+                                    state,
+                                    expires_at,
+                                },
+                                |e| hasher.hash_one(&*e.key),
+                            );
+                        }
+                    }
+                }
+            }
+            Command::Peek => {}
+        }
+        if let Some(left) = shard.block_left(hash, key, now) {
+            return algorithm::blocked(policy, left);
+        }
+        match shard.keys[algorithm].find(hash, |e| &*e.key == key) {
+            Some(entry) => entry.state.peek(now, policy),
+            None => State::new(policy.algorithm()).peek(now, policy),
+        }
     }
 
     /// Give back a concurrency slot synchronously (the [`Store`] impl calls
@@ -308,9 +454,33 @@ impl Store for MemoryStore {
         self.release_now(key, policy, lease);
         Ok(())
     }
+
+    async fn command(
+        &self,
+        key: &str,
+        policy: &Policy,
+        command: Command,
+    ) -> Result<Decision, StoreError> {
+        Ok(self.command_now(key, policy, command))
+    }
 }
 
 impl Shard {
+    /// The decision for `key` if it is blocked at `now`. Out of line: the
+    /// usual check only sees that no key of its shard is blocked.
+    #[cold]
+    #[inline(never)]
+    fn blocked(&self, hash: u64, key: &str, now: u64, policy: &Policy) -> Option<Decision> {
+        let left = self.block_left(hash, key, now)?;
+        Some(algorithm::blocked(policy, left))
+    }
+
+    /// The time left (µs) of `key`'s block, if it is blocked at `now`.
+    fn block_left(&self, hash: u64, key: &str, now: u64) -> Option<u64> {
+        let block = self.blocks.find(hash, |b| &*b.key == key)?;
+        algorithm::block_left(block.until, now)
+    }
+
     fn len(&self) -> usize {
         self.keys.iter().map(HashTable::len).sum()
     }
@@ -322,6 +492,7 @@ impl Shard {
         for map in &mut self.keys {
             map.retain(|entry| entry.expires_at.saturating_add(grace) > now);
         }
+        self.blocks.retain(|block| block.until > now);
     }
 
     /// Make room for one more key.

@@ -15,39 +15,36 @@ use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::decision::Lease;
 use crate::policy::{Algorithm, Execution, Policy};
-use crate::store::{Store, StoreError, bounded_key};
+use crate::store::{Command, Store, StoreError, bounded_key};
 
 mod cleanup;
 mod clock_sync;
-mod concurrency;
 mod connection;
-mod fixed_window;
-mod gcra;
+mod script;
 mod sliding_log;
-mod sliding_window;
 
-pub use concurrency::CONCURRENCY_SCRIPT;
 pub use connection::{TrackedConnection, TrackedManager};
-pub use fixed_window::FIXED_WINDOW_SCRIPT;
-pub use gcra::GCRA_SCRIPT;
-pub use sliding_log::SLIDING_LOG_SCRIPT;
-pub use sliding_window::SLIDING_WINDOW_SCRIPT;
+pub use script::{
+    CONCURRENCY_COMMAND_SCRIPT, CONCURRENCY_SCRIPT, FIXED_WINDOW_COMMAND_SCRIPT,
+    FIXED_WINDOW_SCRIPT, GCRA_COMMAND_SCRIPT, GCRA_SCRIPT, SLIDING_LOG_COMMAND_SCRIPT,
+    SLIDING_LOG_SCRIPT, SLIDING_WINDOW_COMMAND_SCRIPT, SLIDING_WINDOW_SCRIPT,
+};
 
 use cleanup::Cleanup;
 use clock_sync::ClockSync;
 use connection::{Source, is_connection_error};
 
 /// The default bound on every Redis call (pool checkout included).
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 /// How long [`RedisStore::connect`] waits for its first connection.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The default key prefix.
-pub const DEFAULT_PREFIX: &str = "rl";
+pub(crate) const DEFAULT_PREFIX: &str = "rl";
 /// The default number of connections [`RedisStore::connect`] opens at most.
-pub const DEFAULT_POOL_SIZE: u32 = 16;
+pub(crate) const DEFAULT_POOL_SIZE: u32 = 16;
 /// How often the offset between this process's clock and Redis's is measured
 /// again (transaction execution).
-pub const DEFAULT_CLOCK_REFRESH: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_CLOCK_REFRESH: Duration = Duration::from_secs(30);
 
 /// Rate limits kept in Redis, shared by every process that uses the same
 /// Redis and key prefix.
@@ -58,10 +55,12 @@ pub const DEFAULT_CLOCK_REFRESH: Duration = Duration::from_secs(30);
 /// [`MAX_RAW_KEY_LEN`](crate::store::MAX_RAW_KEY_LEN) bytes, or holding `{`, `}` or a leading `#`, is stored
 /// as `#` and its SHA-1 instead, so a client-chosen key cannot break the
 /// layout. Every Redis key expires on its own once its longest window has
-/// passed.
+/// passed. A key an operator blocked ([`Command::Block`]) also has
+/// `{prefix}:block:{{key}}` (the same hash tag) until the block ends; every
+/// check reads it in the same script or transaction that decides.
 ///
 /// Every call (pool checkout and commands together) is bounded by a timeout
-/// ([`DEFAULT_TIMEOUT`]); on expiry the check fails with
+/// ([`DEFAULT_TIMEOUT`](Self::DEFAULT_TIMEOUT)); on expiry the check fails with
 /// [`StoreError::Timeout`] and the layer applies its
 /// [`FailMode`](crate::FailMode).
 ///
@@ -97,16 +96,26 @@ impl RedisStore {
     /// How long a check waits for Redis unless
     /// [`with_timeout`](Self::with_timeout) says otherwise (250 ms).
     pub const DEFAULT_TIMEOUT: Duration = DEFAULT_TIMEOUT;
+    /// How long [`connect`](Self::connect) waits for Redis (5 s).
+    pub const CONNECT_TIMEOUT: Duration = CONNECT_TIMEOUT;
+    /// The prefix of every Redis key unless
+    /// [`with_prefix`](Self::with_prefix) says otherwise (`rl`).
+    pub const DEFAULT_PREFIX: &'static str = DEFAULT_PREFIX;
+    /// The connections of the pool [`connect`](Self::connect) opens (16).
+    pub const DEFAULT_POOL_SIZE: u32 = DEFAULT_POOL_SIZE;
+    /// How often the offset to Redis's clock is measured again unless
+    /// [`with_clock_refresh`](Self::with_clock_refresh) says otherwise (30 s).
+    pub const DEFAULT_CLOCK_REFRESH: Duration = DEFAULT_CLOCK_REFRESH;
 
     /// Connect to the Redis at `url` (`redis://[user:password@]host:port[/db]`;
     /// `rediss://` needs one of redis-rs's TLS features enabled in your
-    /// Cargo.toml) through a bb8 pool of at most [`DEFAULT_POOL_SIZE`]
+    /// Cargo.toml) through a bb8 pool of at most [`DEFAULT_POOL_SIZE`](Self::DEFAULT_POOL_SIZE)
     /// connections, check that it answers, and measure the offset to its
     /// clock.
     ///
     /// # Errors
     /// A malformed URL, a refused connection or failed authentication, or a
-    /// Redis that does not answer within [`CONNECT_TIMEOUT`].
+    /// Redis that does not answer within [`CONNECT_TIMEOUT`](Self::CONNECT_TIMEOUT).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let manager = TrackedManager::new(url)?;
         let adopt = manager.clone();
@@ -206,7 +215,8 @@ impl RedisStore {
     ///
     /// Every algorithm works on a cluster: each limited key's Redis keys
     /// share one hash tag, so one slot and one node, and each check sends a
-    /// single command (an `EVALSHA` whose one key routes it; after
+    /// single command (an `EVALSHA` whose keys, the state and the block, share
+    /// one slot and route it; after
     /// `NOSCRIPT`, redis-rs's `SCRIPT LOAD` goes to every primary) or, for
     /// the sliding log's `Transaction` execution, a single `MULTI`/`EXEC`
     /// pipeline routed to that key's node (its piggy-backed `TIME` is
@@ -246,7 +256,7 @@ impl RedisStore {
     /// # Errors
     /// A malformed URL, no reachable node, a node that refuses the
     /// connection, or a cluster that does not answer within
-    /// [`CONNECT_TIMEOUT`].
+    /// [`CONNECT_TIMEOUT`](Self::CONNECT_TIMEOUT).
     #[cfg(feature = "cluster")]
     pub async fn connect_cluster<T: AsRef<str>>(nodes: &[T]) -> Result<Self, StoreError> {
         let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
@@ -319,7 +329,7 @@ impl RedisStore {
     }
 
     /// Measure the offset to Redis's clock again this often (default
-    /// [`DEFAULT_CLOCK_REFRESH`]).
+    /// [`DEFAULT_CLOCK_REFRESH`](Self::DEFAULT_CLOCK_REFRESH)).
     #[must_use]
     pub fn with_clock_refresh(mut self, every: Duration) -> Self {
         self.clock = Arc::new(ClockSync::new(self.clock.local(), every));
@@ -381,6 +391,19 @@ impl Store for RedisStore {
         }
     }
 
+    /// One script per command, atomic on the key's node, with every
+    /// Redis key of the limited key (its state and its block) in one slot.
+    /// A peek, a reset or a block is sent again after a lost reply; a
+    /// penalty or a reward only when Redis refused it before running it.
+    async fn command(
+        &self,
+        key: &str,
+        policy: &Policy,
+        command: Command,
+    ) -> Result<Decision, StoreError> {
+        self.run_command(key, policy, command).await
+    }
+
     async fn release(&self, key: &str, policy: &Policy, lease: Lease) -> Result<(), StoreError> {
         if policy.algorithm() != Algorithm::Concurrency {
             return Ok(());
@@ -391,6 +414,11 @@ impl Store for RedisStore {
     async fn check(&self, key: &str, policy: &Policy) -> Result<Decision, StoreError> {
         let started = tokio::time::Instant::now();
         let redis_key = self.redis_key(policy.algorithm().tag(), key);
+        let block_key = self.redis_key(BLOCK_TAG, key);
+        let keys = script::Keys {
+            state: &redis_key,
+            block: &block_key,
+        };
         let lease = self.ids.next();
         let id = member(lease);
         // The entries the sliding log's transaction writes, or the lease the
@@ -426,30 +454,17 @@ impl Store for RedisStore {
                     }
                     let members = pending.as_ref().map_or(&[][..], Cleanup::members);
                     let result = match (policy.algorithm(), policy.execution()) {
-                        (Algorithm::FixedWindow, _) => {
-                            fixed_window::check(conn.get(), &redis_key, policy).await
-                        }
-                        (Algorithm::SlidingWindow, _) => {
-                            sliding_window::check(conn.get(), &redis_key, policy).await
-                        }
-                        (Algorithm::Gcra, _) => gcra::check(conn.get(), &redis_key, policy).await,
-                        (Algorithm::Concurrency, _) => {
-                            concurrency::check(conn.get(), &redis_key, policy, lease).await
-                        }
-                        (_, Execution::Script) => {
-                            sliding_log::script(conn.get(), &redis_key, policy, &id)
-                                .await
-                        }
-                        (_, Execution::Transaction) => {
+                        (Algorithm::SlidingLog, Execution::Transaction) => {
                             sliding_log::transaction(
                                 conn.get(),
-                                &redis_key,
+                                keys,
                                 policy,
                                 members,
                                 &self.clock,
                             )
                             .await
                         }
+                        _ => script::check(conn.get(), keys, policy, lease, &id).await,
                     };
                     match result {
                         // A connection broken by a Redis restart or a lost
@@ -506,6 +521,55 @@ impl Store for RedisStore {
 }
 
 impl RedisStore {
+    /// Run an operator's command: one script, atomic, within the timeout;
+    /// sent again only when it cannot have run twice (see
+    /// [`command_idempotent`] and [`not_run`]).
+    async fn run_command(
+        &self,
+        key: &str,
+        policy: &Policy,
+        command: Command,
+    ) -> Result<Decision, StoreError> {
+        let redis_key = self.redis_key(policy.algorithm().tag(), key);
+        let block_key = self.redis_key(BLOCK_TAG, key);
+        let keys = script::Keys {
+            state: &redis_key,
+            block: &block_key,
+        };
+        let id = member(self.ids.next());
+        self.with_timeout_do(async {
+            let mut retried = false;
+            let mut redirects = 0;
+            loop {
+                let mut conn = self.source.get().await?;
+                match script::command(conn.get(), keys, policy, command, &id).await {
+                    Err(error)
+                        if is_connection_error(&error)
+                            && !retried
+                            && command_idempotent(command) =>
+                    {
+                        conn.mark_broken();
+                        retried = true;
+                        tracing::debug!(%error, "redis connection failed; sending the command again on a fresh one");
+                    }
+                    Err(error) if not_run(&error) && redirects < MAX_REDIRECTS => {
+                        redirects += 1;
+                        tracing::debug!(%error, "redis did not run the command; sending it again");
+                        tokio::time::sleep(REDIRECT_PAUSE * redirects).await;
+                    }
+                    Err(error) => {
+                        if is_connection_error(&error) {
+                            conn.mark_broken();
+                        }
+                        return Err(error);
+                    }
+                    Ok(decision) => return Ok(decision),
+                }
+            }
+        })
+        .await
+    }
+
     /// Give back a concurrency lease, within the timeout.
     async fn release_lease(
         &self,
@@ -516,7 +580,7 @@ impl RedisStore {
         let redis_key = self.redis_key(policy.algorithm().tag(), key);
         self.with_timeout_do(async {
             let mut conn = self.source.get().await?;
-            let released = concurrency::release(conn.get(), &redis_key, lease).await;
+            let released = script::release(conn.get(), &redis_key, lease).await;
             if let Err(error) = &released
                 && is_connection_error(error)
             {
@@ -556,6 +620,17 @@ fn not_run(error: &StoreError) -> bool {
     )
 }
 
+/// The part of a block's Redis key that names it (`{prefix}:block:{key}`).
+const BLOCK_TAG: &str = "block";
+
+/// Whether running a command twice (after a connection error that may have
+/// come after Redis ran it) leaves what running it once does: not a penalty
+/// nor a reward, which would move the quota twice. (A block sent again ends
+/// a round trip later, as if it had been sent then.)
+fn command_idempotent(command: Command) -> bool {
+    matches!(command, Command::Peek | Command::Reset | Command::Block(_))
+}
+
 /// Whether running a check twice (after a connection error that may have
 /// come after Redis ran it) counts once.
 fn idempotent(algorithm: Algorithm) -> bool {
@@ -573,36 +648,6 @@ pub(crate) fn redis_key(prefix: &str, algorithm: &str, key: &str) -> String {
     out.push_str(&key);
     out.push('}');
     out
-}
-
-/// `EVALSHA <sha1 of script> 1 <key>`; the caller adds the arguments and
-/// sends it with [`run_script`].
-///
-/// Built by hand rather than through `redis::Script::key(..).arg(..)`, whose
-/// invocation copies the key and each argument into a `Vec` of its own before
-/// packing them into a command: about six allocations per check.
-pub(crate) fn evalsha(script: &redis::Script, key: &str) -> redis::Cmd {
-    let mut cmd = redis::Cmd::with_capacity(12, 96 + key.len());
-    cmd.arg("EVALSHA").arg(script.get_hash()).arg(1).arg(key);
-    cmd
-}
-
-/// Send an [`evalsha`] command; after `NOSCRIPT` (a Redis restarted or
-/// flushed since the script was loaded) load the script and send it again.
-pub(crate) async fn run_script<C: redis::aio::ConnectionLike>(
-    conn: &mut C,
-    script: &redis::Script,
-    cmd: &redis::Cmd,
-) -> redis::RedisResult<Vec<Value>> {
-    match cmd.query_async(conn).await {
-        Err(error)
-            if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-        {
-            script.load_async(conn).await?;
-            cmd.query_async(conn).await
-        }
-        result => result,
-    }
 }
 
 /// Request ids unique across processes: a random per-store part and a counter.

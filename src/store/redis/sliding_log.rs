@@ -1,5 +1,7 @@
-//! The sliding log on Redis: one sorted set per key, in a `MULTI`
-//! transaction or a Lua script.
+//! The sliding log's `Transaction` execution on Redis: one sorted set per
+//! key, one `MULTI`/`EXEC` round trip, decided on the client by
+//! [`algorithm::sliding_log::decide`] (the `Script` execution is
+//! `scripts/sliding_log.lua`).
 
 use std::time::Duration;
 
@@ -8,54 +10,12 @@ use redis::aio::ConnectionLike;
 
 use super::clock_sync::ClockSync;
 use super::int_reply;
-use crate::decision::{Decision, DecisionBuilder, RateState};
-use crate::policy::{Policy, duration_micros};
+use super::script::Keys;
+use crate::algorithm;
+use crate::algorithm::sliding_log::{Log, Times};
+use crate::decision::Decision;
+use crate::policy::{Policy, Rate, duration_micros};
 use crate::store::StoreError;
-
-/// The Lua source of the sliding log's `Script` execution (public so
-/// benchmarks can feed the same script to `redis-benchmark`).
-pub const SLIDING_LOG_SCRIPT: &str = include_str!("scripts/sliding_log.lua");
-
-static SCRIPT: std::sync::LazyLock<redis::Script> =
-    std::sync::LazyLock::new(|| redis::Script::new(SLIDING_LOG_SCRIPT));
-
-/// One `EVALSHA` (reloading the script after `NOSCRIPT`), on Redis's clock.
-pub(super) async fn script<C: ConnectionLike>(
-    conn: &mut C,
-    key: &str,
-    policy: &Policy,
-    id: &str,
-) -> Result<Decision, StoreError> {
-    let mut cmd = super::evalsha(&SCRIPT, key);
-    cmd.arg(policy.cost())
-        .arg(policy.min_spacing().map_or(0, duration_micros))
-        .arg(id);
-    for rate in policy.rates() {
-        cmd.arg(rate.max()).arg(rate.window_micros());
-    }
-    let reply = super::run_script(conn, &SCRIPT, &cmd).await?;
-    let want = 2 + 3 * policy.rates().len();
-    if reply.len() != want {
-        return Err(StoreError::UnexpectedReply(format!(
-            "sliding log script: expected {want} values, got {}",
-            reply.len()
-        )));
-    }
-    let allowed = int_reply(&reply[0], "allowed")? == 1;
-    let mut builder = DecisionBuilder::new(allowed);
-    builder.wait(micros(int_reply(&reply[1], "spacing wait")?));
-    for (rate, values) in policy.rates().iter().zip(reply[2..].chunks_exact(3)) {
-        builder.rate(RateState {
-            rate: *rate,
-            remaining: u64::try_from(int_reply(&values[0], "remaining")?).unwrap_or(0),
-            reset: micros(int_reply(&values[1], "reset")?),
-            wait: micros(int_reply(&values[2], "wait")?),
-        });
-    }
-    builder
-        .build()
-        .ok_or_else(|| StoreError::UnexpectedReply("no rate in the reply".to_owned()))
-}
 
 /// One `MULTI`/`EXEC` round trip, decided here, on this process's clock
 /// corrected to Redis's ([`ClockSync`]).
@@ -86,13 +46,18 @@ pub(super) async fn script<C: ConnectionLike>(
 /// waits them is admitted whatever its own reading.
 /// A denied request's entries are still in the set: the caller takes them
 /// back out.
+///
+/// The transaction also reads the key's block: a key blocked when Redis ran
+/// it is denied until the block ends, on Redis's clock (the entries it wrote
+/// are then taken back out like any denied request's).
 pub(super) async fn transaction<C: ConnectionLike>(
     conn: &mut C,
-    key: &str,
+    keys: Keys<'_>,
     policy: &Policy,
     members: &[String],
     clock: &ClockSync,
 ) -> Result<Decision, StoreError> {
+    let key = keys.state;
     loop {
         let (now, refresh) = match clock.now() {
             Some(now) => now,
@@ -105,7 +70,7 @@ pub(super) async fn transaction<C: ConnectionLike>(
         };
         let tolerance = clock.tolerance();
         let sent = clock.local_micros();
-        let reply = send(conn, key, policy, members, now, tolerance, clock.seen()).await?;
+        let reply = send(conn, keys, policy, members, now, tolerance, clock.seen()).await?;
         let received = clock.local_micros();
         let (decision, redis_now) = decide(&reply, policy, members, now, tolerance)?;
         clock.saw(redis_now);
@@ -171,13 +136,14 @@ async fn restamp<C: ConnectionLike>(
 /// The transaction's commands, sent in one round trip.
 async fn send<C: ConnectionLike>(
     conn: &mut C,
-    key: &str,
+    keys: Keys<'_>,
     policy: &Policy,
     members: &[String],
     now: u64,
     tolerance: u64,
     clock_seen: u64,
 ) -> Result<Vec<Value>, StoreError> {
+    let key = keys.state;
     let rates = policy.rates();
     let longest = duration_micros(policy.longest_window());
     let stamp = now.saturating_add(tolerance);
@@ -229,13 +195,17 @@ async fn send<C: ConnectionLike>(
                 .div_ceil(1_000),
         )
         .ignore();
+    // The key's block, read in the same transaction.
+    pipe.cmd("GET").arg(keys.block);
     // When Redis really ran it.
     pipe.cmd("TIME");
     Ok(pipe.query_async(conn).await?)
 }
 
 /// The decision from the transaction's replies, and Redis's time when it
-/// ran. Counted from `now - tolerance`; waits are measured from Redis's time
+/// ran, taken by the sliding log's own arithmetic
+/// ([`algorithm::sliding_log::decide`]) on what the replies show of the
+/// log. Counted from `now - tolerance`; waits are measured from Redis's time
 /// and padded by `2 × tolerance`, so a client that waits them finds the
 /// entries gone for a check whose reading is off by up to `tolerance`.
 fn decide(
@@ -247,7 +217,7 @@ fn decide(
 ) -> Result<(Decision, u64), StoreError> {
     let rates = policy.rates();
     let n = rates.len();
-    let want = 2 * n + 2;
+    let want = 2 * n + 3;
     if reply.len() != want {
         return Err(StoreError::UnexpectedReply(format!(
             "sliding log transaction: expected {want} replies, got {}",
@@ -256,73 +226,65 @@ fn decide(
     }
     let (secs, us) = time_reply(&reply[want - 1])?;
     let redis_now = secs.saturating_mul(1_000_000).saturating_add(us);
-    let from = now.saturating_sub(tolerance);
-    let pad = tolerance.saturating_mul(2);
-    // The time left until `at` (a score plus a span) is behind every
-    // check's reading.
-    let until = |at: u64| at.saturating_add(pad).saturating_sub(redis_now);
+    let block = match &reply[want - 2] {
+        Value::Nil => None,
+        value => Some(u64::try_from(int_reply(value, "block")?).unwrap_or(0)),
+    };
+    if let Some(left) = block.and_then(|until| algorithm::block_left(until, redis_now)) {
+        return Ok((algorithm::blocked(policy, left), redis_now));
+    }
     let cost = u64::try_from(members.len()).unwrap_or(u64::MAX);
-    let newest_other = scored_entries(&reply[2 * n])?
+    let newest = scored_entries(&reply[2 * n])?
         .into_iter()
         .find(|(member, _)| !members.iter().any(|m| m.as_bytes() == member.as_slice()))
         .map(|(_, score)| score);
-
-    let mut allowed = true;
-    let mut spacing_wait = 0;
-    if let (Some(spacing), Some(last)) = (policy.min_spacing(), newest_other) {
-        let ready_at = last.saturating_add(duration_micros(spacing));
-        if ready_at > from {
-            allowed = false;
-            spacing_wait = until(ready_at);
-        }
-    }
     let mut counts = Vec::with_capacity(n);
-    for (i, rate) in rates.iter().enumerate() {
-        // Counts include our own entries.
+    let mut blockers = Vec::with_capacity(n);
+    for i in 0..n {
+        // The counts include our own entries.
         let count = u64::try_from(int_reply(&reply[i], "ZCOUNT")?).unwrap_or(0);
-        if count > rate.max() {
-            allowed = false;
-        }
-        counts.push(count);
+        counts.push(count.saturating_sub(cost));
+        // With our entries the newest, the entry of reverse rank `max` is
+        // the one of reverse rank `max - cost` among the others.
+        blockers.push(scored_entries(&reply[n + i])?.first().map(|&(_, t)| t));
+    }
+    let view = Replies {
+        counts,
+        newest,
+        blockers,
+    };
+    let times = Times {
+        at: now.saturating_sub(tolerance),
+        from: redis_now,
+        pad: tolerance.saturating_mul(2),
+    };
+    Ok((
+        algorithm::sliding_log::decide(&view, policy, times),
+        redis_now,
+    ))
+}
+
+/// What the transaction's replies show of the log, without the request's
+/// own entries.
+struct Replies {
+    counts: Vec<u64>,
+    newest: Option<u64>,
+    /// Per rate: the entry of reverse rank `max - cost` among the others.
+    blockers: Vec<Option<u64>>,
+}
+
+impl Log for Replies {
+    fn count(&self, i: usize, _: &Rate) -> u64 {
+        self.counts.get(i).copied().unwrap_or(0)
     }
 
-    let mut builder = DecisionBuilder::new(allowed);
-    builder.wait(Duration::from_micros(spacing_wait));
-    for (i, rate) in rates.iter().enumerate() {
-        let window = rate.window_micros();
-        let others = counts[i].saturating_sub(cost);
-        let state = if allowed {
-            RateState {
-                rate: *rate,
-                remaining: rate.max().saturating_sub(counts[i]),
-                reset: Duration::from_micros(window),
-                wait: Duration::ZERO,
-            }
-        } else {
-            let reset = match newest_other {
-                Some(t) if others > 0 => until(t.saturating_add(window)),
-                _ => 0,
-            };
-            let wait = if counts[i] > rate.max() {
-                scored_entries(&reply[n + i])?
-                    .first()
-                    .map_or(window, |&(_, t)| until(t.saturating_add(window)))
-            } else {
-                0
-            };
-            RateState {
-                rate: *rate,
-                remaining: rate.max().saturating_sub(others),
-                reset: Duration::from_micros(reset),
-                wait: Duration::from_micros(wait),
-            }
-        };
-        builder.rate(state);
+    fn newest(&self) -> Option<u64> {
+        self.newest
     }
-    let decision = builder
-        .build()
-        .ok_or_else(|| StoreError::UnexpectedReply("policy without rates".to_owned()))?;
-    Ok((decision, redis_now))
+
+    fn nth_newest(&self, i: usize, _: u64) -> Option<u64> {
+        self.blockers.get(i).copied().flatten()
+    }
 }
 
 /// The entries of one request of `cost` units: its id, or its id and `:j`
@@ -334,10 +296,6 @@ pub(super) fn members(id: &str, cost: u64) -> Vec<String> {
     } else {
         (1..=cost).map(|j| format!("{id}:{j}")).collect()
     }
-}
-
-fn micros(value: i64) -> Duration {
-    Duration::from_micros(u64::try_from(value).unwrap_or(0))
 }
 
 /// `(member, score)` pairs of a `WITHSCORES` reply, RESP2 (flat) or RESP3 (pairs).

@@ -1,66 +1,94 @@
 -- Concurrency limit (a distributed semaphore), decided inside Redis on
--- Redis's own clock (TIME), with the semantics of the memory store
--- (src/store/memory/concurrency.rs).
+-- Redis's own clock (TIME), with the semantics of
+-- src/algorithm/concurrency.rs.
 --
 -- KEYS[1]  a sorted set of one limited key's leases: member = lease id
---          (32 lowercase hex digits), score = expiry in µs since the epoch
--- ARGV[1]  max leases held at once
--- ARGV[2]  lease time, µs
--- ARGV[3]  this request's lease id
--- ARGV[4]  the longest wait suggested to a denied request, µs
+--          (32 lowercase hex digits; "<id>:<j>" for a penalty's anonymous
+--          slots), score = expiry in µs since the epoch
+-- ARGV     max leases held at once; the lease time, µs; this request's
+--          lease id; the longest wait suggested to a denied request, µs
 --
--- Returns {allowed (1/0), remaining, wait µs}. Expired leases are dropped
--- first; an admitted request adds its lease. A lease already held (a retry
--- of a request whose reply was lost) is admitted again without counting
--- twice.
-if redis.replicate_commands then
-  pcall(redis.replicate_commands)
-end
-
+-- Expired leases are dropped first; an admitted request adds its lease. A
+-- lease already held (a retry of a request whose reply was lost) is
+-- admitted again without counting twice. A penalty takes anonymous slots
+-- (at most max) that expire after the lease time; a reward frees the
+-- oldest leases (expiring soonest).
 local key = KEYS[1]
-local max = tonumber(ARGV[1])
-local lease_time = tonumber(ARGV[2])
-local member = ARGV[3]
-local cap = tonumber(ARGV[4])
+local max = num(1)
+local lease_time = num(2)
+local member = arg(3)
+local cap = num(4)
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-
-local function int(x)
-  return string.format('%.0f', x)
+local function expire()
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
 end
 
-redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
-local held = redis.call('ZCARD', key)
-if redis.call('ZSCORE', key, member) then
-  held = held - 1
-end
-
-if held < max then
-  local expiry = now + lease_time
-  redis.call('ZADD', key, int(expiry), member)
-  -- The key lives as long as its latest lease.
+-- The key lives as long as its latest lease.
+local function keep()
   local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  local latest = tonumber(last[2])
-  if latest == nil or latest < expiry then
-    latest = expiry
+  if #last > 0 then
+    redis.call('PEXPIRE', key, int(math.ceil((tonumber(last[2]) - now) / 1000)))
   end
-  redis.call('PEXPIRE', key, int(math.ceil((latest - now) / 1000)))
-  return { 1, max - held - 1, 0 }
 end
 
-local remaining = max - held
-if remaining < 0 then
-  remaining = 0
+local function take()
+  redis.call('ZADD', key, int(now + lease_time), member)
+  keep()
 end
--- A slot frees when a request finishes, which Redis cannot know: suggest
--- retrying at the soonest lease expiry, at most the cap.
-local wait = 0
-local soonest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-if #soonest > 0 then
-  wait = tonumber(soonest[2]) - now
-  if wait > cap then
-    wait = cap
+
+-- The same request again (its reply was lost), while its slot is held.
+local function retried()
+  expire()
+  if not redis.call('ZSCORE', key, member) then
+    return nil
+  end
+  local held = redis.call('ZCARD', key) - 1
+  if held < max then
+    take()
+    return { 1, 0, max - held - 1, 0, 0 }
+  end
+  return nil
+end
+
+-- Decide one request; `commit`: take its lease if admitted.
+local function decide(commit)
+  expire()
+  local held = redis.call('ZCARD', key)
+  if held < max then
+    if commit then
+      take()
+    end
+    return { 1, 0, max - held - 1, 0, 0 }
+  end
+  local remaining = max - held
+  if remaining < 0 then
+    remaining = 0
+  end
+  -- A slot frees when a request finishes, which Redis cannot know: suggest
+  -- retrying at the soonest lease expiry, at most the cap.
+  local wait = 0
+  local soonest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if #soonest > 0 then
+    wait = tonumber(soonest[2]) - now
+    if wait > cap then
+      wait = cap
+    end
+  end
+  return { 0, 0, remaining, 0, int(wait) }
+end
+
+local function penalty(units, id)
+  expire()
+  local n = math.min(units, max)
+  if n > 0 then
+    zadd_many(key, int(now + lease_time), id, n)
+    keep()
   end
 end
-return { 0, remaining, wait }
+
+local function reward(units)
+  expire()
+  if units > 0 then
+    redis.call('ZREMRANGEBYRANK', key, 0, int(units - 1))
+  end
+end

@@ -1,24 +1,24 @@
--- Sliding window counter, decided inside Redis on Redis's own clock (TIME).
+-- Sliding window counter, decided inside Redis on Redis's own clock (TIME),
+-- with the semantics of src/algorithm/sliding_window.rs.
 --
 -- KEYS[1]  a hash of one limited key: one field per rate, named by the
 --          rate's window in µs, holding
 --          "<window index>:<current count>:<previous count>"
--- ARGV[1]  cost: how many requests one request counts as
--- ARGV[2], ARGV[3], ...  max and window (µs) of each rate, in pairs
+-- ARGV     cost: how many requests one request counts as; then max and
+--          window (µs) of each rate, in pairs
 --
--- Returns {allowed (1/0), then per rate: remaining, reset µs, wait µs}.
---
--- The same semantics as src/store/memory/sliding_window.rs. At `elapsed` µs
--- into the current window, a request of cost c is admitted if, for every
--- rate, previous × (window − elapsed) + (current + c) × window ≤ max × window
--- (checked below in the equivalent form
+-- At `elapsed` µs into the current window, a request of cost c is admitted
+-- if, for every rate, previous × (window − elapsed) + (current + c) × window
+-- ≤ max × window (checked below in the equivalent form
 -- previous × (window − elapsed) ≤ (max − current − c) × window).
 -- Only an admitted request counts, in every rate; a denied one writes
--- nothing.
+-- nothing. A penalty adds its units to every rate's current count (at most
+-- 2^53); a reward takes them off the current count, the rest off the
+-- previous one (never below zero).
 --
 -- Precision: Redis's Lua computes in doubles, not in the 128-bit integers of
 -- the memory store. now (µs since the epoch, about 2^51), windows (at most
--- ten years, about 2^48) and counts (at most max ≤ 2^53) are exact, and so is
+-- ten years, about 2^48) and counts (at most 2^53) are exact, and so is
 -- every product, quotient and floor below as long as max × window (µs) is
 -- at most 2^53 (e.g. 1000 per day, or 10^7 per 15 minutes). Beyond that the
 -- weighted products are rounded to 53 bits (relative error about 2^-52):
@@ -26,32 +26,9 @@
 -- the exact boundary, the wait by one microsecond, and remaining by a
 -- request or two (out of a max near 2^53). A rate's own count (no previous
 -- window) is always compared exactly.
-if redis.replicate_commands then
-  pcall(redis.replicate_commands)
-end
-
 local key = KEYS[1]
-local cost = tonumber(ARGV[1])
-local nrates = (#ARGV - 1) / 2
-
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-
-local function int(x)
-  return string.format('%.0f', x)
-end
-
--- floor(now / w), corrected for the rounding of the division (the products
--- are exact).
-local function window_index(w)
-  local index = math.floor(now / w)
-  if index * w > now then
-    index = index - 1
-  elseif (index + 1) * w <= now then
-    index = index + 1
-  end
-  return index
-end
+local cost = num(1)
+local nrates = (nargs - 1) / 2
 
 -- Whether `c` more fits at `elapsed` into the window.
 local function fits(prev, cur, elapsed, w, c, max)
@@ -96,93 +73,144 @@ end
 
 local names = {}
 for i = 1, nrates do
-  names[i] = ARGV[2 * i + 1]
+  names[i] = arg(2 * i + 1)
 end
-local stored = redis.call('HMGET', key, unpack(names))
 
--- Every rate's counters rolled forward to the window holding now.
-local indexes, currents, previouses, elapseds = {}, {}, {}, {}
-local allowed = 1
-for i = 1, nrates do
-  local max = tonumber(ARGV[2 * i])
-  local w = tonumber(names[i])
-  local index = window_index(w)
-  local cur, prev = 0, 0
-  if stored[i] then
-    local si, sc, sp = string.match(stored[i], '^(%d+):(%d+):(%d+)$')
-    if si then
-      si = tonumber(si)
-      if si == index then
-        cur, prev = tonumber(sc), tonumber(sp)
-      elseif si + 1 == index then
-        cur, prev = 0, tonumber(sc)
+-- Every rate's counters rolled forward to the window holding now:
+-- indexes, currents, previouses, elapseds.
+local function counters()
+  local stored = redis.call('HMGET', key, unpack(names))
+  local indexes, currents, previouses, elapseds = {}, {}, {}, {}
+  for i = 1, nrates do
+    local w = tonumber(names[i])
+    local index = window_index(w)
+    local cur, prev = 0, 0
+    if stored[i] then
+      local si, sc, sp = string.match(stored[i], '^(%d+):(%d+):(%d+)$')
+      if si then
+        si = tonumber(si)
+        if si == index then
+          cur, prev = tonumber(sc), tonumber(sp)
+        elseif si + 1 == index then
+          cur, prev = 0, tonumber(sc)
+        end
       end
     end
+    indexes[i] = index
+    currents[i] = cur
+    previouses[i] = prev
+    elapseds[i] = now - index * w
   end
-  indexes[i] = index
-  currents[i] = cur
-  previouses[i] = prev
-  elapseds[i] = now - index * w
-  if not fits(prev, cur, elapseds[i], w, cost, max) then
-    allowed = 0
-  end
+  return indexes, currents, previouses, elapseds
 end
 
-local out = { allowed }
-local expires_at = 0
-local fields = {}
-for i = 1, nrates do
-  local max = tonumber(ARGV[2 * i])
-  local w = tonumber(names[i])
-  local cur, prev, elapsed = currents[i], previouses[i], elapseds[i]
-  local wait = 0
-  if allowed == 0 and not fits(prev, cur, elapsed, w, cost, max) then
-    wait = wait_for(prev, cur, elapsed, w, cost, max)
-  end
-  if allowed == 1 then
-    cur = cur + cost
-  end
-  -- Requests that still fit now:
-  -- floor((max × w − prev × (w − elapsed)) / w) − cur
-  -- = max − ceil(prev × (w − elapsed) / w) − cur, at least 0.
-  local remaining = max - math.ceil(prev * (w - elapsed) / w)
-  if remaining < 0 then
-    remaining = 0
-  end
-  remaining = remaining - cur
-  if remaining < 0 then
-    remaining = 0
-  end
-  -- The estimate is back to zero when both counted windows have slid out.
-  local finish = (indexes[i] + 1) * w
-  local reset = 0
+-- µs until the estimate is back to zero: when both counted windows have
+-- slid out.
+local function reset_of(index, w, cur, prev)
+  local finish = (index + 1) * w
   if cur > 0 then
-    reset = finish + w - now
+    return finish + w - now
   elseif prev > 0 then
-    reset = finish - now
+    return finish - now
   end
-  out[#out + 1] = int(remaining)
-  out[#out + 1] = int(reset)
-  out[#out + 1] = int(wait)
-  if allowed == 1 then
-    fields[#fields + 1] = names[i]
-    fields[#fields + 1] = int(indexes[i]) .. ':' .. int(cur) .. ':' .. int(prev)
-    if now + reset > expires_at then
-      expires_at = now + reset
+  return 0
+end
+
+-- Write every rate's counters (none left removes its field). The key
+-- disappears once both counted windows of every rate have slid out; never
+-- shorten it: fields of windows another policy counts on this key may need
+-- longer.
+local function store(indexes, currents, previouses)
+  local fields, gone = {}, {}
+  local expires_at = 0
+  for i = 1, nrates do
+    local cur, prev = currents[i], previouses[i]
+    if cur > 0 or prev > 0 then
+      fields[#fields + 1] = names[i]
+      fields[#fields + 1] = int(indexes[i]) .. ':' .. int(cur) .. ':' .. int(prev)
+      local at = now + reset_of(indexes[i], tonumber(names[i]), cur, prev)
+      if at > expires_at then
+        expires_at = at
+      end
+    else
+      gone[#gone + 1] = names[i]
+    end
+  end
+  if #gone > 0 then
+    redis.call('HDEL', key, unpack(gone))
+  end
+  if #fields > 0 then
+    redis.call('HSET', key, unpack(fields))
+    local at = math.ceil(expires_at / 1000)
+    local ttl = redis.call('PTTL', key)
+    if ttl < 0 or math.floor(now / 1000) + ttl < at then
+      redis.call('PEXPIREAT', key, int(at))
     end
   end
 end
 
-if allowed == 1 then
-  redis.call('HSET', key, unpack(fields))
-  -- The key disappears once both counted windows of every rate have slid
-  -- out. Never shorten it: fields of windows another policy counts on this
-  -- key may need longer.
-  local at = math.ceil(expires_at / 1000)
-  local ttl = redis.call('PTTL', key)
-  if ttl < 0 or math.floor(now / 1000) + ttl < at then
-    redis.call('PEXPIREAT', key, int(at))
-  end
+-- A retry counts again: nothing identifies a request here.
+local function retried()
+  return nil
 end
 
-return out
+-- Decide one request; `commit`: count it if admitted.
+local function decide(commit)
+  local indexes, currents, previouses, elapseds = counters()
+  local allowed = 1
+  for i = 1, nrates do
+    if not fits(previouses[i], currents[i], elapseds[i], tonumber(names[i]), cost, num(2 * i)) then
+      allowed = 0
+    end
+  end
+  local out = { allowed, 0 }
+  for i = 1, nrates do
+    local max = num(2 * i)
+    local w = tonumber(names[i])
+    local cur, prev, elapsed = currents[i], previouses[i], elapseds[i]
+    local wait = 0
+    if allowed == 0 and not fits(prev, cur, elapsed, w, cost, max) then
+      wait = wait_for(prev, cur, elapsed, w, cost, max)
+    end
+    if allowed == 1 then
+      cur = cur + cost
+      currents[i] = cur
+    end
+    -- Requests that still fit now:
+    -- floor((max × w − prev × (w − elapsed)) / w) − cur
+    -- = max − ceil(prev × (w − elapsed) / w) − cur, at least 0.
+    local remaining = max - math.ceil(prev * (w - elapsed) / w)
+    if remaining < 0 then
+      remaining = 0
+    end
+    remaining = remaining - cur
+    if remaining < 0 then
+      remaining = 0
+    end
+    out[#out + 1] = int(remaining)
+    out[#out + 1] = int(reset_of(indexes[i], w, cur, prev))
+    out[#out + 1] = int(wait)
+  end
+  if allowed == 1 and commit then
+    store(indexes, currents, previouses)
+  end
+  return out
+end
+
+local function penalty(units)
+  local indexes, currents, previouses = counters()
+  for i = 1, nrates do
+    currents[i] = math.min(currents[i] + units, MAX_COUNT)
+  end
+  store(indexes, currents, previouses)
+end
+
+local function reward(units)
+  local indexes, currents, previouses = counters()
+  for i = 1, nrates do
+    local from_current = math.min(units, currents[i])
+    currents[i] = currents[i] - from_current
+    previouses[i] = math.max(previouses[i] - (units - from_current), 0)
+  end
+  store(indexes, currents, previouses)
+end

@@ -1,5 +1,6 @@
-//! GCRA in memory: the reference semantics of
-//! [`Algorithm::Gcra`](crate::Algorithm::Gcra).
+//! GCRA: the reference semantics of
+//! [`Algorithm::Gcra`](crate::Algorithm::Gcra) (`scripts/gcra.lua` mirrors
+//! it).
 //!
 //! Each rate is a token bucket of capacity `max` refilled at one token per
 //! `T = window / max`, kept as a theoretical arrival time (TAT). The
@@ -12,20 +13,32 @@
 //! is admitted if that is at most the window (with a relative tolerance of
 //! 1e-9 for the rounding of sums of `T`). The Redis script does the same
 //! IEEE operations in the same order, so both give the same answers.
+//!
+//! A penalty of `u` units moves every rate's offset to
+//! `max(d, 0) + u·T` (at most [`MAX_OFFSET`], twice the longest window;
+//! even beyond the window, so the key waits until the excess has drained);
+//! a reward moves it to
+//! `max(d, 0) − u·T`, never below zero (a full bucket).
 
 use std::time::Duration;
 
+use super::built;
 use crate::decision::{Decision, DecisionBuilder, RateStatus};
 use crate::policy::{Algorithm, Policy, Rate};
 
 /// Relative tolerance of the admission test and the token count.
 pub(crate) const EPSILON: f64 = 1e-9;
 
+/// The largest offset a penalty leaves: twice the longest window (20
+/// years), so a TAT stays far below 2^53 µs, where Redis's doubles are
+/// exact.
+pub(crate) const MAX_OFFSET: f64 = 2.0 * crate::policy::MAX_WINDOW.as_micros() as f64;
+
 /// One TAT per rate, found by its window: (window µs, TAT whole µs, TAT fraction).
-pub(super) type State = Vec<(u64, u64, f64)>;
+pub(crate) type State = Vec<(u64, u64, f64)>;
 
 #[inline]
-pub(super) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
+pub(crate) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
     let cost = policy.cost() as f64;
     let rates = policy.rates();
     // (window, T, offset now, offset after this request) of one rate.
@@ -91,10 +104,56 @@ pub(super) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, 
     if allowed && !in_place {
         *state = next;
     }
-    match builder.build() {
-        Some(decision) => (decision, expires_at),
-        None => unreachable!("a policy always has a rate"),
+    (built(builder), expires_at)
+}
+
+/// The decision [`check`] would take at `now`, changing nothing.
+pub(crate) fn peek(state: &State, now: u64, policy: &Policy) -> Decision {
+    check(&mut state.clone(), now, policy).0
+}
+
+/// Take `units` tokens from every rate, even beyond an empty bucket.
+pub(crate) fn penalty(state: &mut State, now: u64, policy: &Policy, units: u64) -> u64 {
+    let units = units as f64;
+    set(state, now, policy, |d, interval| {
+        let kept = d + units * interval;
+        if kept > MAX_OFFSET { MAX_OFFSET } else { kept }
+    })
+}
+
+/// Give `units` tokens back to every rate, up to a full bucket.
+pub(crate) fn reward(state: &mut State, now: u64, policy: &Policy, units: u64) -> u64 {
+    let units = units as f64;
+    set(state, now, policy, |d, interval| {
+        let kept = d - units * interval;
+        if kept < 0.0 { 0.0 } else { kept }
+    })
+}
+
+/// Move every rate's offset `d` (at least 0) to `f(d, T)`: the state
+/// becomes this policy's TATs still ahead of `now`. Returns when it stops
+/// mattering.
+fn set(state: &mut State, now: u64, policy: &Policy, f: impl Fn(f64, f64) -> f64) -> u64 {
+    let mut next = Vec::with_capacity(policy.rates().len());
+    let mut expires_at = 0;
+    for rate in policy.rates() {
+        let window = rate.window_micros();
+        let interval = window as f64 / rate.max() as f64;
+        let offset = state
+            .iter()
+            .find(|(win, _, _)| *win == window)
+            .map_or(0.0, |&(_, whole, frac)| {
+                (whole as i64 - now as i64) as f64 + frac
+            });
+        let kept = f(offset.max(0.0), interval);
+        if kept > 0.0 {
+            let whole = floor_non_negative(kept);
+            expires_at = expires_at.max(now + ceil_positive(kept));
+            next.push((window, now + whole, kept - whole as f64));
+        }
     }
+    *state = next;
+    expires_at
 }
 
 /// `x.floor()` for `x >= 0`, 0 below: a truncating cast, where `f64::floor`

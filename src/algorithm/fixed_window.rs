@@ -1,28 +1,34 @@
-//! The fixed window in memory: the reference semantics of
-//! [`Algorithm::FixedWindow`](crate::Algorithm::FixedWindow).
+//! The fixed window: the reference semantics of
+//! [`Algorithm::FixedWindow`](crate::Algorithm::FixedWindow)
+//! (`scripts/fixed_window.lua` mirrors it).
 //!
 //! Each rate counts the requests admitted in the current window of
 //! wall-clock time, `[index × window, (index + 1) × window)` with
 //! `index = floor(now / window)`. A request is admitted if every rate has
 //! room for its cost; only then does it count, in every rate.
+//!
+//! A penalty adds its units to every rate's count in the current window (at
+//! most [`MAX_UNITS`]; the key then waits for the next window), a reward
+//! takes them off (never below zero).
 
 use std::time::Duration;
 
+use super::{MAX_UNITS, built};
 use crate::decision::{Decision, DecisionBuilder, RateStatus};
 use crate::policy::{Algorithm, Policy, Rate};
 
 /// One counter per rate, found by its window.
-pub(super) type State = Vec<Counter>;
+pub(crate) type State = Vec<Counter>;
 
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Counter {
+pub(crate) struct Counter {
     window: u64,
     index: u64,
     count: u64,
 }
 
 #[inline]
-pub(super) fn check(counters: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
+pub(crate) fn check(counters: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
     let cost = policy.cost();
     let rates = policy.rates();
     // The count of a rate in the current window.
@@ -96,8 +102,56 @@ pub(super) fn check(counters: &mut State, now: u64, policy: &Policy) -> (Decisio
         }
         *counters = next;
     }
-    match builder.build() {
-        Some(decision) => (decision, expires_at),
-        None => unreachable!("a policy always has a rate"),
+    (built(builder), expires_at)
+}
+
+/// The decision [`check`] would take at `now`, changing nothing.
+pub(crate) fn peek(counters: &State, now: u64, policy: &Policy) -> Decision {
+    check(&mut counters.clone(), now, policy).0
+}
+
+/// Add `units` to every rate's count (at most [`MAX_UNITS`]).
+pub(crate) fn penalty(counters: &mut State, now: u64, policy: &Policy, units: u64) -> u64 {
+    set(counters, now, policy, |count| {
+        count.saturating_add(units).min(MAX_UNITS)
+    })
+}
+
+/// Take `units` off every rate's count (never below zero).
+pub(crate) fn reward(counters: &mut State, now: u64, policy: &Policy, units: u64) -> u64 {
+    set(counters, now, policy, |count| count.saturating_sub(units))
+}
+
+/// Set every rate's count in its current window to `f(count)`; counters of
+/// other windows (another policy on this key) stay while their window
+/// lasts. Returns when the state stops mattering.
+fn set(counters: &mut State, now: u64, policy: &Policy, f: impl Fn(u64) -> u64) -> u64 {
+    let rates = policy.rates();
+    let mut next = Vec::with_capacity(counters.len().max(rates.len()));
+    let mut expires_at = 0;
+    for rate in rates {
+        let window = rate.window_micros();
+        let index = now / window;
+        let count = f(counters
+            .iter()
+            .find(|c| c.window == window && c.index == index)
+            .map_or(0, |c| c.count));
+        if count > 0 {
+            expires_at = expires_at.max((index + 1) * window);
+            next.push(Counter {
+                window,
+                index,
+                count,
+            });
+        }
     }
+    for other in counters.iter() {
+        let ours = rates.iter().any(|r| r.window_micros() == other.window);
+        if !ours && other.index == now / other.window {
+            expires_at = expires_at.max((other.index + 1) * other.window);
+            next.push(*other);
+        }
+    }
+    *counters = next;
+    expires_at
 }

@@ -1,5 +1,6 @@
-//! The sliding window counter in memory: the reference semantics of
-//! [`Algorithm::SlidingWindow`](crate::Algorithm::SlidingWindow).
+//! The sliding window counter: the reference semantics of
+//! [`Algorithm::SlidingWindow`](crate::Algorithm::SlidingWindow)
+//! (`scripts/sliding_window.lua` mirrors it).
 //!
 //! Each rate keeps the count of the current fixed window and of the one
 //! before. At `elapsed` µs into the current window, the rolling count is
@@ -8,17 +9,22 @@
 //! covers. A request of cost `c` is admitted if, for every rate,
 //! `previous × (window − elapsed) + (current + c) × window ≤ max × window`
 //! (integer arithmetic, no rounding).
+//!
+//! A penalty adds its units to every rate's current count (at most
+//! [`MAX_UNITS`]); a reward takes them off the current count, then what is
+//! left of them off the previous one (never below zero).
 
 use std::time::Duration;
 
+use super::{MAX_UNITS, built};
 use crate::decision::{Decision, DecisionBuilder, RateStatus};
 use crate::policy::{Algorithm, Policy};
 
 /// Two counters per rate, found by its window.
-pub(super) type State = Vec<Counters>;
+pub(crate) type State = Vec<Counters>;
 
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Counters {
+pub(crate) struct Counters {
     window: u64,
     /// Index of the window `current` counts.
     index: u64,
@@ -78,7 +84,7 @@ fn wait(c: &Counters, now: u64, cost: u64, max: u64) -> u64 {
 }
 
 #[inline]
-pub(super) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
+pub(crate) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
     let cost = policy.cost();
     let rates = policy.rates();
     let counters: Vec<Counters> = rates
@@ -112,15 +118,7 @@ pub(super) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, 
         let remaining = u64::try_from(room)
             .unwrap_or(u64::MAX)
             .saturating_sub(c.current);
-        // The estimate is back to zero when both counted windows have slid out.
-        let end = (c.index + 1) * c.window;
-        let reset = if c.current > 0 {
-            end + c.window - now
-        } else if c.previous > 0 {
-            end - now
-        } else {
-            0
-        };
+        let reset = reset(&c, now);
         builder.rate(RateStatus {
             rate: *rate,
             remaining,
@@ -132,17 +130,77 @@ pub(super) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, 
             next.push(c);
         }
     }
-    // Counters of other windows (another policy on this key) stay while
-    // they still count, as the Redis hash keeps their fields.
+    keep_others(state, &mut next, now, policy, &mut expires_at);
+    *state = next;
+    (built(builder), expires_at)
+}
+
+/// µs from `now` until the estimate is back to zero: when both counted
+/// windows have slid out.
+#[inline]
+fn reset(c: &Counters, now: u64) -> u64 {
+    let end = (c.index + 1) * c.window;
+    if c.current > 0 {
+        end + c.window - now
+    } else if c.previous > 0 {
+        end - now
+    } else {
+        0
+    }
+}
+
+/// Counters of other windows (another policy on this key) stay while they
+/// still count, as the Redis hash keeps their fields.
+#[inline]
+fn keep_others(state: &State, next: &mut State, now: u64, policy: &Policy, expires_at: &mut u64) {
     for other in state.iter() {
-        if !next.iter().any(|c| c.window == other.window) && other.index + 1 >= now / other.window {
-            expires_at = expires_at.max((other.index + 2) * other.window);
+        let ours = policy
+            .rates()
+            .iter()
+            .any(|r| r.window_micros() == other.window);
+        if !ours && other.index + 1 >= now / other.window {
+            *expires_at = (*expires_at).max((other.index + 2) * other.window);
             next.push(*other);
         }
     }
-    *state = next;
-    match builder.build() {
-        Some(decision) => (decision, expires_at),
-        None => unreachable!("a policy always has a rate"),
+}
+
+/// The decision [`check`] would take at `now`, changing nothing.
+pub(crate) fn peek(state: &State, now: u64, policy: &Policy) -> Decision {
+    check(&mut state.clone(), now, policy).0
+}
+
+/// Add `units` to every rate's current count (at most [`MAX_UNITS`]).
+pub(crate) fn penalty(state: &mut State, now: u64, policy: &Policy, units: u64) -> u64 {
+    set(state, now, policy, |c| {
+        c.current = c.current.saturating_add(units).min(MAX_UNITS);
+    })
+}
+
+/// Take `units` off every rate's current count, the rest off the previous
+/// one (never below zero).
+pub(crate) fn reward(state: &mut State, now: u64, policy: &Policy, units: u64) -> u64 {
+    set(state, now, policy, |c| {
+        let from_current = units.min(c.current);
+        c.current -= from_current;
+        c.previous = c.previous.saturating_sub(units - from_current);
+    })
+}
+
+/// Apply `f` to every rate's counters rolled forward to `now`. Returns when
+/// the state stops mattering.
+fn set(state: &mut State, now: u64, policy: &Policy, f: impl Fn(&mut Counters)) -> u64 {
+    let mut next = Vec::with_capacity(state.len().max(policy.rates().len()));
+    let mut expires_at = 0;
+    for rate in policy.rates() {
+        let mut c = rolled(state, rate.window_micros(), now);
+        f(&mut c);
+        if c.current > 0 || c.previous > 0 {
+            expires_at = expires_at.max(now + reset(&c, now));
+            next.push(c);
+        }
     }
+    keep_others(state, &mut next, now, policy, &mut expires_at);
+    *state = next;
+    expires_at
 }

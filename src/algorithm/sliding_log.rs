@@ -1,0 +1,231 @@
+//! The sliding log: the reference semantics of
+//! [`Algorithm::SlidingLog`](crate::Algorithm::SlidingLog)
+//! (`scripts/sliding_log.lua` mirrors it).
+//!
+//! A key keeps one entry (a timestamp) per admitted unit of cost. A request
+//! of cost `c` is admitted if, for every rate, the entries inside
+//! `(now − window, ∞)` leave room for `c` more, and the newest entry is at
+//! least the minimum spacing old; only then does it add `c` entries at
+//! `now`.
+//!
+//! The decision ([`decide`]) reads the log through [`Log`], so that the
+//! memory store (the whole log) and the `Transaction` execution (the counts
+//! and entries Redis returned) take it through the same arithmetic.
+//!
+//! A penalty adds its units as entries at `now` (at most the policy's
+//! largest `max`, which is all a decision can see, and at most
+//! [`MAX_PENALTY_ENTRIES`]); a reward removes the newest entries.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use super::built;
+use crate::decision::{Decision, DecisionBuilder, RateState};
+use crate::policy::{Policy, Rate, duration_micros};
+
+/// The entries of one key: timestamps in µs, oldest first, one per unit of cost.
+pub(crate) type State = VecDeque<u64>;
+
+/// What the decision reads of a log, without the request's own entries.
+pub(crate) trait Log {
+    /// How many entries rate `i` counts: those inside its window.
+    fn count(&self, i: usize, rate: &Rate) -> u64;
+    /// The newest entry.
+    fn newest(&self) -> Option<u64>;
+    /// For rate `i` (which counts more than `rank` entries): the entry of
+    /// reverse rank `rank` (0 is the newest).
+    fn nth_newest(&self, i: usize, rank: u64) -> Option<u64>;
+}
+
+/// Where a decision stands in time.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Times {
+    /// Windows are counted back from this time, and the spacing is measured
+    /// to it.
+    pub(crate) at: u64,
+    /// Waits are measured from this time...
+    pub(crate) from: u64,
+    /// ...plus this much.
+    pub(crate) pad: u64,
+}
+
+impl Times {
+    /// Everything measured at `now`, exactly.
+    #[inline]
+    pub(crate) fn exact(now: u64) -> Self {
+        Self {
+            at: now,
+            from: now,
+            pad: 0,
+        }
+    }
+
+    /// The time left until `at` (padded).
+    #[inline]
+    fn until(self, at: u64) -> u64 {
+        at.saturating_add(self.pad).saturating_sub(self.from)
+    }
+}
+
+/// Decide one request of `policy.cost()` on `log`: admitted only if every
+/// rate has room for its cost and the spacing has passed. Changes nothing.
+#[inline]
+pub(crate) fn decide(log: &impl Log, policy: &Policy, times: Times) -> Decision {
+    let cost = policy.cost();
+    let newest = log.newest();
+
+    let mut allowed = true;
+    let mut spacing_wait = 0;
+    if let (Some(spacing), Some(last)) = (policy.min_spacing(), newest) {
+        let ready_at = last.saturating_add(duration_micros(spacing));
+        if ready_at > times.at {
+            allowed = false;
+            spacing_wait = times.until(ready_at);
+        }
+    }
+    let mut counts = [0u64; 8];
+    let mut counts_vec = Vec::new();
+    let rates = policy.rates();
+    let counts: &mut [u64] = if rates.len() <= counts.len() {
+        &mut counts[..rates.len()]
+    } else {
+        counts_vec.resize(rates.len(), 0);
+        &mut counts_vec
+    };
+    for (i, (rate, count)) in rates.iter().zip(counts.iter_mut()).enumerate() {
+        *count = log.count(i, rate);
+        if *count + cost > rate.max() {
+            allowed = false;
+        }
+    }
+
+    let mut builder = DecisionBuilder::new(allowed);
+    builder.wait(Duration::from_micros(spacing_wait));
+    for (i, (rate, &count)) in rates.iter().zip(counts.iter()).enumerate() {
+        let window = rate.window_micros();
+        let (remaining, reset, wait) = if allowed {
+            (rate.max() - count - cost, window, 0)
+        } else {
+            let reset = match newest {
+                Some(t) if count > 0 => times.until(t.saturating_add(window)),
+                _ => 0,
+            };
+            let wait = if count + cost > rate.max() {
+                // Admitted once at most `max - cost` entries are left in the
+                // window: when the entry of reverse rank `max - cost` leaves.
+                log.nth_newest(i, rate.max() - cost)
+                    .map_or(window, |t| times.until(t.saturating_add(window)))
+            } else {
+                0
+            };
+            (rate.max().saturating_sub(count), reset, wait)
+        };
+        builder.rate(RateState {
+            rate: *rate,
+            remaining,
+            reset: Duration::from_micros(reset),
+            wait: Duration::from_micros(wait),
+        });
+    }
+    built(builder)
+}
+
+/// A whole log, read at `now`.
+struct Entries<'a> {
+    entries: &'a State,
+    now: u64,
+}
+
+impl Log for Entries<'_> {
+    #[inline]
+    fn count(&self, _: usize, rate: &Rate) -> u64 {
+        let start = self.now.saturating_sub(rate.window_micros());
+        (self.entries.len() - self.entries.partition_point(|&t| t <= start)) as u64
+    }
+
+    #[inline]
+    fn newest(&self) -> Option<u64> {
+        self.entries.back().copied()
+    }
+
+    #[inline]
+    fn nth_newest(&self, _: usize, rank: u64) -> Option<u64> {
+        let rank = usize::try_from(rank).ok()?;
+        let index = self.entries.len().checked_sub(rank + 1)?;
+        self.entries.get(index).copied()
+    }
+}
+
+/// Drop the entries out of every window.
+#[inline]
+fn trim(entries: &mut State, now: u64, policy: &Policy) {
+    let dead_before = now.saturating_sub(duration_micros(policy.longest_window()));
+    while entries.front().is_some_and(|&t| t <= dead_before) {
+        entries.pop_front();
+    }
+}
+
+/// Add `n` entries at `now`, in order.
+fn add(entries: &mut State, now: u64, n: u64) {
+    let at = entries.partition_point(|&t| t <= now);
+    if at == entries.len() {
+        entries.extend(std::iter::repeat_n(now, n as usize));
+    } else {
+        for _ in 0..n {
+            entries.insert(at, now);
+        }
+    }
+}
+
+/// When the state stops mattering: its newest entry leaves the longest window.
+fn expiry(entries: &State, policy: &Policy) -> u64 {
+    let horizon = duration_micros(policy.longest_window());
+    entries.back().map_or(0, |&t| t.saturating_add(horizon))
+}
+
+/// Decide one request at `now`: admitted requests add `cost` entries;
+/// denied requests change nothing but the trimming of dead entries.
+#[inline]
+pub(crate) fn check(entries: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
+    trim(entries, now, policy);
+    let decision = decide(&Entries { entries, now }, policy, Times::exact(now));
+    if decision.allowed() {
+        add(entries, now, policy.cost());
+    }
+    (decision, expiry(entries, policy))
+}
+
+/// The decision [`check`] would take at `now`, changing nothing (dead
+/// entries change no count, and are too old for the spacing).
+pub(crate) fn peek(entries: &State, now: u64, policy: &Policy) -> Decision {
+    decide(&Entries { entries, now }, policy, Times::exact(now))
+}
+
+/// The most entries one penalty adds (each is as big as a request's).
+pub(crate) const MAX_PENALTY_ENTRIES: u64 = 1 << 20;
+
+/// How many entries a penalty of `units` adds: at most the policy's largest
+/// `max` (more would change no decision, only what a reward gives back),
+/// and at most [`MAX_PENALTY_ENTRIES`].
+pub(crate) fn penalty_entries(policy: &Policy, units: u64) -> u64 {
+    let largest = policy.rates().iter().map(Rate::max).max().unwrap_or(0);
+    units.min(largest).min(MAX_PENALTY_ENTRIES)
+}
+
+/// Add the entries of `units` admitted requests at `now` (see
+/// [`penalty_entries`]).
+pub(crate) fn penalty(entries: &mut State, now: u64, policy: &Policy, units: u64) -> u64 {
+    trim(entries, now, policy);
+    add(entries, now, penalty_entries(policy, units));
+    expiry(entries, policy)
+}
+
+/// Remove the `units` newest entries.
+pub(crate) fn reward(entries: &mut State, now: u64, policy: &Policy, units: u64) -> u64 {
+    trim(entries, now, policy);
+    let keep = entries
+        .len()
+        .saturating_sub(usize::try_from(units).unwrap_or(usize::MAX));
+    entries.truncate(keep);
+    expiry(entries, policy)
+}

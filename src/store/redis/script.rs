@@ -1,0 +1,308 @@
+//! The Lua scripts: each built at compile time from one prelude (Redis's
+//! clock, the arguments, the block), the algorithm's file and an entry point
+//! (a check, or an operator's command); how they are called; and the one
+//! decoder of their replies.
+//!
+//! Every script takes two keys of one hash tag (one cluster slot): the
+//! algorithm's state (`{prefix}:{algorithm}:{key}`) and the key's block
+//! (`{prefix}:block:{key}`). Every reply is
+//! `{allowed (1/0), spacing wait µs, then per rate: remaining, reset µs, wait µs}`,
+//! or `{-1, time left µs}` for a blocked key.
+
+use std::time::Duration;
+
+use redis::Value;
+use redis::aio::ConnectionLike;
+
+use super::{int_reply, member};
+use crate::algorithm;
+use crate::decision::{Decision, DecisionBuilder, Lease, RateStatus};
+use crate::policy::{Algorithm, Policy, duration_micros};
+use crate::store::{CONCURRENCY_RETRY_CAP, Command, StoreError};
+
+/// A check script: no entry-point arguments, then the algorithm's.
+macro_rules! check_script {
+    ($file:literal) => {
+        concat!(
+            "local ARG0 = 0\n",
+            include_str!("scripts/prelude.lua"),
+            include_str!($file),
+            include_str!("scripts/check.lua"),
+        )
+    };
+}
+
+/// A command script: the command, its amount and an id, then the
+/// algorithm's arguments.
+macro_rules! command_script {
+    ($file:literal) => {
+        concat!(
+            "local ARG0 = 3\n",
+            include_str!("scripts/prelude.lua"),
+            include_str!($file),
+            include_str!("scripts/command.lua"),
+        )
+    };
+}
+
+/// The Lua source of the sliding log's `Script` execution (public so
+/// benchmarks can feed the same script to `redis-benchmark`). `KEYS` are
+/// the key's sorted set and its block; `ARGV` the cost, the minimum spacing
+/// in µs (0: none), a request id, then each rate's max and window in µs.
+pub const SLIDING_LOG_SCRIPT: &str = check_script!("scripts/sliding_log.lua");
+/// The Lua source of [`Algorithm::FixedWindow`]. `KEYS` are the key's hash
+/// and its block; `ARGV` the cost, then each rate's max and window in µs.
+pub const FIXED_WINDOW_SCRIPT: &str = check_script!("scripts/fixed_window.lua");
+/// The Lua source of [`Algorithm::SlidingWindow`]. `KEYS` are the key's
+/// hash and its block; `ARGV` the cost, then each rate's max and window in
+/// µs.
+pub const SLIDING_WINDOW_SCRIPT: &str = check_script!("scripts/sliding_window.lua");
+/// The Lua source of [`Algorithm::Gcra`]. `KEYS` are the key's hash and its
+/// block; `ARGV` the cost, then each rate's max and window in µs.
+pub const GCRA_SCRIPT: &str = check_script!("scripts/gcra.lua");
+/// The Lua source of [`Algorithm::Concurrency`]. `KEYS` are the key's
+/// sorted set of leases and its block; `ARGV` the max, the lease time in
+/// µs, the lease id and the longest suggested wait in µs.
+pub const CONCURRENCY_SCRIPT: &str = check_script!("scripts/concurrency.lua");
+
+/// The Lua source of the sliding log's operator commands
+/// ([`Store::command`](crate::Store::command)), in either execution.
+/// `ARGV` is the command (`peek`, `reset`, `block`, `penalty`, `reward`),
+/// its amount (µs of a block, units of a penalty or reward), an id, then
+/// [`SLIDING_LOG_SCRIPT`]'s arguments.
+pub const SLIDING_LOG_COMMAND_SCRIPT: &str = command_script!("scripts/sliding_log.lua");
+/// The operator commands of [`Algorithm::FixedWindow`] (arguments as
+/// [`SLIDING_LOG_COMMAND_SCRIPT`]'s, then [`FIXED_WINDOW_SCRIPT`]'s).
+pub const FIXED_WINDOW_COMMAND_SCRIPT: &str = command_script!("scripts/fixed_window.lua");
+/// The operator commands of [`Algorithm::SlidingWindow`] (arguments as
+/// [`SLIDING_LOG_COMMAND_SCRIPT`]'s, then [`SLIDING_WINDOW_SCRIPT`]'s).
+pub const SLIDING_WINDOW_COMMAND_SCRIPT: &str = command_script!("scripts/sliding_window.lua");
+/// The operator commands of [`Algorithm::Gcra`] (arguments as
+/// [`SLIDING_LOG_COMMAND_SCRIPT`]'s, then [`GCRA_SCRIPT`]'s).
+pub const GCRA_COMMAND_SCRIPT: &str = command_script!("scripts/gcra.lua");
+/// The operator commands of [`Algorithm::Concurrency`] (arguments as
+/// [`SLIDING_LOG_COMMAND_SCRIPT`]'s, then [`CONCURRENCY_SCRIPT`]'s).
+pub const CONCURRENCY_COMMAND_SCRIPT: &str = command_script!("scripts/concurrency.lua");
+
+/// The check script and the command script of one algorithm.
+struct Scripts {
+    check: redis::Script,
+    command: redis::Script,
+}
+
+impl Scripts {
+    fn new(check: &str, command: &str) -> Self {
+        Self {
+            check: redis::Script::new(check),
+            command: redis::Script::new(command),
+        }
+    }
+}
+
+/// Every algorithm's scripts, in [`Algorithm::index`] order.
+static SCRIPTS: std::sync::LazyLock<[Scripts; 5]> = std::sync::LazyLock::new(|| {
+    [
+        Scripts::new(SLIDING_LOG_SCRIPT, SLIDING_LOG_COMMAND_SCRIPT),
+        Scripts::new(FIXED_WINDOW_SCRIPT, FIXED_WINDOW_COMMAND_SCRIPT),
+        Scripts::new(SLIDING_WINDOW_SCRIPT, SLIDING_WINDOW_COMMAND_SCRIPT),
+        Scripts::new(GCRA_SCRIPT, GCRA_COMMAND_SCRIPT),
+        Scripts::new(CONCURRENCY_SCRIPT, CONCURRENCY_COMMAND_SCRIPT),
+    ]
+});
+
+fn scripts(algorithm: Algorithm) -> &'static Scripts {
+    &SCRIPTS[algorithm.index()]
+}
+
+/// The two keys of one limited key: its state and its block.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Keys<'a> {
+    pub(super) state: &'a str,
+    pub(super) block: &'a str,
+}
+
+/// `EVALSHA <sha1 of script> 2 <state key> <block key>`; the caller adds
+/// the arguments.
+///
+/// Built by hand rather than through `redis::Script::key(..).arg(..)`, whose
+/// invocation copies the key and each argument into a `Vec` of its own before
+/// packing them into a command: about six allocations per check.
+fn evalsha(script: &redis::Script, keys: Keys<'_>) -> redis::Cmd {
+    let mut cmd = redis::Cmd::with_capacity(14, 128 + keys.state.len() + keys.block.len());
+    cmd.arg("EVALSHA")
+        .arg(script.get_hash())
+        .arg(2)
+        .arg(keys.state)
+        .arg(keys.block);
+    cmd
+}
+
+/// The algorithm's arguments of a request by `id` under `policy`.
+fn algorithm_args(cmd: &mut redis::Cmd, policy: &Policy, id: &str) -> Result<(), StoreError> {
+    match policy.algorithm() {
+        Algorithm::Concurrency => {
+            let [rate] = policy.rates() else {
+                return Err(StoreError::UnexpectedReply(format!(
+                    "concurrency needs exactly one rate, the policy has {}",
+                    policy.rates().len()
+                )));
+            };
+            cmd.arg(rate.max())
+                .arg(rate.window_micros())
+                .arg(id)
+                .arg(duration_micros(CONCURRENCY_RETRY_CAP));
+            return Ok(());
+        }
+        Algorithm::SlidingLog => {
+            cmd.arg(policy.cost())
+                .arg(policy.min_spacing().map_or(0, duration_micros))
+                .arg(id);
+        }
+        _ => {
+            cmd.arg(policy.cost());
+        }
+    }
+    for rate in policy.rates() {
+        cmd.arg(rate.max()).arg(rate.window_micros());
+    }
+    Ok(())
+}
+
+/// Send an `EVALSHA`; after `NOSCRIPT` (a Redis restarted or flushed since
+/// the script was loaded) load the script and send it again.
+async fn run<C: ConnectionLike>(
+    conn: &mut C,
+    script: &redis::Script,
+    cmd: &redis::Cmd,
+) -> redis::RedisResult<Vec<Value>> {
+    match cmd.query_async(conn).await {
+        Err(error)
+            if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+        {
+            script.load_async(conn).await?;
+            cmd.query_async(conn).await
+        }
+        result => result,
+    }
+}
+
+/// Check one request by `lease` (its id: the sliding log's entries, the
+/// concurrency limit's lease): one `EVALSHA` (reloading the script after
+/// `NOSCRIPT`), atomic, on Redis's clock. Admitted by the concurrency limit,
+/// the decision holds `lease`.
+pub(super) async fn check<C: ConnectionLike>(
+    conn: &mut C,
+    keys: Keys<'_>,
+    policy: &Policy,
+    lease: Lease,
+    id: &str,
+) -> Result<Decision, StoreError> {
+    let script = &scripts(policy.algorithm()).check;
+    let mut cmd = evalsha(script, keys);
+    algorithm_args(&mut cmd, policy, id)?;
+    let reply = run(conn, script, &cmd).await?;
+    let decision = decode(&reply, policy)?;
+    Ok(
+        if decision.allowed() && policy.algorithm() == Algorithm::Concurrency {
+            decision.with_lease(lease)
+        } else {
+            decision
+        },
+    )
+}
+
+/// Run an operator's command: one `EVALSHA` of the algorithm's command
+/// script, atomic, on Redis's clock. `id` names the members a penalty
+/// writes (unique across processes).
+pub(super) async fn command<C: ConnectionLike>(
+    conn: &mut C,
+    keys: Keys<'_>,
+    policy: &Policy,
+    command: Command,
+    id: &str,
+) -> Result<Decision, StoreError> {
+    let script = &scripts(policy.algorithm()).command;
+    let mut cmd = evalsha(script, keys);
+    let (name, amount) = match command {
+        Command::Peek => ("peek", 0),
+        Command::Reset => ("reset", 0),
+        Command::Block(duration) => ("block", algorithm::block_micros(duration)),
+        Command::Penalty(units) => ("penalty", algorithm::units(units)),
+        Command::Reward(units) => ("reward", algorithm::units(units)),
+    };
+    cmd.arg(name).arg(amount).arg(id);
+    // The request id of the algorithm's arguments: one no request holds.
+    algorithm_args(&mut cmd, policy, id)?;
+    let reply = run(conn, script, &cmd).await?;
+    decode(&reply, policy)
+}
+
+/// Give a concurrency lease back: one `ZREM`. Releasing a lease that
+/// expired or was already released does nothing.
+pub(super) async fn release<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    lease: Lease,
+) -> Result<(), StoreError> {
+    redis::cmd("ZREM")
+        .arg(key)
+        .arg(member(lease))
+        .query_async::<()>(conn)
+        .await?;
+    Ok(())
+}
+
+/// The decision of any script's reply:
+/// `{allowed, spacing wait, then per rate: remaining, reset, wait}`, or
+/// `{-1, time left}` for a blocked key.
+pub(super) fn decode(reply: &[Value], policy: &Policy) -> Result<Decision, StoreError> {
+    let algorithm = policy.algorithm();
+    let rates = policy.rates();
+    let unexpected =
+        |what: String| StoreError::UnexpectedReply(format!("{algorithm} script: {what}"));
+    let Some(first) = reply.first() else {
+        return Err(unexpected("an empty reply".to_owned()));
+    };
+    let allowed = match int_reply(first, "allowed")? {
+        -1 if reply.len() == 2 => {
+            let left = non_negative(&reply[1], "block time left")
+                .map_err(|e| unexpected(e.to_string()))?;
+            return Ok(algorithm::blocked(policy, left));
+        }
+        0 => false,
+        1 => true,
+        other => return Err(unexpected(format!("allowed must be 0 or 1, got {other}"))),
+    };
+    let want = 2 + 3 * rates.len();
+    if reply.len() != want {
+        return Err(unexpected(format!(
+            "expected {want} values, got {}",
+            reply.len()
+        )));
+    }
+    let micros = |value: &Value, what: &str| {
+        non_negative(value, what)
+            .map(Duration::from_micros)
+            .map_err(|e| unexpected(e.to_string()))
+    };
+    let mut builder = DecisionBuilder::new(allowed).algorithm(algorithm);
+    builder.wait(micros(&reply[1], "spacing wait")?);
+    for (rate, values) in rates.iter().zip(reply[2..].chunks_exact(3)) {
+        builder.rate(RateStatus {
+            rate: *rate,
+            remaining: non_negative(&values[0], "remaining")
+                .map_err(|e| unexpected(e.to_string()))?,
+            reset: micros(&values[1], "reset")?,
+            wait: micros(&values[2], "wait")?,
+        });
+    }
+    builder
+        .build()
+        .ok_or_else(|| unexpected("a policy without rates".to_owned()))
+}
+
+fn non_negative(value: &Value, what: &str) -> Result<u64, StoreError> {
+    let n = int_reply(value, what)?;
+    u64::try_from(n)
+        .map_err(|_| StoreError::UnexpectedReply(format!("{what} must not be negative, got {n}")))
+}

@@ -1,0 +1,15 @@
+
+-- The entry point of a check: a retry of a request that already counted
+-- (its reply was lost) is admitted again; a blocked key denies (reply
+-- {-1, time left µs}); otherwise the algorithm decides and counts an
+-- admitted request. Every check replies
+-- {allowed (1/0), spacing wait µs, then per rate: remaining, reset µs, wait µs}.
+local again = retried()
+if again then
+  return again
+end
+local left = block_left()
+if left then
+  return { -1, int(left) }
+end
+return decide(true)

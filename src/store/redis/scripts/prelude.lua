@@ -1,0 +1,69 @@
+-- The prelude of every script, prepended at build time
+-- (src/store/redis/script.rs): Redis's clock, number formatting, the
+-- arguments, window indexes and the block. The script's entry point
+-- (check.lua or command.lua) comes last, after the algorithm.
+--
+-- KEYS[1]  the state of one limited key (its algorithm's file says how)
+-- KEYS[2]  its block (same hash tag, so the same cluster slot): the time in
+--          µs since the epoch until which every request of the key is
+--          denied; absent when the key is not blocked
+-- ARGV     ARG0 arguments of the entry point (none for a check; the
+--          command, its amount and an id for a command), then the
+--          algorithm's arguments, read with arg(i) / num(i)
+if redis.replicate_commands then
+  pcall(redis.replicate_commands)
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+-- The algorithm's i-th argument, as a string and as a number.
+local function arg(i)
+  return ARGV[ARG0 + i]
+end
+local function num(i)
+  return tonumber(ARGV[ARG0 + i])
+end
+local nargs = #ARGV - ARG0
+
+-- Counts are kept at most 2^53, where doubles are exact (MAX_UNITS).
+local MAX_COUNT = 9007199254740992
+
+-- floor(now / w), corrected for the rounding of the division (the products
+-- are exact).
+local function window_index(w)
+  local index = math.floor(now / w)
+  if index * w > now then
+    index = index - 1
+  elseif (index + 1) * w <= now then
+    index = index + 1
+  end
+  return index
+end
+
+-- The time left (µs) of the key's block, or nil when it is not blocked.
+local function block_left()
+  local ends = tonumber(redis.call('GET', KEYS[2]) or '')
+  if ends ~= nil and ends > now then
+    return ends - now
+  end
+  return nil
+end
+
+-- Write counts in chunks (unpack has a limit on its arguments).
+local function zadd_many(key, score, base, n)
+  local args = {}
+  for j = 1, n do
+    args[#args + 1] = score
+    args[#args + 1] = base .. ':' .. j
+    if #args >= 1000 or j == n then
+      redis.call('ZADD', key, unpack(args))
+      args = {}
+    end
+  end
+end
+

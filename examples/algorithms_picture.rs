@@ -7,8 +7,9 @@
 //! ```
 //!
 //! Every row shows each attempt (admitted or denied) and, as a line, how
-//! many requests were admitted in the 10 s before each instant: the most the
-//! limit should ever let through in one rolling window is 10.
+//! many requests were admitted in the 10 s before each instant, beside the
+//! limit (10): where an algorithm lets more through in some 10 s, and how
+//! it spreads what it admits.
 
 use std::time::Duration;
 

@@ -17,7 +17,7 @@ use support::contention::{admitted_under_contention, two_stores};
 use support::harness::{Harness, MS};
 use support::{RedisServer, zcard};
 use tokio::sync::Barrier;
-use tower_redis_ratelimit::{Algorithm, Execution, Policy, RedisStore, Store};
+use tower_redis_ratelimit::{Algorithm, Policy, RedisStore, Store};
 
 /// Every admitted request holds its own lease; `reset` is zero (a slot
 /// frees when a request ends, which no clock says) and the wait of a denied
@@ -91,18 +91,11 @@ async fn lease_expires_without_release(h: Harness) {
     assert_eq!(d.remaining(), 1, "both old leases expired");
 }
 
-support::suite! {
-    cases: [
-        leases_are_distinct_and_the_wait_is_capped,
-        release_lets_the_next_in,
-        lease_expires_without_release,
-    ],
-    memory: Harness::memory(),
-    redis: Harness::redis(Execution::Script).await,
-    manager: Harness::redis_manager(Execution::Script).await,
-    #[cfg(feature = "cluster")]
-    cluster: Harness::redis_cluster(Execution::Script).await,
-}
+support::every_store!([
+    leases_are_distinct_and_the_wait_is_capped,
+    release_lets_the_next_in,
+    lease_expires_without_release,
+]);
 
 /// 500 simultaneous checks through two independent stores, nothing
 /// released: exactly `max` get a lease.

@@ -22,7 +22,7 @@ mod support;
 use std::time::Duration;
 
 use support::harness::{Harness, MS, Mark, US, advance_to, align};
-use tower_redis_ratelimit::{Algorithm, Decision, Execution, Policy};
+use tower_redis_ratelimit::{Algorithm, Decision, Policy};
 
 /// The policy `text` ("max/window, ...") under `algorithm` (for
 /// concurrency: max in flight, leases of the window).
@@ -378,64 +378,39 @@ async fn cost_with_several_rates(h: Harness, a: Algorithm) {
     several_rates(h, a, 2).await;
 }
 
-/// The stores, each a module of tests: `memory`, then RedisStore through a
-/// pool, a ConnectionManager and a Redis Cluster, in both executions
-/// (`sliding_log`: `redis_transaction`, `redis_script`, ...).
-macro_rules! every_store_and_execution {
-    ($cases:tt) => {
-        $crate::support::suite! {
-            cases: $cases,
-            memory: Harness::memory(),
-            redis_transaction: Harness::redis(Execution::Transaction).await,
-            redis_script: Harness::redis(Execution::Script).await,
-            manager_transaction: Harness::redis_manager(Execution::Transaction).await,
-            manager_script: Harness::redis_manager(Execution::Script).await,
-            #[cfg(feature = "cluster")]
-            cluster_transaction: Harness::redis_cluster(Execution::Transaction).await,
-            #[cfg(feature = "cluster")]
-            cluster_script: Harness::redis_cluster(Execution::Script).await,
-        }
-    };
-}
-
-/// The stores for the algorithms that always run as one Lua script in
-/// Redis, whatever the policy's execution: `memory`, `redis`, `manager`,
-/// `cluster`.
-macro_rules! every_store {
-    ($cases:tt) => {
-        $crate::support::suite! {
-            cases: $cases,
-            memory: Harness::memory(),
-            redis: Harness::redis(Execution::Script).await,
-            manager: Harness::redis_manager(Execution::Script).await,
-            #[cfg(feature = "cluster")]
-            cluster: Harness::redis_cluster(Execution::Script).await,
-        }
-    };
-}
-
-/// One module per algorithm, running its cases (each an
-/// `async fn(Harness, Algorithm)` above) on the stores `$stores` names.
+/// One module per algorithm, running `cases` (each an
+/// `async fn(Harness, Algorithm)` above) on the stores that `$stores`
+/// ([`support::every_store_and_execution!`] or [`support::every_store!`])
+/// names.
 macro_rules! every_algorithm {
-    ($($module:ident: $algorithm:expr, $stores:ident => [$($case:ident),* $(,)?]),+ $(,)?) => {
+    (algorithms: [$($module:ident: $algorithm:expr, $stores:ident);+ $(;)?], cases: $cases:tt $(,)?) => {
         $(
-            mod $module {
-                use super::*;
-
-                $(
-                    async fn $case(h: Harness) {
-                        super::$case(h, $algorithm).await;
-                    }
-                )*
-
-                $stores!([$($case),*]);
-            }
+            every_algorithm!(@one $module, $algorithm, $stores, $cases);
         )+
+    };
+    (@one $module:ident, $algorithm:expr, $stores:ident, [$($case:ident),* $(,)?]) => {
+        mod $module {
+            use super::*;
+
+            $(
+                async fn $case(h: Harness) {
+                    super::$case(h, $algorithm).await;
+                }
+            )*
+
+            support::$stores!([$($case),*]);
+        }
     };
 }
 
 every_algorithm! {
-    sliding_log: Algorithm::SlidingLog, every_store_and_execution => [
+    algorithms: [
+        sliding_log: Algorithm::SlidingLog, every_store_and_execution;
+        fixed_window: Algorithm::FixedWindow, every_store;
+        sliding_window: Algorithm::SlidingWindow, every_store;
+        gcra: Algorithm::Gcra, every_store;
+    ],
+    cases: [
         admits_max_then_denies,
         denied_attempts_do_not_count,
         retry_after_is_honest,
@@ -446,42 +421,13 @@ every_algorithm! {
         multi_rate_is_all_or_nothing,
         cost_with_several_rates,
     ],
-    fixed_window: Algorithm::FixedWindow, every_store => [
-        admits_max_then_denies,
-        denied_attempts_do_not_count,
-        retry_after_is_honest,
-        reset_is_honest,
-        headers_stay_consistent,
-        keys_are_independent,
-        cost_is_counted,
-        multi_rate_is_all_or_nothing,
-        cost_with_several_rates,
-    ],
-    sliding_window: Algorithm::SlidingWindow, every_store => [
-        admits_max_then_denies,
-        denied_attempts_do_not_count,
-        retry_after_is_honest,
-        reset_is_honest,
-        headers_stay_consistent,
-        keys_are_independent,
-        cost_is_counted,
-        multi_rate_is_all_or_nothing,
-        cost_with_several_rates,
-    ],
-    gcra: Algorithm::Gcra, every_store => [
-        admits_max_then_denies,
-        denied_attempts_do_not_count,
-        retry_after_is_honest,
-        reset_is_honest,
-        headers_stay_consistent,
-        keys_are_independent,
-        cost_is_counted,
-        multi_rate_is_all_or_nothing,
-        cost_with_several_rates,
-    ],
-    // One rate of cost 1 (leases of the window): no cost, no several rates,
-    // and no reset (a slot frees when a request ends, which no clock says).
-    concurrency: Algorithm::Concurrency, every_store => [
+}
+
+// One rate of cost 1 (leases of the window): no cost, no several rates, and
+// no reset (a slot frees when a request ends, which no clock says).
+every_algorithm! {
+    algorithms: [concurrency: Algorithm::Concurrency, every_store],
+    cases: [
         admits_max_then_denies,
         denied_attempts_do_not_count,
         retry_after_is_honest,

@@ -133,19 +133,12 @@ async fn huge_limits(h: Harness) {
     assert_eq!(d.rates()[1].wait(), Duration::ZERO);
 }
 
-support::suite! {
-    cases: [
-        reset_and_retry_after_are_the_window_end,
-        admitted_again_at_the_window_boundary,
-        bursts_twice_max_across_an_edge,
-        huge_limits,
-    ],
-    memory: Harness::memory(),
-    redis: Harness::redis(Execution::Script).await,
-    manager: Harness::redis_manager(Execution::Script).await,
-    #[cfg(feature = "cluster")]
-    cluster: Harness::redis_cluster(Execution::Script).await,
-}
+support::every_store!([
+    reset_and_retry_after_are_the_window_end,
+    admitted_again_at_the_window_boundary,
+    bursts_twice_max_across_an_edge,
+    huge_limits,
+]);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn admits_exactly_the_limit_under_contention() {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use support::RedisServer;
 use support::contention::admitted_under_contention;
 use support::harness::{Harness, MS};
-use tower_redis_ratelimit::{Algorithm, Execution, Policy, RedisStore, Store};
+use tower_redis_ratelimit::{Algorithm, Policy, RedisStore, Store};
 
 /// `max` admitted at once (remaining and reset counting down), then denied
 /// until one interval (`window / max`) has passed.
@@ -97,18 +97,11 @@ async fn remaining_and_reset_follow_the_refill(h: Harness) {
     h.assert_near(d.reset(), 250 * MS, "reset of a fresh bucket");
 }
 
-support::suite! {
-    cases: [
-        burst_then_denied,
-        steady_refill,
-        remaining_and_reset_follow_the_refill,
-    ],
-    memory: Harness::memory(),
-    redis: Harness::redis(Execution::Script).await,
-    manager: Harness::redis_manager(Execution::Script).await,
-    #[cfg(feature = "cluster")]
-    cluster: Harness::redis_cluster(Execution::Script).await,
-}
+support::every_store!([
+    burst_then_denied,
+    steady_refill,
+    remaining_and_reset_follow_the_refill,
+]);
 
 /// Two independent stores (two pools, as two processes would have) send 500
 /// checks of one key at once: exactly the burst is admitted.

@@ -10,7 +10,6 @@ mod support;
 use std::time::Duration;
 
 use support::harness::{Harness, MS};
-use tower_redis_ratelimit::Execution;
 
 /// Every admitted request is full again a window after it (`reset`); a
 /// denied one is admitted when the oldest entry leaves.
@@ -137,21 +136,10 @@ async fn several_rates_wait_for_their_own_oldest_entry(h: Harness) {
     );
 }
 
-support::suite! {
-    cases: [
-        reset_and_retry_after_follow_the_entries,
-        window_rolls,
-        reset_and_retry_differ,
-        min_spacing,
-        several_rates_wait_for_their_own_oldest_entry,
-    ],
-    memory: Harness::memory(),
-    redis_transaction: Harness::redis(Execution::Transaction).await,
-    redis_script: Harness::redis(Execution::Script).await,
-    manager_transaction: Harness::redis_manager(Execution::Transaction).await,
-    manager_script: Harness::redis_manager(Execution::Script).await,
-    #[cfg(feature = "cluster")]
-    cluster_transaction: Harness::redis_cluster(Execution::Transaction).await,
-    #[cfg(feature = "cluster")]
-    cluster_script: Harness::redis_cluster(Execution::Script).await,
-}
+support::every_store_and_execution!([
+    reset_and_retry_after_follow_the_entries,
+    window_rolls,
+    reset_and_retry_differ,
+    min_spacing,
+    several_rates_wait_for_their_own_oldest_entry,
+]);

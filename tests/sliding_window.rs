@@ -106,17 +106,7 @@ async fn huge_limits(h: Harness) {
     }
 }
 
-support::suite! {
-    cases: [
-        the_previous_window_weighs_across_the_edge,
-        huge_limits,
-    ],
-    memory: Harness::memory(),
-    redis: Harness::redis(Execution::Script).await,
-    manager: Harness::redis_manager(Execution::Script).await,
-    #[cfg(feature = "cluster")]
-    cluster: Harness::redis_cluster(Execution::Script).await,
-}
+support::every_store!([the_previous_window_weighs_across_the_edge, huge_limits,]);
 
 // ---------------------------------------------------------------------------
 // The error bound, measured on the manual clock.

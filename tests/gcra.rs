@@ -73,6 +73,25 @@ async fn steady_refill(h: Harness) {
     assert!(!h.check("k", &p).await.allowed());
 }
 
+/// A request of cost `c` takes `c` tokens: its reset is `c` intervals
+/// later, and a denied one waits until `c` tokens are back.
+async fn cost_takes_several_tokens(h: Harness) {
+    let p = h.policy("5/1s").gcra().unwrap().with_cost(2).unwrap();
+    let t0 = h.mark();
+    let d = h.check("k", &p).await;
+    assert!(d.allowed());
+    h.assert_near(d.reset(), 400 * MS, "reset after cost 2");
+    assert_eq!(h.check("k", &p).await.remaining(), 1);
+    let d = h.check("k", &p).await;
+    assert!(!d.allowed());
+    // Two tokens are back one interval (200 ms) after the bucket had one.
+    h.assert_near(
+        d.retry_after(),
+        (200 * MS).saturating_sub(h.since(t0)),
+        "retry_after of cost 2",
+    );
+}
+
 /// Remaining and reset follow the partial refill between requests.
 async fn remaining_and_reset_follow_the_refill(h: Harness) {
     let p = h.policy("4/1s").gcra().unwrap();
@@ -100,6 +119,7 @@ async fn remaining_and_reset_follow_the_refill(h: Harness) {
 support::every_store!([
     burst_then_denied,
     steady_refill,
+    cost_takes_several_tokens,
     remaining_and_reset_follow_the_refill,
 ]);
 

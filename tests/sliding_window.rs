@@ -65,6 +65,23 @@ async fn the_previous_window_weighs_across_the_edge(h: Harness) {
     assert!(!h.check("k", &p).await.allowed());
 }
 
+/// The cost weighs in the wait: `5/1s` holding 4 (two of cost 2) admits
+/// another 2 in the next window once a quarter of them slid out:
+/// 4 × (1 − e) + 2 ≤ 5.
+async fn the_cost_weighs_in_the_wait(h: Harness) {
+    let p = sliding(&h, "5/1s").with_cost(2).unwrap();
+    let start = align(&h, Duration::from_secs(1)).await;
+    assert!(h.check("k", &p).await.allowed());
+    assert!(h.check("k", &p).await.allowed());
+    let d = h.check("k", &p).await;
+    assert!(!d.allowed());
+    h.assert_near(
+        d.retry_after(),
+        Duration::from_millis(1250).saturating_sub(h.since(start)),
+        "retry_after of cost 2",
+    );
+}
+
 /// The largest max, cost and window, and a short window whose weighted
 /// products are far beyond 2^53: no overflow, sensible values.
 async fn huge_limits(h: Harness) {
@@ -106,7 +123,11 @@ async fn huge_limits(h: Harness) {
     }
 }
 
-support::every_store!([the_previous_window_weighs_across_the_edge, huge_limits,]);
+support::every_store!([
+    the_previous_window_weighs_across_the_edge,
+    the_cost_weighs_in_the_wait,
+    huge_limits,
+]);
 
 // ---------------------------------------------------------------------------
 // The error bound, measured on the manual clock.

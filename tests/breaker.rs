@@ -9,21 +9,8 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use http::{Request, StatusCode};
 use support::RedisServer;
-use tower::{Service, ServiceExt};
+use support::http::{PEER, request, status};
 use tower_redis_ratelimit::{CircuitBreaker, FailMode, Policy, RateLimitLayer, RedisStore, key};
-
-fn request() -> Request<Body> {
-    Request::get("/").body(Body::empty()).unwrap()
-}
-
-async fn status<S>(service: &S) -> StatusCode
-where
-    S: Service<Request<Body>, Response = http::Response<tower_redis_ratelimit::ResponseBody<Body>>>
-        + Clone,
-    S::Error: std::fmt::Debug,
-{
-    service.clone().oneshot(request()).await.unwrap().status()
-}
 
 /// `cooldown: Duration::MAX` ("never probe"): the first failure opens the
 /// circuit for good — no panic, and the store is never asked again, even
@@ -44,11 +31,11 @@ async fn a_cooldown_of_duration_max_opens_the_circuit_for_good() {
             .service_fn(|_req: Request<Body>| async {
                 Ok::<_, std::convert::Infallible>(http::Response::new(Body::from("ok")))
             });
-    assert_eq!(status(&service).await, StatusCode::OK);
+    assert_eq!(status(&service, request("/", PEER)).await, StatusCode::OK);
     server.kill();
     let failed = tokio::spawn({
         let service = service.clone();
-        async move { status(&service).await }
+        async move { status(&service, request("/", PEER)).await }
     })
     .await;
     assert_eq!(
@@ -59,7 +46,10 @@ async fn a_cooldown_of_duration_max_opens_the_circuit_for_good() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     for _ in 0..5 {
         let started = Instant::now();
-        assert_eq!(status(&service).await, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            status(&service, request("/", PEER)).await,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
         assert!(
             started.elapsed() < Duration::from_millis(50),
             "answered after {:?}: the store was asked",

@@ -2,29 +2,18 @@
 //! Router.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::SocketAddr;
+mod support;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::ConnectInfo;
-use axum::routing::get;
 use http::{Request, StatusCode};
+use support::http::{ok_router, request, request_with, status};
 use tower::ServiceExt;
 use tower_redis_ratelimit::{MemoryStore, Policy, RateLimitLayer, key};
 
-fn request(peer: &str, forwarded_for: Option<&str>) -> Request<Body> {
-    let mut builder = Request::get("/");
-    if let Some(value) = forwarded_for {
-        builder = builder.header("x-forwarded-for", value);
-    }
-    let mut req = builder.body(Body::empty()).unwrap();
-    let addr: SocketAddr = peer.parse().unwrap();
-    req.extensions_mut().insert(ConnectInfo(addr));
-    req
-}
-
-async fn status(app: &Router, req: Request<Body>) -> StatusCode {
-    app.clone().oneshot(req).await.unwrap().status()
+/// A GET of `/` from `peer` carrying `X-Forwarded-For: forwarded_for`.
+fn forwarded(peer: &str, forwarded_for: &str) -> Request<Body> {
+    request_with("/", peer, &[("x-forwarded-for", forwarded_for)])
 }
 
 #[tokio::test]
@@ -35,36 +24,34 @@ async fn clients_behind_a_trusted_proxy_have_their_own_budgets() {
         "1/10s".parse::<Policy>().unwrap(),
         extractor,
     );
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(limiter);
+    let app = ok_router(limiter);
     let proxy = "10.0.0.2:5000";
     // Two clients through the same proxy: one request each is admitted.
     assert_eq!(
-        status(&app, request(proxy, Some("203.0.113.1"))).await,
+        status(&app, forwarded(proxy, "203.0.113.1")).await,
         StatusCode::OK
     );
     assert_eq!(
-        status(&app, request(proxy, Some("203.0.113.2"))).await,
+        status(&app, forwarded(proxy, "203.0.113.2")).await,
         StatusCode::OK
     );
     assert_eq!(
-        status(&app, request(proxy, Some("203.0.113.1"))).await,
+        status(&app, forwarded(proxy, "203.0.113.1")).await,
         StatusCode::TOO_MANY_REQUESTS
     );
     // A client that prepends a fake address to the header is still itself.
     assert_eq!(
-        status(&app, request(proxy, Some("198.51.100.50, 203.0.113.2"))).await,
+        status(&app, forwarded(proxy, "198.51.100.50, 203.0.113.2")).await,
         StatusCode::TOO_MANY_REQUESTS
     );
     // A client connecting directly cannot pose as someone else.
     let direct = "198.51.100.9:4000";
     assert_eq!(
-        status(&app, request(direct, Some("203.0.113.77"))).await,
+        status(&app, forwarded(direct, "203.0.113.77")).await,
         StatusCode::OK
     );
     assert_eq!(
-        status(&app, request(direct, Some("203.0.113.78"))).await,
+        status(&app, forwarded(direct, "203.0.113.78")).await,
         StatusCode::TOO_MANY_REQUESTS
     );
 }
@@ -76,25 +63,23 @@ async fn ipv6_clients_share_their_64() {
         "2/10s".parse::<Policy>().unwrap(),
         key::peer_ip(),
     );
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(limiter);
+    let app = ok_router(limiter);
     // One subscriber rotating through addresses of its /64.
     assert_eq!(
-        status(&app, request("[2001:db8:1:2::a]:1", None)).await,
+        status(&app, request("/", "[2001:db8:1:2::a]:1")).await,
         StatusCode::OK
     );
     assert_eq!(
-        status(&app, request("[2001:db8:1:2::b]:1", None)).await,
+        status(&app, request("/", "[2001:db8:1:2::b]:1")).await,
         StatusCode::OK
     );
     assert_eq!(
-        status(&app, request("[2001:db8:1:2:ffff::c]:1", None)).await,
+        status(&app, request("/", "[2001:db8:1:2:ffff::c]:1")).await,
         StatusCode::TOO_MANY_REQUESTS
     );
     // Another /64 has its own budget.
     assert_eq!(
-        status(&app, request("[2001:db8:1:3::a]:1", None)).await,
+        status(&app, request("/", "[2001:db8:1:3::a]:1")).await,
         StatusCode::OK
     );
 }
@@ -107,37 +92,24 @@ async fn allowed_keys_are_never_limited() {
         key::peer_ip(),
     )
     .with_allowed_keys(["10.0.0.5"]);
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(limiter);
+    let app = ok_router(limiter);
     for _ in 0..5 {
         let response = app
             .clone()
-            .oneshot(request("10.0.0.5:1", None))
+            .oneshot(request("/", "10.0.0.5:1"))
             .await
             .unwrap();
         assert_eq!(response.status(), StatusCode::OK);
         assert!(response.headers().get("x-ratelimit-limit").is_none());
     }
     assert_eq!(
-        status(&app, request("10.0.0.6:1", None)).await,
+        status(&app, request("/", "10.0.0.6:1")).await,
         StatusCode::OK
     );
     assert_eq!(
-        status(&app, request("10.0.0.6:1", None)).await,
+        status(&app, request("/", "10.0.0.6:1")).await,
         StatusCode::TOO_MANY_REQUESTS
     );
-}
-
-fn request_with(peer: &str, headers: &[(&str, &str)]) -> Request<Body> {
-    let mut builder = Request::get("/");
-    for (name, value) in headers {
-        builder = builder.header(*name, *value);
-    }
-    let mut req = builder.body(Body::empty()).unwrap();
-    let addr: SocketAddr = peer.parse().unwrap();
-    req.extensions_mut().insert(ConnectInfo(addr));
-    req
 }
 
 fn one_per_10s<K: key::KeyExtractor<Body>>(extractor: K) -> Router {
@@ -146,9 +118,7 @@ fn one_per_10s<K: key::KeyExtractor<Body>>(extractor: K) -> Router {
         "1/10s".parse::<Policy>().unwrap(),
         extractor,
     );
-    Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(limiter)
+    ok_router(limiter)
 }
 
 /// A dual-stack proxy: its listener gives IPv4 peers IPv4-mapped, and it
@@ -160,7 +130,11 @@ async fn clients_behind_a_dual_stack_proxy_have_their_own_budgets() {
         let app = one_per_10s(key::client_ip().trusting([trusted]).unwrap());
         let via = |client: &str| {
             let chain = format!("{client}, ::ffff:10.0.0.5");
-            request_with("[::ffff:10.0.0.2]:5000", &[("x-forwarded-for", &chain)])
+            request_with(
+                "/",
+                "[::ffff:10.0.0.2]:5000",
+                &[("x-forwarded-for", &chain)],
+            )
         };
         assert_eq!(
             status(&app, via("203.0.113.1")).await,
@@ -174,6 +148,7 @@ async fn clients_behind_a_dual_stack_proxy_have_their_own_budgets() {
         );
         // The first client again, written IPv4-mapped, through an IPv4 peer.
         let again = request_with(
+            "/",
             "10.0.0.3:5000",
             &[("x-forwarded-for", "::ffff:203.0.113.1")],
         );
@@ -197,6 +172,7 @@ async fn a_client_s_own_x_real_ip_line_is_not_believed() {
     );
     let from = |forged: &str, real: &str| {
         request_with(
+            "/",
             "10.0.0.2:5000",
             &[("x-real-ip", forged), ("x-real-ip", real)],
         )

@@ -4,24 +4,14 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::body::Body;
-use axum::extract::ConnectInfo;
-use axum::routing::get;
-use http::{Request, StatusCode};
+use http::StatusCode;
 use support::RedisServer;
+use support::http::{PEER, ok_router, request, status};
 use tower::ServiceExt;
 use tower_redis_ratelimit::{Execution, Policy, RateLimitLayer, RedisStore, key};
-
-fn request() -> Request<Body> {
-    let mut req = Request::get("/").body(Body::empty()).unwrap();
-    let addr: SocketAddr = "203.0.113.9:1".parse().unwrap();
-    req.extensions_mut().insert(ConnectInfo(addr));
-    req
-}
 
 async fn app(server: &RedisServer, policy: Policy, cache: bool) -> Router {
     let store = RedisStore::connect(&server.url()).await.unwrap();
@@ -29,13 +19,7 @@ async fn app(server: &RedisServer, policy: Policy, cache: bool) -> Router {
     if !cache {
         limiter = limiter.without_deny_cache();
     }
-    Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(limiter)
-}
-
-async fn status(app: &Router) -> StatusCode {
-    app.clone().oneshot(request()).await.unwrap().status()
+    ok_router(limiter)
 }
 
 /// Wait until 10–60 ms past a whole second of the system clock.
@@ -82,7 +66,7 @@ async fn a_flood_after_a_denial_costs_redis_nothing_until_it_ends() {
         let mut denied_at = None;
         for _ in 0..3 {
             let started = Instant::now();
-            if status(&app).await == StatusCode::TOO_MANY_REQUESTS {
+            if status(&app, request("/", PEER)).await == StatusCode::TOO_MANY_REQUESTS {
                 denied_at = Some(started);
                 break;
             }
@@ -92,7 +76,7 @@ async fn a_flood_after_a_denial_costs_redis_nothing_until_it_ends() {
         let mut flood = 0;
         while denied_at.elapsed() < Duration::from_millis(300) {
             assert_eq!(
-                status(&app).await,
+                status(&app, request("/", PEER)).await,
                 StatusCode::TOO_MANY_REQUESTS,
                 "{algorithm}"
             );
@@ -115,7 +99,7 @@ async fn a_flood_after_a_denial_costs_redis_nothing_until_it_ends() {
                 "{algorithm}: never admitted again"
             );
             let calls_before = calls(&server);
-            let status = status(&app).await;
+            let status = status(&app, request("/", PEER)).await;
             if calls(&server) > calls_before {
                 assert_eq!(
                     status,
@@ -154,15 +138,23 @@ async fn denials_that_are_not_final_are_not_cached() {
         let mut held = Vec::new();
         if concurrency {
             // Hold the only slot: a response whose body is not read yet.
-            held.push(app.clone().oneshot(request()).await.unwrap());
+            held.push(app.clone().oneshot(request("/", PEER)).await.unwrap());
         } else {
-            status(&app).await;
-            status(&app).await;
+            status(&app, request("/", PEER)).await;
+            status(&app, request("/", PEER)).await;
         }
-        assert_eq!(status(&app).await, StatusCode::TOO_MANY_REQUESTS, "{name}");
+        assert_eq!(
+            status(&app, request("/", PEER)).await,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{name}"
+        );
         let before = calls(&server);
         for _ in 0..20 {
-            assert_eq!(status(&app).await, StatusCode::TOO_MANY_REQUESTS, "{name}");
+            assert_eq!(
+                status(&app, request("/", PEER)).await,
+                StatusCode::TOO_MANY_REQUESTS,
+                "{name}"
+            );
         }
         assert_eq!(
             calls(&server) - before,

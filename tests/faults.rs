@@ -6,15 +6,13 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::ConnectInfo;
-use axum::routing::get;
-use http::{Request, StatusCode};
+use http::StatusCode;
 use support::RedisServer;
+use support::http::{ok_router, request};
 use tokio::task::JoinSet;
 use tower::ServiceExt;
 use tower_redis_ratelimit::{
@@ -39,16 +37,7 @@ async fn app(server: &RedisServer, mode: FailMode) -> Router {
         .unwrap()
         .with_timeout(TIMEOUT);
     let limiter = RateLimitLayer::new(store, policy(), key::peer_ip()).with_fail_mode(mode);
-    Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(limiter)
-}
-
-fn request(client: u8) -> Request<Body> {
-    let mut req = Request::get("/").body(Body::empty()).unwrap();
-    let addr: SocketAddr = format!("203.0.113.{client}:1").parse().unwrap();
-    req.extensions_mut().insert(ConnectInfo(addr));
-    req
+    ok_router(limiter)
 }
 
 /// What a burst of requests got.
@@ -81,7 +70,10 @@ async fn burst(app: &Router, clients: u8, per_client: usize) -> Tally {
         tally.sent += 1;
         jobs.spawn(async move {
             let started = Instant::now();
-            let response = app.oneshot(request(client)).await.unwrap();
+            let response = app
+                .oneshot(request("/", &format!("203.0.113.{client}")))
+                .await
+                .unwrap();
             (response, started.elapsed())
         });
         if jobs.len() >= 20 {
@@ -171,7 +163,11 @@ async fn resumes(app: &Router, server: &RedisServer) -> Duration {
             started.elapsed() < Duration::from_secs(5),
             "limiting never resumed"
         );
-        let response = app.clone().oneshot(request(99)).await.unwrap();
+        let response = app
+            .clone()
+            .oneshot(request("/", "203.0.113.99"))
+            .await
+            .unwrap();
         assert_ne!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
         // The layer's name is part of the key: match any name.
         if !server
@@ -258,13 +254,15 @@ async fn fallback_concurrency_leases_are_released() {
         .with_timeout(TIMEOUT);
     let limiter = RateLimitLayer::new(store, Policy::concurrency(2).unwrap(), key::peer_ip())
         .with_fail_mode(FailMode::fallback(MemoryStore::new(), 1));
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(limiter);
+    let app = ok_router(limiter);
     server.signal("STOP");
     let mut statuses = Vec::new();
     for _ in 0..6 {
-        let response = app.clone().oneshot(request(1)).await.unwrap();
+        let response = app
+            .clone()
+            .oneshot(request("/", "203.0.113.1"))
+            .await
+            .unwrap();
         statuses.push(response.status().as_u16());
         // Read the body to the end: the request is over, its slot free.
         http_body_util::BodyExt::collect(response.into_body())

@@ -1,6 +1,8 @@
-//! The fixed window ([`Algorithm::FixedWindow`]) run against every store:
+//! The fixed window (`Algorithm::FixedWindow`) run against every store:
 //! MemoryStore on a manual clock (exact values) and RedisStore's Lua script
-//! against a real redis-server (real time, margins).
+//! against a real redis-server (real time, margins). Only what is its own:
+//! wall-clock windows, 2× max across an edge, huge limits, its Redis key.
+//! What every algorithm does is in conformance.rs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -17,7 +19,9 @@ fn fixed(h: &Harness, text: &str) -> Policy {
     h.policy(text).fixed_window().unwrap()
 }
 
-async fn admits_max_then_denies(h: Harness) {
+/// `reset` and `retry_after` are the end of the window, whenever in it a
+/// request comes; the next window starts from zero.
+async fn reset_and_retry_after_are_the_window_end(h: Harness) {
     let p = fixed(&h, "3/1s");
     let start = align(&h, Duration::from_secs(1)).await;
     for remaining in [2, 1, 0] {
@@ -107,127 +111,6 @@ async fn bursts_twice_max_across_an_edge(h: Harness) {
     }
 }
 
-/// `2c/200ms, 3c/1s` with cost `c`: a request denied by one rate does not
-/// count in the other.
-async fn several_rates(h: Harness, cost: u64) {
-    let p = fixed(&h, &format!("{}/200ms, {}/1s", 2 * cost, 3 * cost))
-        .with_cost(cost)
-        .unwrap();
-    let start = align(&h, Duration::from_secs(1)).await;
-    let d = h.check("k", &p).await;
-    assert!(d.allowed());
-    assert_eq!((d.limit(), d.remaining()), (2 * cost, cost));
-    let d = h.check("k", &p).await;
-    assert_eq!((d.limit(), d.remaining()), (2 * cost, 0));
-    for _ in 0..3 {
-        let d = h.check("k", &p).await;
-        assert!(!d.allowed());
-        assert_eq!(d.limit(), 2 * cost, "denied by the short rate");
-        h.assert_near(
-            d.retry_after(),
-            (200 * MS).saturating_sub(h.since(start)),
-            "short retry_after",
-        );
-        let [short, long] = d.rates() else {
-            panic!("two rates")
-        };
-        assert_eq!(short.remaining(), 0);
-        assert!(!short.wait().is_zero());
-        assert_eq!(long.remaining(), cost, "the denied request did not count");
-        assert_eq!(long.wait(), Duration::ZERO, "the long rate admits it");
-    }
-    advance_to(&h, start, 200 * MS, true).await;
-    let d = h.check("k", &p).await;
-    assert!(d.allowed());
-    assert_eq!((d.limit(), d.remaining()), (3 * cost, 0));
-    assert_eq!(d.rates()[0].remaining(), cost);
-    let d = h.check("k", &p).await;
-    assert!(!d.allowed());
-    assert_eq!(d.limit(), 3 * cost, "denied by the long rate");
-    assert_eq!(
-        d.rates()[0].remaining(),
-        cost,
-        "the request denied by the long rate did not count in the short one"
-    );
-    assert_eq!(d.rates()[0].wait(), Duration::ZERO);
-    h.assert_near(
-        d.retry_after(),
-        Duration::from_secs(1).saturating_sub(h.since(start)),
-        "long retry_after",
-    );
-    advance_to(&h, start, Duration::from_secs(1), true).await;
-    let d = h.check("k", &p).await;
-    assert!(d.allowed());
-    assert_eq!(d.rates()[1].remaining(), 2 * cost);
-}
-
-async fn multi_rate_is_all_or_nothing(h: Harness) {
-    several_rates(h, 1).await;
-}
-
-async fn cost_with_several_rates(h: Harness) {
-    several_rates(h, 2).await;
-}
-
-async fn cost(h: Harness) {
-    let p = fixed(&h, "5/1s").with_cost(2).unwrap();
-    let start = align(&h, Duration::from_secs(1)).await;
-    let d = h.check("k", &p).await;
-    assert!(d.allowed());
-    assert_eq!(d.remaining(), 3);
-    assert_eq!(h.check("k", &p).await.remaining(), 1);
-    let d = h.check("k", &p).await;
-    assert!(!d.allowed());
-    assert_eq!(d.remaining(), 1);
-    h.assert_near(
-        d.retry_after(),
-        Duration::from_secs(1).saturating_sub(h.since(start)),
-        "cost retry_after",
-    );
-    // One unit is still free for a cheaper request of the same window.
-    let cheap = fixed(&h, "5/1s");
-    let d = h.check("k", &cheap).await;
-    assert!(d.allowed());
-    assert_eq!(d.remaining(), 0);
-    assert!(!h.check("k", &cheap).await.allowed());
-}
-
-async fn retry_after_is_honest(h: Harness) {
-    let p = fixed(&h, "2/1s");
-    let start = align(&h, Duration::from_secs(1)).await;
-    advance_to(&h, start, 400 * MS, false).await;
-    assert!(h.check("k", &p).await.allowed());
-    assert!(h.check("k", &p).await.allowed());
-    let denied = h.check("k", &p).await;
-    assert!(!denied.allowed());
-    let wait = denied.retry_after();
-    h.assert_near(wait, 600 * MS, "retry_after");
-    if let Harness::Memory { .. } = h {
-        // Exact: one microsecond early is still too early.
-        h.advance(wait - US).await;
-        let d = h.check("k", &p).await;
-        assert!(!d.allowed());
-        assert_eq!(d.retry_after(), US);
-        h.advance(US).await;
-    } else {
-        h.advance(wait).await;
-    }
-    assert!(
-        h.check("k", &p).await.allowed(),
-        "waiting retry_after must be enough"
-    );
-}
-
-async fn keys_are_independent(h: Harness) {
-    let p = fixed(&h, "1/1s");
-    align(&h, Duration::from_secs(1)).await;
-    assert!(h.check("a", &p).await.allowed());
-    assert!(!h.check("a", &p).await.allowed());
-    assert!(h.check("b", &p).await.allowed());
-    assert!(h.check("a b {c}", &p).await.allowed());
-    assert!(!h.check("a b {c}", &p).await.allowed());
-}
-
 /// The largest max, cost and window: no overflow, exact counts.
 async fn huge_limits(h: Harness) {
     let rate = Rate::new(MAX_MAX, MAX_WINDOW).unwrap();
@@ -250,24 +133,12 @@ async fn huge_limits(h: Harness) {
     assert_eq!(d.rates()[1].wait(), Duration::ZERO);
 }
 
-support::suite! {
-    cases: [
-        admits_max_then_denies,
-        admitted_again_at_the_window_boundary,
-        bursts_twice_max_across_an_edge,
-        multi_rate_is_all_or_nothing,
-        cost_with_several_rates,
-        cost,
-        retry_after_is_honest,
-        keys_are_independent,
-        huge_limits,
-    ],
-    memory: Harness::memory(),
-    redis: Harness::redis(Execution::Script).await,
-    manager: Harness::redis_manager(Execution::Script).await,
-    #[cfg(feature = "cluster")]
-    cluster: Harness::redis_cluster(Execution::Script).await,
-}
+support::every_store!([
+    reset_and_retry_after_are_the_window_end,
+    admitted_again_at_the_window_boundary,
+    bursts_twice_max_across_an_edge,
+    huge_limits,
+]);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn admits_exactly_the_limit_under_contention() {

@@ -8,6 +8,7 @@ mod support;
 use std::net::SocketAddr;
 
 use support::RedisServer;
+use support::http::{ok_router, raw_get};
 use tonic::Code;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
@@ -103,31 +104,17 @@ async fn grpc_and_http_share_one_budget() {
         RateLimitLayer::new(store.clone(), policy.clone(), key::global()).with_name("api"),
     )
     .await;
-    let app = axum::Router::new()
-        .route("/", axum::routing::get(|| async { "ok" }))
-        .layer(RateLimitLayer::new(store, policy, key::global()).with_name("api"));
+    let app = ok_router(RateLimitLayer::new(store, policy, key::global()).with_name("api"));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let http_addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
     let mut grpc = client(grpc_addr).await;
     grpc.check(check()).await.unwrap();
-    assert!(http_get(http_addr).await.starts_with("HTTP/1.1 200"));
+    assert!(raw_get(http_addr, "/").await.starts_with("HTTP/1.1 200"));
     grpc.check(check()).await.unwrap();
     // The budget of 3 is spent, by both together.
-    assert!(http_get(http_addr).await.starts_with("HTTP/1.1 429"));
+    assert!(raw_get(http_addr, "/").await.starts_with("HTTP/1.1 429"));
     let status = grpc.check(check()).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted);
-}
-
-async fn http_get(addr: SocketAddr) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream
-        .write_all(b"GET / HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut out = String::new();
-    stream.read_to_string(&mut out).await.unwrap();
-    out
 }

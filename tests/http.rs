@@ -8,13 +8,11 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::extract::ConnectInfo;
 use axum::routing::get;
 use axum::{Extension, Router};
-use http::{Request, Response, StatusCode};
-use http_body_util::BodyExt;
+use http::{Request, StatusCode};
 use support::RedisServer;
-use tower::ServiceExt;
+use support::http::{header, raw_get, request, send};
 use tower_redis_ratelimit::{
     Decision, Execution, FailMode, HeaderStyle, MemoryStore, Policy, RateLimitLayer, RedisStore,
     Store, key,
@@ -40,27 +38,6 @@ where
         )
         .route_layer(limiter)
         .route("/health", get(|| async { "ok" }))
-}
-
-fn request(path: &str, peer: &str) -> Request<Body> {
-    let mut req = Request::get(path).body(Body::empty()).unwrap();
-    let addr: SocketAddr = format!("{peer}:40000").parse().unwrap();
-    req.extensions_mut().insert(ConnectInfo(addr));
-    req
-}
-
-async fn send(app: &Router, req: Request<Body>) -> (Response<()>, String) {
-    let response = app.clone().oneshot(req).await.unwrap();
-    let (parts, body) = response.into_parts();
-    let bytes = body.collect().await.unwrap().to_bytes();
-    (
-        Response::from_parts(parts, ()),
-        String::from_utf8(bytes.to_vec()).unwrap(),
-    )
-}
-
-fn header<'a>(response: &'a Response<()>, name: &str) -> Option<&'a str> {
-    response.headers().get(name).map(|v| v.to_str().unwrap())
 }
 
 #[tokio::test]
@@ -346,14 +323,4 @@ async fn over_a_real_socket() {
     // The limit was counted under the peer address.
     let keys = server.command(&["KEYS", "rl:log:*"]);
     assert!(keys.contains("rl:log:{2/10s:127.0.0.1}"), "{keys}");
-}
-
-async fn raw_get(addr: SocketAddr, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let req = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
-    stream.write_all(req.as_bytes()).await.unwrap();
-    let mut out = String::new();
-    stream.read_to_string(&mut out).await.unwrap();
-    out
 }

@@ -4,16 +4,15 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::extract::ConnectInfo;
 use axum::routing::get;
 use axum::{Router, body::Bytes};
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
+use support::http::{PEER, get_root, header, request};
 use tokio::sync::Semaphore;
 use tower::ServiceExt;
 use tower_redis_ratelimit::{
@@ -31,27 +30,6 @@ fn app<St: Store>(
         .layer(limiter)
 }
 
-fn request(path: &str) -> Request<Body> {
-    let mut req = Request::get(path).body(Body::empty()).unwrap();
-    let addr: SocketAddr = "198.51.100.1:40000".parse().unwrap();
-    req.extensions_mut().insert(ConnectInfo(addr));
-    req
-}
-
-async fn send(app: &Router) -> (Response<()>, String) {
-    let response = app.clone().oneshot(request("/")).await.unwrap();
-    let (parts, body) = response.into_parts();
-    let bytes = body.collect().await.unwrap().to_bytes();
-    (
-        Response::from_parts(parts, ()),
-        String::from_utf8(bytes.to_vec()).unwrap(),
-    )
-}
-
-fn header<'a>(response: &'a Response<()>, name: &str) -> Option<&'a str> {
-    response.headers().get(name).map(|v| v.to_str().unwrap())
-}
-
 fn policy(text: &str) -> Policy {
     text.parse().unwrap()
 }
@@ -63,7 +41,7 @@ async fn shadow_mode_decides_but_never_blocks() {
     });
     let mut remaining = Vec::new();
     for _ in 0..5 {
-        let (res, body) = send(&app).await;
+        let (res, body) = get_root(&app).await;
         assert_eq!(res.status(), StatusCode::OK);
         assert_eq!(body, "hello");
         remaining.push(header(&res, "x-ratelimit-remaining").unwrap().to_owned());
@@ -78,7 +56,7 @@ async fn delay_shapes_requests_that_would_soon_be_admitted() {
     });
     let started = Instant::now();
     for _ in 0..4 {
-        let (res, _) = send(&shaped).await;
+        let (res, _) = get_root(&shaped).await;
         assert_eq!(res.status(), StatusCode::OK);
     }
     // The third and fourth waited for the first two to leave the window.
@@ -88,10 +66,10 @@ async fn delay_shapes_requests_that_would_soon_be_admitted() {
     let impatient = app(MemoryStore::new(), policy("2/10s"), |l| {
         l.with_rejection(Rejection::delay(Duration::from_millis(100)))
     });
-    send(&impatient).await;
-    send(&impatient).await;
+    get_root(&impatient).await;
+    get_root(&impatient).await;
     let started = Instant::now();
-    let (res, _) = send(&impatient).await;
+    let (res, _) = get_root(&impatient).await;
     assert_eq!(
         res.status(),
         StatusCode::TOO_MANY_REQUESTS,
@@ -115,8 +93,8 @@ async fn custom_rejection_builds_the_response() {
     let app = app(MemoryStore::new(), policy("1/10s"), |l| {
         l.with_rejection(degrade)
     });
-    send(&app).await;
-    let (res, body) = send(&app).await;
+    get_root(&app).await;
+    let (res, body) = get_root(&app).await;
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(body, "{\"degraded\":true,\"limit\":1}");
     assert_eq!(header(&res, "retry-after"), Some("10"));
@@ -139,8 +117,8 @@ async fn problem_json_denials() {
     let app = app(MemoryStore::new(), policy("1/10s, 5/min"), |l| {
         l.with_problem_json(true).with_headers(HeaderStyle::Both)
     });
-    send(&app).await;
-    let (res, body) = send(&app).await;
+    get_root(&app).await;
+    let (res, body) = get_root(&app).await;
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(
         header(&res, "content-type"),
@@ -170,7 +148,7 @@ async fn ietf_fields_and_both_styles() {
     let ietf = app(MemoryStore::new(), policy("2/s, 20/min"), |l| {
         l.with_headers(HeaderStyle::Ietf)
     });
-    let (res, _) = send(&ietf).await;
+    let (res, _) = get_root(&ietf).await;
     assert_eq!(
         header(&res, "ratelimit-policy"),
         Some("\"2/s\";q=2;w=1, \"20/min\";q=20;w=60")
@@ -180,8 +158,8 @@ async fn ietf_fields_and_both_styles() {
         Some("\"2/s\";r=1;t=1, \"20/min\";r=19;t=60")
     );
     assert!(header(&res, "x-ratelimit-limit").is_none());
-    send(&ietf).await;
-    let (denied, _) = send(&ietf).await;
+    get_root(&ietf).await;
+    let (denied, _) = get_root(&ietf).await;
     assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(denied.headers().get("x-ratelimit-limit").is_none());
     let retry: u64 = header(&denied, "retry-after").unwrap().parse().unwrap();
@@ -199,7 +177,7 @@ async fn ietf_fields_and_both_styles() {
     let both = app(MemoryStore::new(), policy("2/s"), |l| {
         l.with_headers(HeaderStyle::Both)
     });
-    let (res, _) = send(&both).await;
+    let (res, _) = get_root(&both).await;
     assert!(header(&res, "x-ratelimit-limit").is_some());
     assert!(header(&res, "ratelimit").is_some());
 }
@@ -240,10 +218,10 @@ async fn concurrency_leases_are_released_when_responses_end() {
     let gate = Arc::new(Semaphore::new(0));
     let app = concurrency_app(Arc::clone(&gate));
     // Two requests in flight, held by the gate.
-    let first = tokio::spawn(app.clone().oneshot(request("/")));
-    let second = tokio::spawn(app.clone().oneshot(request("/")));
+    let first = tokio::spawn(app.clone().oneshot(request("/", PEER)));
+    let second = tokio::spawn(app.clone().oneshot(request("/", PEER)));
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let (denied, body) = send(&app).await;
+    let (denied, body) = get_root(&app).await;
     assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(body.contains("in flight"), "{body}");
     assert_eq!(header(&denied, "x-ratelimit-limit"), Some("2"));
@@ -256,15 +234,15 @@ async fn concurrency_leases_are_released_when_responses_end() {
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(body, "done");
     gate.add_permits(1);
-    let third = tokio::spawn(app.clone().oneshot(request("/")));
+    let third = tokio::spawn(app.clone().oneshot(request("/", PEER)));
     // The second finishes; its body is dropped unread: its slot is free too.
     drop(second.await.unwrap().unwrap());
     gate.add_permits(1);
     assert_eq!(third.await.unwrap().unwrap().status(), StatusCode::OK);
     // Both slots free again: two more in flight fit.
     gate.add_permits(2);
-    let (a, _) = send(&app).await;
-    let (b, _) = send(&app).await;
+    let (a, _) = get_root(&app).await;
+    let (b, _) = get_root(&app).await;
     assert_eq!((a.status(), b.status()), (StatusCode::OK, StatusCode::OK));
 }
 
@@ -274,12 +252,12 @@ async fn concurrency_leases_survive_panics_and_disconnects() {
     let app = concurrency_app(Arc::clone(&gate));
     // A handler that panics gives its slot back.
     for _ in 0..3 {
-        let crashed = tokio::spawn(app.clone().oneshot(request("/panic"))).await;
+        let crashed = tokio::spawn(app.clone().oneshot(request("/panic", PEER))).await;
         assert!(crashed.unwrap_err().is_panic());
     }
     // A client that goes away (the response future dropped) gives it back.
     for _ in 0..3 {
-        let waiting = tokio::spawn(app.clone().oneshot(request("/")));
+        let waiting = tokio::spawn(app.clone().oneshot(request("/", PEER)));
         tokio::time::sleep(Duration::from_millis(20)).await;
         waiting.abort();
         assert!(waiting.await.unwrap_err().is_cancelled());
@@ -287,13 +265,13 @@ async fn concurrency_leases_survive_panics_and_disconnects() {
     // Releases are spawned: give them a moment, then both slots are free.
     tokio::time::sleep(Duration::from_millis(50)).await;
     gate.add_permits(2);
-    let (a, _) = send(&app).await;
-    let (b, _) = send(&app).await;
+    let (a, _) = get_root(&app).await;
+    let (b, _) = get_root(&app).await;
     assert_eq!((a.status(), b.status()), (StatusCode::OK, StatusCode::OK));
-    let held = tokio::spawn(app.clone().oneshot(request("/")));
-    let held2 = tokio::spawn(app.clone().oneshot(request("/")));
+    let held = tokio::spawn(app.clone().oneshot(request("/", PEER)));
+    let held2 = tokio::spawn(app.clone().oneshot(request("/", PEER)));
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let (c, _) = send(&app).await;
+    let (c, _) = get_root(&app).await;
     assert_eq!(
         c.status(),
         StatusCode::TOO_MANY_REQUESTS,
@@ -327,13 +305,13 @@ async fn concurrency_leases_through_redis() {
             }),
         )
         .layer(limiter);
-    let first = tokio::spawn(app.clone().oneshot(request("/")));
+    let first = tokio::spawn(app.clone().oneshot(request("/", PEER)));
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let (denied, _) = send(&app).await;
+    let (denied, _) = get_root(&app).await;
     assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(
         server
-            .command(&["ZCARD", "rl:conc:{api:198.51.100.1}"])
+            .command(&["ZCARD", &format!("rl:conc:{{api:{PEER}}}")])
             .trim(),
         ":1"
     );
@@ -343,7 +321,7 @@ async fn concurrency_leases_through_redis() {
     // The release reaches Redis shortly after the body ended.
     let deadline = Instant::now() + Duration::from_secs(2);
     while server
-        .command(&["ZCARD", "rl:conc:{api:198.51.100.1}"])
+        .command(&["ZCARD", &format!("rl:conc:{{api:{PEER}}}")])
         .trim()
         != ":0"
     {
@@ -351,7 +329,7 @@ async fn concurrency_leases_through_redis() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     gate.add_permits(1);
-    let (res, body) = send(&app).await;
+    let (res, body) = get_root(&app).await;
     assert_eq!((res.status(), body.as_str()), (StatusCode::OK, "done"));
 }
 
@@ -367,7 +345,7 @@ async fn a_lease_dropped_outside_a_runtime_does_not_panic() {
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(limiter);
-    let response = app.oneshot(request("/")).await.unwrap();
+    let response = app.oneshot(request("/", PEER)).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     let body = response.into_body();
     let dropped = std::thread::spawn(move || drop(body)).join();

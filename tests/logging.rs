@@ -1,15 +1,12 @@
 //! What the layer logs: decisions at debug with the key hashed, never raw.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::io::Write;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use axum::Router;
-use axum::body::Body;
-use axum::extract::ConnectInfo;
-use axum::routing::get;
-use http::Request;
+use support::http::{ok_router, request};
 use tower::ServiceExt;
 use tower_redis_ratelimit::{MemoryStore, Policy, RateLimitLayer, key};
 
@@ -43,14 +40,12 @@ async fn decisions_are_logged_with_the_key_hashed() {
         "1/10s".parse::<Policy>().unwrap(),
         key::peer_ip(),
     );
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(limiter);
+    let app = ok_router(limiter);
     for _ in 0..3 {
-        let mut req = Request::get("/").body(Body::empty()).unwrap();
-        let addr: SocketAddr = "203.0.113.77:1".parse().unwrap();
-        req.extensions_mut().insert(ConnectInfo(addr));
-        app.clone().oneshot(req).await.unwrap();
+        app.clone()
+            .oneshot(request("/", "203.0.113.77"))
+            .await
+            .unwrap();
     }
     let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     assert!(logs.contains("rate limit: admitted"), "{logs}");

@@ -6,24 +6,16 @@
 mod support;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::ConnectInfo;
 use axum::routing::get;
 use http::Request;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use support::RedisServer;
+use support::http::{PEER, request};
 use tower::ServiceExt;
 use tower_redis_ratelimit::{Policy, RateLimitLayer, RedisStore};
-
-fn request(path: &str) -> Request<Body> {
-    let mut req = Request::get(path).body(Body::empty()).unwrap();
-    let addr: SocketAddr = "203.0.113.9:1".parse().unwrap();
-    req.extensions_mut().insert(ConnectInfo(addr));
-    req
-}
 
 #[tokio::test]
 async fn decisions_and_store_latency_are_counted_per_policy() {
@@ -45,13 +37,13 @@ async fn decisions_and_store_latency_are_counted_per_policy() {
         .route("/health", get(|| async { "ok" }))
         .layer(limiter);
     for _ in 0..5 {
-        app.clone().oneshot(request("/")).await.unwrap();
+        app.clone().oneshot(request("/", PEER)).await.unwrap();
     }
-    app.clone().oneshot(request("/health")).await.unwrap();
+    app.clone().oneshot(request("/health", PEER)).await.unwrap();
     // Redis stopped: two store errors (timeouts), admitted by FailMode::Open.
     server.signal("STOP");
     for _ in 0..2 {
-        app.clone().oneshot(request("/")).await.unwrap();
+        app.clone().oneshot(request("/", PEER)).await.unwrap();
     }
     server.signal("CONT");
 

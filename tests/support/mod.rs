@@ -8,6 +8,7 @@ pub mod contention;
 pub mod differential;
 pub mod faults;
 pub mod harness;
+pub mod http;
 pub mod proxy;
 pub mod rng;
 
@@ -378,6 +379,7 @@ macro_rules! suite {
     (@backend [$(#[$attr:meta])*] $backend:ident, $make:expr, [$($case:ident),* $(,)?]) => {
         $(#[$attr])*
         mod $backend {
+            #[allow(unused_imports)]
             use super::*;
 
             $(
@@ -392,3 +394,77 @@ macro_rules! suite {
 
 #[allow(unused_imports)]
 pub(crate) use suite;
+
+/// [`suite!`] on every store in both executions: `memory`, then
+/// `redis_transaction`, `redis_script` (a pool), `manager_transaction`,
+/// `manager_script` (a ConnectionManager), `cluster_transaction`,
+/// `cluster_script` (a Redis Cluster, with the `cluster` feature). For the
+/// sliding log, the one algorithm with two executions in Redis.
+#[allow(unused_macros)]
+macro_rules! every_store_and_execution {
+    ($cases:tt) => {
+        $crate::support::suite! {
+            cases: $cases,
+            memory: $crate::support::harness::Harness::memory(),
+            redis_transaction: $crate::support::harness::Harness::redis(
+                tower_redis_ratelimit::Execution::Transaction,
+            )
+            .await,
+            redis_script: $crate::support::harness::Harness::redis(
+                tower_redis_ratelimit::Execution::Script,
+            )
+            .await,
+            manager_transaction: $crate::support::harness::Harness::redis_manager(
+                tower_redis_ratelimit::Execution::Transaction,
+            )
+            .await,
+            manager_script: $crate::support::harness::Harness::redis_manager(
+                tower_redis_ratelimit::Execution::Script,
+            )
+            .await,
+            #[cfg(feature = "cluster")]
+            cluster_transaction: $crate::support::harness::Harness::redis_cluster(
+                tower_redis_ratelimit::Execution::Transaction,
+            )
+            .await,
+            #[cfg(feature = "cluster")]
+            cluster_script: $crate::support::harness::Harness::redis_cluster(
+                tower_redis_ratelimit::Execution::Script,
+            )
+            .await,
+        }
+    };
+}
+
+#[allow(unused_imports)]
+pub(crate) use every_store_and_execution;
+
+/// [`suite!`] on every store, for the algorithms that always run as one
+/// Lua script in Redis whatever the policy's execution: `memory`, `redis`
+/// (a pool), `manager` (a ConnectionManager), `cluster` (a Redis Cluster,
+/// with the `cluster` feature).
+#[allow(unused_macros)]
+macro_rules! every_store {
+    ($cases:tt) => {
+        $crate::support::suite! {
+            cases: $cases,
+            memory: $crate::support::harness::Harness::memory(),
+            redis: $crate::support::harness::Harness::redis(
+                tower_redis_ratelimit::Execution::Script,
+            )
+            .await,
+            manager: $crate::support::harness::Harness::redis_manager(
+                tower_redis_ratelimit::Execution::Script,
+            )
+            .await,
+            #[cfg(feature = "cluster")]
+            cluster: $crate::support::harness::Harness::redis_cluster(
+                tower_redis_ratelimit::Execution::Script,
+            )
+            .await,
+        }
+    };
+}
+
+#[allow(unused_imports)]
+pub(crate) use every_store;

@@ -13,6 +13,7 @@ mod metrics;
 mod policy;
 mod store;
 
+pub use algorithm::CONCURRENCY_RETRY_CAP;
 pub use decision::{Decision, Lease, RateStatus};
 pub use http::{
     HeaderStyle, RATELIMIT, RATELIMIT_POLICY, RateLimit, RateLimitLayer, Rejection, Responder,
@@ -26,7 +27,7 @@ pub use policy::{
 pub use store::memory::MemoryStore;
 pub use store::redis::RedisStore;
 pub use store::redis::{TrackedConnection, TrackedManager};
-pub use store::{CONCURRENCY_RETRY_CAP, Command, MAX_RAW_KEY_LEN, Store, StoreError};
+pub use store::{Command, MAX_RAW_KEY_LEN, Store, StoreError};
 
 /// The Lua scripts `RedisStore` runs, as sent to Redis (for the crate's
 /// benchmarks and differential tests; not a stable interface).

@@ -248,7 +248,7 @@ async fn fallback_headers_describe_the_limit_the_fallback_enforces() {
     )
     .with_fail_mode(FailMode::fallback(MemoryStore::new(), 4))
     .with_headers(HeaderStyle::Both)
-    .with_problem_json(true);
+    .with_problem_json();
     let app = app_with(limiter);
     let (res, _) = send(&app, request("/", "10.0.0.1")).await;
     assert_eq!(res.status(), StatusCode::OK);

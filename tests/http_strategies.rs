@@ -115,7 +115,7 @@ fn policy_names(field: &str) -> Vec<String> {
 #[tokio::test]
 async fn problem_json_denials() {
     let app = app(MemoryStore::new(), policy("1/10s, 5/min"), |l| {
-        l.with_problem_json(true).with_headers(HeaderStyle::Both)
+        l.with_problem_json().with_headers(HeaderStyle::Both)
     });
     get_root(&app).await;
     let (res, body) = get_root(&app).await;

@@ -14,10 +14,14 @@
 
 use std::time::Duration;
 
+/// The longest `retry_after` of a denied concurrency request: slots usually
+/// free within one request's duration, long before the oldest lease expires,
+/// and the limiter cannot know when.
+pub const CONCURRENCY_RETRY_CAP: Duration = Duration::from_secs(1);
+
 use super::built;
 use crate::decision::{Decision, DecisionBuilder, Lease, RateStatus};
 use crate::policy::{Algorithm, Policy};
-use crate::store::CONCURRENCY_RETRY_CAP;
 
 /// The leases held: (lease, expiry µs).
 #[derive(Debug, Default, Clone)]
@@ -96,7 +100,10 @@ pub(crate) fn peek(state: &State, now: u64, policy: &Policy) -> Decision {
 
 /// How many slots a penalty of `units` takes: at most `max`.
 pub(crate) fn penalty_slots(policy: &Policy, units: u64) -> u64 {
-    units.min(policy.rates()[0].max())
+    // One lease per slot: at most MAX_COST, as a request's cost.
+    units
+        .min(policy.rates()[0].max())
+        .min(crate::policy::MAX_COST)
 }
 
 /// Take [`penalty_slots`] anonymous slots, the leases `first`, `first + 1`,

@@ -25,6 +25,7 @@ use crate::decision::{Decision, DecisionBuilder, RateStatus};
 use crate::policy::{MAX_MAX, MAX_WINDOW, Policy, duration_micros};
 
 pub(crate) mod concurrency;
+pub use concurrency::CONCURRENCY_RETRY_CAP;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
 pub(crate) mod sliding_log;

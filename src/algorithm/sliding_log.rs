@@ -202,7 +202,7 @@ pub(crate) fn peek(entries: &State, now: u64, policy: &Policy) -> Decision {
 }
 
 /// The most entries one penalty adds (each is as big as a request's).
-pub(crate) const MAX_PENALTY_ENTRIES: u64 = 1 << 20;
+pub(crate) const MAX_PENALTY_ENTRIES: u64 = crate::policy::MAX_COST;
 
 /// How many entries a penalty of `units` adds: at most the policy's largest
 /// `max` (more would change no decision, only what a reward gives back),

@@ -218,11 +218,13 @@ fn next_step(
     let retry_after_ms = decision.retry_after().as_millis() as u64;
     match &shared.rejection {
         Rejection::Shadow => {
-            tracing::info!(key = %KeyHash(key.unwrap_or_default()), retry_after_ms, policy = %shared.limiter.policy(), "rate limit (shadow): would deny; letting through");
+            tracing::info!(key = %KeyHash::of(shared.limiter.name(), key.unwrap_or_default()), retry_after_ms, policy = %shared.limiter.policy(), "rate limit (shadow): would deny; letting through");
             Next::Call(Some(decision), source, None)
         }
-        Rejection::Delay { max_wait } if waited + decision.retry_after() <= *max_wait => {
-            tracing::debug!(key = %KeyHash(key.unwrap_or_default()), retry_after_ms, "rate limit: delaying");
+        Rejection::Delay { max_wait }
+            if waited.saturating_add(decision.retry_after()) <= *max_wait =>
+        {
+            tracing::debug!(key = %KeyHash::of(shared.limiter.name(), key.unwrap_or_default()), retry_after_ms, "rate limit: delaying");
             // At least 1 ms: a store that answers a zero wait must not make
             // the request check again in a tight loop.
             Next::Wait(decision.retry_after().max(Duration::from_millis(1)))

@@ -38,7 +38,10 @@ impl<K> RateLimitLayer<K> {
     /// Limit requests by the key `key` picks, with `limiter`: the layer
     /// renders its verdicts. Clones of the limiter (for operator commands,
     /// or to limit work that is not a request) share its counts, breaker
-    /// and deny cache.
+    /// and deny cache. The layer's builder calls that configure the engine
+    /// ([`with_name`](Self::with_name), [`with_fail_mode`](Self::with_fail_mode),
+    /// the breaker, the deny cache, allowed keys) give the layer a new
+    /// limiter: take [`limiter`](Self::limiter) after them.
     ///
     /// ```
     /// use tower_redis_ratelimit::{FailMode, Limiter, MemoryStore, Policy, RateLimitLayer, key};
@@ -104,8 +107,8 @@ impl<K> RateLimitLayer<K> {
     /// (the rates that deny the request, named as in `RateLimit-Policy`),
     /// a `detail` with the retry time, and `retry_after` in seconds.
     #[must_use]
-    pub fn with_problem_json(self, enabled: bool) -> Self {
-        self.map(|s| s.problem_json = enabled)
+    pub fn with_problem_json(self) -> Self {
+        self.map(|s| s.problem_json = true)
     }
 
     /// Never limit requests whose key (as the extractor gives it, e.g. an

@@ -365,16 +365,41 @@ pub fn or<A, C>(first: A, second: C) -> Or<A, C> {
     Or { first, second }
 }
 
-/// A key in logs: the first 12 hex digits of its SHA-1, the same in every
-/// process, so events of one client can be followed without logging its
-/// address or API key. Computed only when an event is written.
-pub(crate) struct KeyHash<'a>(pub(crate) &'a str);
+/// A key in logs: the first 12 hex digits of the SHA-1 of its store key
+/// (`{name}:{key}`, or `{key}` alone with no name), the same in every
+/// process and whoever logs it, so events of one client can be followed
+/// without logging its address or API key. Computed only when an event is
+/// written.
+pub(crate) struct KeyHash<'a> {
+    /// The limiter's name, when `key` is not namespaced yet.
+    pub(crate) name: Option<&'a str>,
+    pub(crate) key: &'a str,
+}
+
+impl<'a> KeyHash<'a> {
+    /// The hash of a store key (already `{name}:{key}`).
+    pub(crate) fn stored(key: &'a str) -> Self {
+        Self { name: None, key }
+    }
+
+    /// The hash of `key` as the limiter `name` stores it.
+    pub(crate) fn of(name: &'a str, key: &'a str) -> Self {
+        Self {
+            name: Some(name),
+            key,
+        }
+    }
+}
 
 impl fmt::Display for KeyHash<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let digest = sha1_smol::Sha1::from(self.0.as_bytes())
-            .digest()
-            .to_string();
+        let mut sha = sha1_smol::Sha1::new();
+        if let Some(name) = self.name {
+            sha.update(name.as_bytes());
+            sha.update(b":");
+        }
+        sha.update(self.key.as_bytes());
+        let digest = sha.digest().to_string();
         f.write_str(&digest[..12])
     }
 }
@@ -382,6 +407,14 @@ impl fmt::Display for KeyHash<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_hashes_alike_before_and_after_namespacing() {
+        let before = KeyHash::of("3/s", "203.0.113.9").to_string();
+        assert_eq!(before, KeyHash::stored("3/s:203.0.113.9").to_string());
+        assert_eq!(before.len(), 12);
+        assert_ne!(before, KeyHash::stored("203.0.113.9").to_string());
+    }
 
     fn req(path: &str) -> http::request::Builder {
         Request::get(path)

@@ -75,7 +75,9 @@ impl DenyCache {
     pub(crate) fn insert(&self, key: &str, decision: &Decision, sent: Instant) {
         let key = bounded_key(key);
         let key = key.as_ref();
-        let until = sent + decision.retry_after();
+        let Some(until) = sent.checked_add(decision.retry_after()) else {
+            return;
+        };
         let now = Instant::now();
         if until <= now {
             return;

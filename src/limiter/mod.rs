@@ -428,14 +428,22 @@ impl Limiter {
         cost: u64,
         max_wait: Duration,
     ) -> Result<Verdict, LimitError> {
-        let mut waited = Duration::ZERO;
+        // The deadline counts the store's round trips too; a `max_wait` past
+        // the clock's range never runs out.
+        let deadline = Instant::now().checked_add(max_wait);
         loop {
             let verdict = self.check_n(key, cost).await?;
             if verdict.allowed() {
                 return Ok(verdict);
             }
             let wait = verdict.retry_after();
-            if waited + wait > max_wait {
+            let in_time = match deadline {
+                Some(deadline) => Instant::now()
+                    .checked_add(wait)
+                    .is_some_and(|woken| woken <= deadline),
+                None => true,
+            };
+            if !in_time {
                 let (decision, _, _) = verdict.into_parts();
                 return Err(match decision {
                     Some(decision) => LimitError::Limited(Box::new(decision)),
@@ -447,9 +455,7 @@ impl Limiter {
             }
             // At least 1 ms: a store that answers a zero wait must not make
             // the caller check again in a tight loop.
-            let wait = wait.max(Duration::from_millis(1));
-            tokio::time::sleep(wait).await;
-            waited += wait;
+            tokio::time::sleep(wait.max(Duration::from_millis(1))).await;
         }
     }
 
@@ -498,14 +504,18 @@ impl Limiter {
 
     async fn command(&self, key: &str, command: Command) -> Result<Decision, StoreError> {
         let key = self.store_key(key.to_owned());
-        let decision = Arc::clone(&self.inner.store)
+        let outcome = Arc::clone(&self.inner.store)
             .command_owned(key.clone(), Arc::clone(&self.inner.policy), command)
-            .await?;
-        if let Some(cache) = &self.inner.deny_cache {
-            // The store's answer stands: forget whatever this process held.
+            .await;
+        // A command that changes the key (even one whose reply was lost: it
+        // may have run) makes this process's cached denial stale. A peek
+        // changes nothing, and leaves a flooded key's denial cached.
+        if command != Command::Peek
+            && let Some(cache) = &self.inner.deny_cache
+        {
             cache.remove(&key);
         }
-        Ok(decision)
+        outcome
     }
 
     /// Whether `key` is one of the allowed keys, never limited.
@@ -539,7 +549,7 @@ impl Limiter {
             && let Some(denied) = self.usable_deny_cache().and_then(|c| c.get(key))
         {
             tracing::debug!(
-                key = %KeyHash(key),
+                key = %KeyHash::stored(key),
                 retry_after_ms = denied.retry_after().as_millis() as u64,
                 "rate limit: denied (deny cache)"
             );
@@ -666,7 +676,7 @@ impl Limiter {
             }
         };
         if decision.allowed() {
-            tracing::debug!(key = %KeyHash(key), remaining = decision.remaining(), "rate limit: admitted");
+            tracing::debug!(key = %KeyHash::stored(key), remaining = decision.remaining(), "rate limit: admitted");
             let permit = decision.lease().map(|lease| {
                 Permit::new(
                     Arc::clone(&self.inner.store),
@@ -683,7 +693,7 @@ impl Limiter {
             });
         }
         tracing::debug!(
-            key = %KeyHash(key),
+            key = %KeyHash::stored(key),
             retry_after_ms = decision.retry_after().as_millis() as u64,
             "rate limit: denied"
         );

@@ -74,7 +74,8 @@ pub trait Store: Send + Sync + 'static {
 }
 
 /// An operator's command on one key ([`Store::command`]). Every store
-/// gives them the same meaning, for every [`Algorithm`](crate::Algorithm).
+/// gives them the same meaning, for every [`Algorithm`](crate::Algorithm),
+/// up to the saturation of a penalty (see [`Command::Penalty`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Command {
@@ -85,13 +86,35 @@ pub enum Command {
     Reset,
     /// Deny every request of the key for this long from now, in every
     /// process sharing the store (replacing an earlier block; zero lifts
-    /// it). The counts are kept.
+    /// it; at most [`MAX_WINDOW`](crate::MAX_WINDOW), and a block shorter
+    /// than a microsecond lifts it). The counts are kept. A blocked key's
+    /// decision: denied, nothing remaining, every rate's wait and reset the
+    /// time left. (A [`Limiter`](crate::Limiter)'s allowed keys are never
+    /// checked, so never blocked, and its fallback store, limiting while
+    /// this store fails, does not know of blocks.)
     Block(Duration),
     /// Take `units` of quota, as `units` admitted requests would (even
     /// beyond the max: the key then waits until the excess has drained).
+    ///
+    /// A penalty saturates where more would change no decision, or where
+    /// each unit takes memory: the fixed window and sliding window counter
+    /// count at most 2^53, a GCRA debt is at most twice
+    /// [`MAX_WINDOW`](crate::MAX_WINDOW), the sliding log adds at most its
+    /// largest `max` entries and the concurrency limit takes at most `max`
+    /// slots, both at most [`MAX_COST`](crate::MAX_COST) (10,000) per
+    /// command, since they keep one entry per unit. So a penalty far past
+    /// the max followed by a reward admits sooner under the sliding log than
+    /// under the window counters. A concurrency penalty takes anonymous
+    /// slots, which nobody releases: they expire after the lease time, like
+    /// the lease of a crashed process.
     Penalty(u64),
     /// Give `units` of quota back, as if `units` admitted requests had not
-    /// been counted (never below an empty state).
+    /// been counted (never below an empty state): the sliding log drops its
+    /// newest entries, the sliding window counter takes the units off the
+    /// current window's count and then the previous one's, and the
+    /// concurrency limit frees its `units` oldest leases (expiring soonest),
+    /// anonymous or held by requests in flight, whose release then does
+    /// nothing.
     Reward(u64),
 }
 
@@ -118,10 +141,10 @@ pub enum StoreError {
     #[error("not asked: the circuit breaker is open after repeated store failures")]
     CircuitOpen,
     /// No connection came free in the pool's connection timeout.
-    #[error("no redis connection came free in the pool's connection timeout")]
+    #[error("no connection to the store came free in the pool's connection timeout")]
     PoolTimeout,
-    /// Redis answered something the store did not expect.
-    #[error("unexpected reply from redis: {0}")]
+    /// The backend answered something the store did not expect.
+    #[error("unexpected reply from the store: {0}")]
     UnexpectedReply(String),
     /// The store cannot do this.
     #[error("the store does not support {0}")]
@@ -154,11 +177,6 @@ impl From<::redis::RedisError> for StoreError {
         Self::backend("redis", error)
     }
 }
-
-/// The longest `retry_after` of a denied concurrency request: slots usually
-/// free within one request's duration, long before the oldest lease expires,
-/// and the limiter cannot know when.
-pub const CONCURRENCY_RETRY_CAP: Duration = Duration::from_secs(1);
 
 /// Keys longer than this many bytes are stored under their hash.
 pub const MAX_RAW_KEY_LEN: usize = 128;

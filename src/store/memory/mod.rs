@@ -35,7 +35,7 @@ pub(crate) const DEFAULT_MAX_KEYS: usize = 100_000;
 /// [`RedisStore`](crate::RedisStore), decided on an injectable [`Clock`].
 ///
 /// Memory is bounded: keys longer than
-/// [`MAX_RAW_KEY_LEN`](crate::store::MAX_RAW_KEY_LEN) bytes are held as a
+/// [`MAX_RAW_KEY_LEN`](crate::MAX_RAW_KEY_LEN) bytes are held as a
 /// fixed-size hash, keys whose state no longer matters are dropped, and when
 /// more than `max_keys` keys are held the one of a small sample whose state
 /// ends soonest is evicted (as Redis's approximate LRU does), which forgets
@@ -301,20 +301,7 @@ impl MemoryStore {
         let mut state = State::new(policy.algorithm());
         let (decision, expires_at) = state.check(now, policy, lease);
         if expires_at > now {
-            if shard.len() >= self.inner.max_keys_per_shard {
-                shard.make_room(now, self.inner.max_keys_per_shard, &self.inner.hasher);
-            }
-            let hasher = &self.inner.hasher;
-            shard.keys[algorithm].insert_unique(
-                hash,
-                Entry {
-                    key: key.into(),
-                    state,
-                    expires_at,
-                },
-                |e| hasher.hash_one(&*e.key),
-            );
-            shard.inserts_since_sweep += 1;
+            self.insert(&mut shard, algorithm, hash, key, state, expires_at, now);
         }
         decision
     }
@@ -380,18 +367,7 @@ impl MemoryStore {
                         let mut state = State::new(policy.algorithm());
                         let expires_at = apply(&mut state);
                         if expires_at > now {
-                            if shard.len() >= self.inner.max_keys_per_shard {
-                                shard.make_room(now, self.inner.max_keys_per_shard, hasher);
-                            }
-                            shard.keys[algorithm].insert_unique(
-                                hash,
-                                Entry {
-                                    key: key.into(),
-                                    state,
-                                    expires_at,
-                                },
-                                |e| hasher.hash_one(&*e.key),
-                            );
+                            self.insert(shard, algorithm, hash, key, state, expires_at, now);
                         }
                     }
                 }
@@ -407,6 +383,34 @@ impl MemoryStore {
         }
     }
 
+    /// Hold the new `state` of `key` (found by `hash`) until `expires_at`,
+    /// making room first when the shard is full.
+    #[allow(clippy::too_many_arguments)]
+    fn insert(
+        &self,
+        shard: &mut Shard,
+        algorithm: usize,
+        hash: u64,
+        key: &str,
+        state: State,
+        expires_at: u64,
+        now: u64,
+    ) {
+        let hasher = &self.inner.hasher;
+        if shard.len() >= self.inner.max_keys_per_shard {
+            shard.make_room(now, self.inner.max_keys_per_shard, hasher);
+        }
+        shard.keys[algorithm].insert_unique(
+            hash,
+            Entry {
+                key: key.into(),
+                state,
+                expires_at,
+            },
+            |e| hasher.hash_one(&*e.key),
+        );
+        shard.inserts_since_sweep += 1;
+    }
     /// Give back a concurrency slot synchronously (the [`Store`] impl calls
     /// this).
     pub fn release_now(&self, key: &str, policy: &Policy, lease: Lease) {

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use bb8_redis::RedisConnectionManager;
 use bb8_redis::bb8::{self, Pool};
-use redis::Value;
 
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
@@ -20,6 +19,7 @@ use crate::store::{Command, Store, StoreError, bounded_key};
 mod cleanup;
 mod clock_sync;
 mod connection;
+mod reply;
 mod script;
 mod sliding_log;
 
@@ -33,6 +33,7 @@ pub use script::{
 use cleanup::Cleanup;
 use clock_sync::ClockSync;
 use connection::{Source, is_connection_error};
+use reply::member;
 
 /// The default bound on every Redis call (pool checkout included).
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -52,7 +53,7 @@ pub(crate) const DEFAULT_CLOCK_REFRESH: Duration = Duration::from_secs(30);
 /// Keys are laid out as `{prefix}:{algorithm}:{{key}}`, e.g.
 /// `rl:log:{203.0.113.9}`: the braces are a cluster hash tag, so every Redis
 /// key of one limited key lands in one slot. A key longer than
-/// [`MAX_RAW_KEY_LEN`](crate::store::MAX_RAW_KEY_LEN) bytes, or holding `{`, `}` or a leading `#`, is stored
+/// [`MAX_RAW_KEY_LEN`](crate::MAX_RAW_KEY_LEN) bytes, or holding `{`, `}` or a leading `#`, is stored
 /// as `#` and its SHA-1 instead, so a client-chosen key cannot break the
 /// layout. Every Redis key expires on its own once its longest window has
 /// passed. A key an operator blocked ([`Command::Block`]) also has
@@ -166,7 +167,7 @@ impl RedisStore {
     ///
     /// ```no_run
     /// use bb8_redis::bb8::Pool;
-    /// use tower_redis_ratelimit::{RedisStore, store::redis::TrackedManager};
+    /// use tower_redis_ratelimit::{RedisStore, TrackedManager};
     ///
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// let manager = TrackedManager::new("redis://127.0.0.1:6379")?;
@@ -287,6 +288,12 @@ impl RedisStore {
     /// settings: TLS, credentials, retries). Nothing is sent until the first
     /// check. See [`connect_cluster`](Self::connect_cluster) for how each
     /// algorithm runs on a cluster.
+    ///
+    /// Build the client with `.retries(0)`, as `connect_cluster` does: the
+    /// store resends only what Redis refused before running it, while the
+    /// cluster client's own retries resend after a lost reply too, so a
+    /// retrying client can count a fixed-window, sliding-window or GCRA
+    /// check, or an operator's penalty or reward, twice.
     #[cfg(feature = "cluster")]
     pub fn from_cluster_connection(conn: redis::cluster_async::ClusterConnection) -> Self {
         Self::from_source(Source::Cluster(conn))
@@ -672,34 +679,6 @@ impl RequestIds {
             (u128::from(self.base) << 64) | u128::from(self.next.fetch_add(1, Ordering::Relaxed));
         Lease::new(id)
     }
-}
-
-/// The text of a request id: the member it is written to Redis as.
-pub(crate) fn member(lease: Lease) -> String {
-    format!("{:032x}", lease.id())
-}
-
-/// Read an integer from a reply that may be an integer or a numeric string.
-pub(crate) fn int_reply(value: &Value, what: &str) -> Result<i64, StoreError> {
-    let parsed = match value {
-        Value::Int(i) => Some(*i),
-        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok().and_then(parse_num),
-        Value::SimpleString(s) => parse_num(s),
-        Value::Double(d) if d.is_finite() => Some(*d as i64),
-        _ => None,
-    };
-    parsed.ok_or_else(|| {
-        StoreError::UnexpectedReply(format!("{what}: expected a number, got {value:?}"))
-    })
-}
-
-fn parse_num(s: &str) -> Option<i64> {
-    s.parse::<i64>().ok().or_else(|| {
-        s.parse::<f64>()
-            .ok()
-            .filter(|f| f.is_finite())
-            .map(|f| f as i64)
-    })
 }
 
 #[cfg(test)]

@@ -14,11 +14,12 @@ use std::time::Duration;
 use redis::Value;
 use redis::aio::ConnectionLike;
 
-use super::{int_reply, member};
+use super::reply::{int_reply, member};
 use crate::algorithm;
+use crate::algorithm::CONCURRENCY_RETRY_CAP;
 use crate::decision::{Decision, DecisionBuilder, Lease, RateStatus};
 use crate::policy::{Algorithm, Policy, duration_micros};
-use crate::store::{CONCURRENCY_RETRY_CAP, Command, StoreError};
+use crate::store::{Command, StoreError};
 
 /// A check script: no entry-point arguments, then the algorithm's.
 macro_rules! check_script {
@@ -266,7 +267,8 @@ pub(super) fn decode(reply: &[Value], policy: &Policy) -> Result<Decision, Store
     let allowed = match int_reply(first, "allowed")? {
         -1 if reply.len() == 2 => {
             let left = non_negative(&reply[1], "block time left")
-                .map_err(|e| unexpected(e.to_string()))?;
+                .map_err(|e| unexpected(e.to_string()))?
+                .min(MAX_MICROS);
             return Ok(algorithm::blocked(policy, left));
         }
         0 => false,
@@ -280,9 +282,12 @@ pub(super) fn decode(reply: &[Value], policy: &Policy) -> Result<Decision, Store
             reply.len()
         )));
     }
+    // Times are bounded by twice the longest window (GCRA's debt); a
+    // larger one (a corrupted key) is read as that bound, so no caller
+    // adds an absurd wait to a clock.
     let micros = |value: &Value, what: &str| {
         non_negative(value, what)
-            .map(Duration::from_micros)
+            .map(|us| Duration::from_micros(us.min(MAX_MICROS)))
             .map_err(|e| unexpected(e.to_string()))
     };
     let mut builder = DecisionBuilder::new(allowed).algorithm(algorithm);
@@ -300,6 +305,9 @@ pub(super) fn decode(reply: &[Value], policy: &Policy) -> Result<Decision, Store
         .build()
         .ok_or_else(|| unexpected("a policy without rates".to_owned()))
 }
+
+/// The longest time (µs) a reply may carry: twice [`MAX_WINDOW`](crate::MAX_WINDOW).
+const MAX_MICROS: u64 = 2 * crate::policy::MAX_WINDOW.as_micros() as u64;
 
 fn non_negative(value: &Value, what: &str) -> Result<u64, StoreError> {
     let n = int_reply(value, what)?;

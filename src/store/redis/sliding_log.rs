@@ -9,7 +9,7 @@ use redis::Value;
 use redis::aio::ConnectionLike;
 
 use super::clock_sync::ClockSync;
-use super::int_reply;
+use super::reply::int_reply;
 use super::script::Keys;
 use crate::algorithm;
 use crate::algorithm::sliding_log::{Log, Times};
@@ -226,9 +226,12 @@ fn decide(
     }
     let (secs, us) = time_reply(&reply[want - 1])?;
     let redis_now = secs.saturating_mul(1_000_000).saturating_add(us);
+    // A block value that is not a number blocks nothing, as in the scripts.
     let block = match &reply[want - 2] {
         Value::Nil => None,
-        value => Some(u64::try_from(int_reply(value, "block")?).unwrap_or(0)),
+        value => int_reply(value, "block")
+            .ok()
+            .and_then(|until| u64::try_from(until).ok()),
     };
     if let Some(left) = block.and_then(|until| algorithm::block_left(until, redis_now)) {
         return Ok((algorithm::blocked(policy, left), redis_now));

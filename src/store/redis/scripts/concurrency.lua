@@ -79,7 +79,8 @@ end
 
 local function penalty(units, id)
   expire()
-  local n = math.min(units, max)
+  -- At most 10,000 (MAX_COST): one member per slot.
+  local n = math.min(units, max, 10000)
   if n > 0 then
     zadd_many(key, int(now + lease_time), id, n)
     keep()

@@ -54,6 +54,23 @@ local function block_left()
   return nil
 end
 
+-- Set the hash `key`'s `fields` (name, value, ...) and delete its `gone`
+-- fields; make the key live until `expires_at` (µs) at least: never shorten
+-- it, since fields another policy counts on this key may need longer.
+local function write_fields(key, fields, gone, expires_at)
+  if #gone > 0 then
+    redis.call('HDEL', key, unpack(gone))
+  end
+  if #fields > 0 then
+    redis.call('HSET', key, unpack(fields))
+    local at = math.ceil(expires_at / 1000)
+    local ttl = redis.call('PTTL', key)
+    if ttl < 0 or math.floor(now / 1000) + ttl < at then
+      redis.call('PEXPIREAT', key, int(at))
+    end
+  end
+end
+
 -- Write counts in chunks (unpack has a limit on its arguments).
 local function zadd_many(key, score, base, n)
   local args = {}

@@ -12,13 +12,13 @@
 -- A denied request writes nothing. A request whose entries are already in
 -- the set (a retry after its reply was lost) is admitted again and writes
 -- nothing more: it counts once. A penalty adds entries at now (at most the
--- largest max, and at most 2^20); a reward removes the newest entries.
+-- largest max, and at most 10,000: MAX_COST); a reward removes the newest entries.
 local key = KEYS[1]
 local cost = num(1)
 local spacing = num(2)
 local id = arg(3)
 local nrates = (nargs - 3) / 2
-local MAX_PENALTY_ENTRIES = 1048576
+local MAX_PENALTY_ENTRIES = 10000
 
 local longest = spacing
 local largest = 0

@@ -136,17 +136,7 @@ local function store(indexes, currents, previouses)
       gone[#gone + 1] = names[i]
     end
   end
-  if #gone > 0 then
-    redis.call('HDEL', key, unpack(gone))
-  end
-  if #fields > 0 then
-    redis.call('HSET', key, unpack(fields))
-    local at = math.ceil(expires_at / 1000)
-    local ttl = redis.call('PTTL', key)
-    if ttl < 0 or math.floor(now / 1000) + ttl < at then
-      redis.call('PEXPIREAT', key, int(at))
-    end
-  end
+  write_fields(key, fields, gone, expires_at)
 end
 
 -- A retry counts again: nothing identifies a request here.

@@ -409,3 +409,42 @@ async fn release(stores: &Stores, key: &str, policy: &Policy, lease: tower_redis
     }
     .unwrap();
 }
+
+/// A penalty far past the max, on algorithms that keep one entry per unit,
+/// takes at most MAX_COST entries: a huge one neither fills memory nor
+/// stalls Redis in one long script (it once wrote `max` entries, up to 2^53).
+#[tokio::test]
+async fn a_huge_penalty_is_capped_where_each_unit_takes_memory() {
+    let server = RedisServer::start();
+    let redis = RedisStore::connect(&server.url()).await.unwrap();
+    let memory = MemoryStore::new();
+    for policy in [
+        "1000000000/h".parse::<Policy>().unwrap(),
+        Policy::concurrency(1_000_000_000).unwrap(),
+    ] {
+        let what = policy.algorithm();
+        let started = std::time::Instant::now();
+        let after = redis
+            .command("huge", &policy, Command::Penalty(u64::MAX))
+            .await
+            .unwrap();
+        assert!(after.allowed(), "{what}: 10,000 of a billion taken");
+        let prefix = if what == Algorithm::Concurrency {
+            "conc"
+        } else {
+            "log"
+        };
+        let stored = support::zcard(&server, &redis.redis_key(prefix, "huge"));
+        assert_eq!(stored as u64, tower_redis_ratelimit::MAX_COST, "{what}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{what}: {:?}",
+            started.elapsed()
+        );
+        let memory_after = memory
+            .command("huge", &policy, Command::Penalty(u64::MAX))
+            .await
+            .unwrap();
+        assert_eq!(memory_after.remaining(), after.remaining(), "{what}");
+    }
+}

@@ -19,8 +19,14 @@ local lease_time = num(2)
 local member = arg(3)
 local cap = num(4)
 
+-- Drop the expired leases, once per call (the retry check and the decision
+-- both need it).
+local expired = false
 local function expire()
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
+  if not expired then
+    expired = true
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
+  end
 end
 
 -- The key lives as long as its latest lease.

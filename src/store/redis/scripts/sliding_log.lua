@@ -39,8 +39,14 @@ local function member(j)
   return id .. ':' .. j
 end
 
+-- Drop the entries older than the longest window, once per call (the retry
+-- check and the decision both need it).
+local trimmed = false
 local function trim()
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - longest))
+  if not trimmed then
+    trimmed = true
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - longest))
+  end
 end
 
 -- The same request again (its reply was lost): admitted, counting nothing

@@ -291,9 +291,10 @@ impl Limiter {
     /// (default 10,000, at least 1);
     /// [`without_deny_cache`](Self::without_deny_cache) turns the cache off.
     ///
-    /// The cache is this process's: after [`reset`](Self::reset) or
-    /// [`reward`](Self::reward) in another process, this one may go on
-    /// denying the key until the cached denial ends.
+    /// The cache is this process's: after a [`reset`](Self::reset), a
+    /// [`reward`](Self::reward) or a lifted [`block`](Self::block) in another
+    /// process, this one may go on denying the key until the cached denial
+    /// ends. (Commands through this limiter forget its own cached denial.)
     #[must_use]
     pub fn with_deny_cache(self, capacity: usize) -> Self {
         let cache = Arc::new(DenyCache::new(capacity.max(1)));
@@ -491,7 +492,8 @@ impl Limiter {
     }
 
     /// Take `units` of `key`'s quota, as `units` admitted checks would
-    /// (even beyond the max: the key then waits until the excess drained).
+    /// (even beyond the max: the key then waits until the excess drained;
+    /// it saturates as [`Command::Penalty`] says).
     pub async fn penalty(&self, key: &str, units: u64) -> Result<Decision, StoreError> {
         self.command(key, Command::Penalty(units)).await
     }

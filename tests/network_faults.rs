@@ -18,7 +18,6 @@
 
 mod support;
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -31,8 +30,8 @@ use axum::routing::get;
 use http::{Request, StatusCode};
 use support::RedisServer;
 use support::faults::{
-    self, FaultSpans, Source, admitted, denied, fault_seed, millis, panic_message, random_fault,
-    show,
+    self, Algo, FaultSpans, Loss, Rig, Source, admitted, denied, each_algorithm, fault_seed,
+    millis, random_fault, show,
 };
 use support::harness::away_from_a_boundary;
 use support::proxy::{AfterDrop, Direction, FaultProxy, Match, ProxiedCluster};
@@ -40,245 +39,15 @@ use support::rng::Rng;
 use tokio::task::JoinSet;
 use tower::ServiceExt;
 use tower_redis_ratelimit::{
-    Algorithm, Execution, FailMode, MemoryStore, Policy, Rate, RateLimitLayer, RedisStore, Store,
-    key,
+    Execution, FailMode, MemoryStore, Policy, RateLimitLayer, RedisStore, Store, key,
 };
 
 /// The store timeout of the store-level tests.
 const TIMEOUT: Duration = Duration::from_millis(300);
 
-// ---------------------------------------------------------------------------
-// The matrix: connection sources and algorithms.
-
-/// An algorithm, and for the sliding log its execution.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Algo {
-    LogTransaction,
-    LogScript,
-    FixedWindow,
-    SlidingWindow,
-    Gcra,
-    Concurrency,
-}
-
-impl Algo {
-    const ALL: [Self; 6] = [
-        Self::LogTransaction,
-        Self::LogScript,
-        Self::FixedWindow,
-        Self::SlidingWindow,
-        Self::Gcra,
-        Self::Concurrency,
-    ];
-
-    /// `max` per `window` (concurrency: `max` in flight, leases of `window`).
-    fn policy(self, max: u64, window: Duration) -> Policy {
-        let rate = Policy::new([Rate::new(max, window).unwrap()]).unwrap();
-        match self {
-            Self::LogTransaction => rate.with_execution(Execution::Transaction),
-            Self::LogScript => rate.with_execution(Execution::Script),
-            Self::FixedWindow => rate.with_algorithm(Algorithm::FixedWindow).unwrap(),
-            Self::SlidingWindow => rate.with_algorithm(Algorithm::SlidingWindow).unwrap(),
-            Self::Gcra => rate.with_algorithm(Algorithm::Gcra).unwrap(),
-            Self::Concurrency => Policy::concurrency(max)
-                .unwrap()
-                .with_lease(window)
-                .unwrap(),
-        }
-    }
-
-    /// The algorithm's part of its Redis keys.
-    fn tag(self) -> &'static str {
-        match self {
-            Self::LogTransaction | Self::LogScript => "log",
-            Self::FixedWindow => "fixed",
-            Self::SlidingWindow => "swc",
-            Self::Gcra => "gcra",
-            Self::Concurrency => "conc",
-        }
-    }
-
-    /// The request whose reply carries the decision for `redis_key`: the
-    /// `EXEC` of the transaction, or the script's `EVALSHA`.
-    fn decisive(self, redis_key: &str) -> Match {
-        match self {
-            Self::LogTransaction => Match::command("EXEC").arg(redis_key),
-            _ => Match::command("EVALSHA").arg(redis_key),
-        }
-    }
-}
-
-/// One test's Redis (a server, or a proxied cluster), the proxies in front
-/// of it and the stores that use them. Dropped in that order: stores, then
-/// proxies, then servers.
-struct Rig {
-    source: Source,
-    stores: Vec<RedisStore>,
-    /// Single server: one proxy per store.
-    proxies: Vec<FaultProxy>,
-    server: Option<RedisServer>,
-    cluster: Option<ProxiedCluster>,
-    /// Keys whose checks reach every node (one per node on a cluster).
-    reset_keys: Vec<String>,
-}
-
-impl Rig {
-    /// A Redis of `source`'s kind and `stores` stores on it, each through a
-    /// proxy of its own (on a cluster, all through the nodes' proxies), with
-    /// the store timeout [`TIMEOUT`]; every script loaded and the clock
-    /// offset measured.
-    async fn start(source: Source, stores: usize) -> Self {
-        let mut rig = Self {
-            source,
-            stores: Vec::new(),
-            proxies: Vec::new(),
-            server: None,
-            cluster: None,
-            reset_keys: vec!["reset".to_owned()],
-        };
-        if source.is_cluster() {
-            let cluster = tokio::task::spawn_blocking(ProxiedCluster::start)
-                .await
-                .unwrap();
-            for _ in 0..stores {
-                let store = faults::open_cluster(source, &cluster.urls(), TIMEOUT).await;
-                rig.stores.push(store);
-            }
-            // A key on each node.
-            rig.reset_keys.clear();
-            for proxy in cluster.proxies() {
-                let key = (0..)
-                    .map(|i| format!("reset-{i}"))
-                    .find(|key| {
-                        let redis_key = rig.stores[0].redis_key("log", key);
-                        cluster.proxy_of(&redis_key).port() == proxy.port()
-                    })
-                    .unwrap();
-                rig.reset_keys.push(key);
-            }
-            rig.cluster = Some(cluster);
-        } else {
-            let server = tokio::task::spawn_blocking(RedisServer::start)
-                .await
-                .unwrap();
-            for _ in 0..stores {
-                let proxy = FaultProxy::start(server.port());
-                rig.stores.push(open(source, &proxy.url()).await);
-                rig.proxies.push(proxy);
-            }
-            rig.server = Some(server);
-        }
-        for store in &rig.stores {
-            warm(store).await;
-        }
-        rig
-    }
-
-    fn store(&self, i: usize) -> &RedisStore {
-        &self.stores[i]
-    }
-
-    /// The proxy store `i`'s requests of `redis_key` go through.
-    fn proxy(&self, i: usize, redis_key: &str) -> &FaultProxy {
-        match &self.cluster {
-            Some(cluster) => cluster.proxy_of(redis_key),
-            None => &self.proxies[i],
-        }
-    }
-
-    fn all_proxies(&self) -> Vec<&FaultProxy> {
-        match &self.cluster {
-            Some(cluster) => cluster.proxies().iter().collect(),
-            None => self.proxies.iter().collect(),
-        }
-    }
-
-    /// Faults over: every proxy healed and accepting, every connection cut,
-    /// and every store answering again on every node (a check after a cut
-    /// may fail once or twice: on a cluster, redis-rs sends the next command
-    /// to a random node and a transaction does not follow the `MOVED`).
-    async fn reset(&self) {
-        for proxy in self.all_proxies() {
-            proxy.heal();
-            proxy.accept();
-            proxy.cut_all();
-        }
-        let policy = Algo::LogTransaction.policy(1_000_000, Duration::from_secs(1));
-        // Twice, 50 ms apart: a ConnectionManager that reconnected after the
-        // cut may replace its new connection once more when the old one's
-        // disconnection notice comes in late.
-        for _ in 0..2 {
-            for (i, store) in self.stores.iter().enumerate() {
-                for key in &self.reset_keys {
-                    let mut tries = 0;
-                    while store.check(key, &policy).await.is_err() {
-                        tries += 1;
-                        assert!(
-                            tries < 100,
-                            "{:?}: store {i} does not answer after its connections were cut",
-                            self.source
-                        );
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// Faults seen by every proxy.
-    fn faults(&self) -> u64 {
-        self.all_proxies().iter().map(|p| p.stats().faults()).sum()
-    }
-}
-
 /// A store of `source` on the Redis at `url`, with the timeout [`TIMEOUT`].
 async fn open(source: Source, url: &str) -> RedisStore {
     faults::open(source, url, TIMEOUT).await
-}
-
-/// One check of every algorithm: scripts loaded, clock offset measured,
-/// connections open.
-async fn warm(store: &RedisStore) {
-    let policies = Algo::ALL.map(|algo| algo.policy(1_000_000, Duration::from_secs(60)));
-    faults::warm(store, policies).await;
-}
-
-/// Run `scenario` for every algorithm, each on a rig of its own, all at
-/// once; then fail with every algorithm's failure, if any.
-async fn each_algorithm<F, Fut>(source: Source, stores: usize, scenario: F)
-where
-    F: Fn(Rig, Algo) -> Fut + Copy + Send + 'static,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    let mut jobs = JoinSet::new();
-    let mut names = std::collections::HashMap::new();
-    for algo in Algo::ALL {
-        let handle = jobs.spawn(async move {
-            let rig = Rig::start(source, stores).await;
-            scenario(rig, algo).await;
-        });
-        names.insert(handle.id(), algo);
-    }
-    let mut failures = Vec::new();
-    while let Some(done) = jobs.join_next_with_id().await {
-        if let Err(error) = done {
-            let algo = names[&error.id()];
-            let message = match error.try_into_panic() {
-                Ok(panic) => panic_message(panic),
-                Err(error) => error.to_string(),
-            };
-            failures.push(format!("{algo:?}: {message}"));
-        }
-    }
-    failures.sort();
-    assert!(
-        failures.is_empty(),
-        "{source:?}: {} of {} algorithms failed:\n{}",
-        failures.len(),
-        Algo::ALL.len(),
-        failures.join("\n")
-    );
 }
 
 /// A seed per test, different for every source and algorithm; `FAULT_SEED`
@@ -433,39 +202,8 @@ async fn never_over(rig: Rig, algo: Algo) {
 // ---------------------------------------------------------------------------
 // Invariant 2: a lost reply counts at most once.
 
-/// How a request's reply is lost.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Loss {
-    /// Redis runs it; the reply is dropped and the connection closed.
-    DropClose,
-    /// Redis runs it; the reply is dropped and the connection hangs (the
-    /// client times out).
-    DropHang,
-    /// Redis runs it; half the reply arrives, then the connection closes.
-    Cut,
-    /// The request reaches Redis only after the client timed out.
-    Late,
-}
-
-impl Loss {
-    const ALL: [Self; 4] = [Self::DropClose, Self::DropHang, Self::Cut, Self::Late];
-
-    fn arm(self, proxy: &FaultProxy, target: Match) {
-        match self {
-            Self::DropClose => proxy.drop_next_reply(target, AfterDrop::Close),
-            Self::DropHang => proxy.drop_next_reply(target, AfterDrop::Hang),
-            Self::Cut => proxy.cut_next_reply(target),
-            Self::Late => proxy.stall_next_request(target, TIMEOUT + Duration::from_millis(200)),
-        }
-    }
-
-    /// Wait until the lost request has surely reached Redis.
-    async fn settle(self) {
-        if self == Self::Late {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    }
-}
+/// The ways a check's reply is lost here.
+const LOSSES: [Loss; 4] = [Loss::DropClose, Loss::DropHang, Loss::Cut, Loss::Late];
 
 /// For each way of losing a reply, store A's first request of a fresh key
 /// loses its reply, then store B (through a proxy of its own) asks.
@@ -475,14 +213,14 @@ impl Loss {
 async fn lost_reply(rig: Rig, algo: Algo) {
     let (a, b) = (rig.store(0), rig.store(1));
     let mut failures = Vec::new();
-    for loss in Loss::ALL {
+    for loss in LOSSES {
         for max in [1, 2] {
             rig.reset().await;
             let key = format!("lost-{loss:?}-{max}");
             let redis_key = a.redis_key(algo.tag(), &key);
             let policy = algo.policy(max, Duration::from_secs(60));
             let proxy = rig.proxy(0, &redis_key);
-            loss.arm(proxy, algo.decisive(&redis_key));
+            loss.arm(proxy, algo.decisive(&redis_key), TIMEOUT);
             let first = a.check(&key, &policy).await;
             let case = format!("{loss:?}, max {max}: A's request {}", show(&first));
             if proxy.armed() != 0 {
@@ -621,7 +359,7 @@ const AT_ONCE: Duration = Duration::from_millis(50);
 /// check fails, each within [`AT_ONCE`] rather than the store timeout; once
 /// it accepts again, the store answers without help.
 async fn refused_fails_at_once(source: Source) {
-    let rig = Rig::start(source, 1).await;
+    let rig = Rig::start(source, 1, TIMEOUT).await;
     let store = rig.store(0);
     let mut failures = Vec::new();
     for algo in [Algo::LogScript, Algo::FixedWindow] {
@@ -808,7 +546,7 @@ async fn resumes_after_outage(source: Source, outage: Outage) {
 /// waits for the store timeout, neither the first requests of the outage
 /// nor the breaker's probes.
 async fn layer_answers_at_once_while_refused(source: Source) {
-    let rig = Rig::start(source, 1).await;
+    let rig = Rig::start(source, 1, TIMEOUT).await;
     let store = rig
         .store(0)
         .clone()
@@ -861,17 +599,17 @@ macro_rules! invariants {
 
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn never_over() {
-                    each_algorithm($source, 2, crate::never_over).await;
+                    each_algorithm($source, 2, TIMEOUT, crate::never_over).await;
                 }
 
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn a_lost_reply_counts_at_most_once() {
-                    each_algorithm($source, 2, crate::lost_reply).await;
+                    each_algorithm($source, 2, TIMEOUT, crate::lost_reply).await;
                 }
 
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn retry_after_stays_honest() {
-                    each_algorithm($source, 2, crate::retry_after_honest).await;
+                    each_algorithm($source, 2, TIMEOUT, crate::retry_after_honest).await;
                 }
             }
         )+
@@ -927,7 +665,7 @@ mod invariants {
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_lost_reply_counts_at_most_once() {
-            each_algorithm(Source::ClusterNoRetries, 2, crate::lost_reply).await;
+            each_algorithm(Source::ClusterNoRetries, 2, TIMEOUT, crate::lost_reply).await;
         }
     }
 }
@@ -991,8 +729,8 @@ async fn defect_1_a_stalled_transaction_is_not_dated_in_the_past() {
             .await
             .unwrap()
             .with_timeout(long);
-        warm(&a).await;
-        warm(&b).await;
+        faults::warm_every_algorithm(&a).await;
+        faults::warm_every_algorithm(&b).await;
         let policy = "1/1s".parse::<Policy>().unwrap().with_execution(execution);
         let started = Instant::now();
         proxy.stall(Direction::ToRedis, Duration::from_millis(400));
@@ -1028,7 +766,7 @@ async fn defect_2_a_lost_reply_does_not_deny_the_only_request() {
         let server = RedisServer::start();
         let proxy = FaultProxy::start(server.port());
         let store = open(Source::Pool, &proxy.url()).await;
-        warm(&store).await;
+        faults::warm_every_algorithm(&store).await;
         let policy = "1/min".parse::<Policy>().unwrap().with_execution(execution);
         let algo = match execution {
             Execution::Transaction => Algo::LogTransaction,
@@ -1060,7 +798,7 @@ async fn defect_2_the_layer_admits_the_only_request_after_a_lost_reply() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
     let store = open(Source::Pool, &proxy.url()).await;
-    warm(&store).await;
+    faults::warm_every_algorithm(&store).await;
     let policy = "1/min"
         .parse::<Policy>()
         .unwrap()
@@ -1101,8 +839,8 @@ async fn defect_3_a_retried_lease_is_not_deleted_by_its_first_attempt() {
     let proxy = FaultProxy::start(server.port());
     let a = open(Source::Manager, &proxy.url()).await;
     let b = open(Source::Pool, &server.url()).await;
-    warm(&a).await;
-    warm(&b).await;
+    faults::warm_every_algorithm(&a).await;
+    faults::warm_every_algorithm(&b).await;
     let policy = Policy::concurrency(1).unwrap();
     let mut held = 0;
     let mut errors = Vec::new();

@@ -108,8 +108,9 @@ pub enum AfterDrop {
     HangFor(Duration),
 }
 
-/// Which frames a targeted fault fires on: a command name, an argument, or
-/// both (every condition given must hold).
+/// Which frames a targeted fault fires on: a command name, an argument
+/// containing a needle, an argument equal to a value, or several of them
+/// (every condition given must hold).
 ///
 /// A reply is matched by the request it answers. The reply to `EXEC` is
 /// matched by `EXEC` and by the arguments of every command queued in its
@@ -119,6 +120,7 @@ pub enum AfterDrop {
 pub struct Match {
     command: Option<String>,
     arg: Option<Vec<u8>>,
+    arg_is: Option<Vec<u8>>,
 }
 
 impl Match {
@@ -131,7 +133,7 @@ impl Match {
     pub fn command(name: &str) -> Self {
         Self {
             command: Some(name.to_ascii_uppercase()),
-            arg: None,
+            ..Self::default()
         }
     }
 
@@ -141,20 +143,32 @@ impl Match {
         self
     }
 
+    /// Only frames with an argument equal to `value` (an operator command's
+    /// name, say, which other arguments such as a block's key may contain).
+    pub fn arg_is(mut self, value: impl AsRef<[u8]>) -> Self {
+        self.arg_is = Some(value.as_ref().to_vec());
+        self
+    }
+
     fn matches(&self, request: &Request) -> bool {
         if let Some(name) = &self.command
             && *name != request.name
         {
             return false;
         }
-        match &self.arg {
+        let mut args = request
+            .args
+            .iter()
+            .chain(request.queued.iter().flat_map(|q| q.args.iter()));
+        let contained = match &self.arg {
             None => true,
-            Some(needle) => request
-                .args
-                .iter()
-                .chain(request.queued.iter().flat_map(|q| q.args.iter()))
-                .any(|arg| contains(arg, needle)),
-        }
+            Some(needle) => args.clone().any(|arg| contains(arg, needle)),
+        };
+        contained
+            && match &self.arg_is {
+                None => true,
+                Some(value) => args.any(|arg| arg == value),
+            }
     }
 }
 

@@ -65,11 +65,6 @@ local function store(indexes, counts)
   write_fields(key, fields, gone, expires_at)
 end
 
--- A retry counts again: nothing identifies a request here.
-local function retried()
-  return nil
-end
-
 -- Decide one request; `commit`: count it if admitted.
 local function decide(commit)
   local indexes, counts = counters()

@@ -90,11 +90,6 @@ local function store(kepts)
   end
 end
 
--- A retry counts again: nothing identifies a request here.
-local function retried()
-  return nil
-end
-
 -- Decide one request; `commit`: count it if admitted.
 local function decide(commit)
   local plans, failure = offsets()
@@ -142,34 +137,30 @@ local function decide(commit)
   return out
 end
 
-local function penalty(units)
+-- Move every rate's offset by `units` emission intervals (`sign` 1: a
+-- penalty, up to MAX_OFFSET; -1: a reward, down to 0).
+local function adjust(units, sign)
   local plans, failure = offsets()
   if plans == nil then
     return
   end
   local kepts = {}
   for i = 1, nrates do
-    local kept = plans[i][4] + units * plans[i][3]
+    local kept = plans[i][4] + sign * units * plans[i][3]
     if kept > MAX_OFFSET then
       kept = MAX_OFFSET
+    elseif kept < 0 then
+      kept = 0
     end
     kepts[i] = kept
   end
   store(kepts)
 end
 
+local function penalty(units)
+  adjust(units, 1)
+end
+
 local function reward(units)
-  local plans, failure = offsets()
-  if plans == nil then
-    return
-  end
-  local kepts = {}
-  for i = 1, nrates do
-    local kept = plans[i][4] - units * plans[i][3]
-    if kept < 0 then
-      kept = 0
-    end
-    kepts[i] = kept
-  end
-  store(kepts)
+  adjust(units, -1)
 end

@@ -54,6 +54,14 @@ local function block_left()
   return nil
 end
 
+-- Whether this check is a retry of a request that already counted (its
+-- reply was lost): its reply, or nil. The default, for algorithms where
+-- nothing identifies a request (a retry counts again); the sliding log and
+-- the concurrency limit define their own.
+local function retried()
+  return nil
+end
+
 -- Set the hash `key`'s `fields` (name, value, ...) and delete its `gone`
 -- fields; make the key live until `expires_at` (µs) at least: never shorten
 -- it, since fields another policy counts on this key may need longer.

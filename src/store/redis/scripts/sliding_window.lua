@@ -139,11 +139,6 @@ local function store(indexes, currents, previouses)
   write_fields(key, fields, gone, expires_at)
 end
 
--- A retry counts again: nothing identifies a request here.
-local function retried()
-  return nil
-end
-
 -- Decide one request; `commit`: count it if admitted.
 local function decide(commit)
   local indexes, currents, previouses, elapseds = counters()

@@ -14,6 +14,10 @@
 //! | `EXECUTION`  | `transaction`    | how Redis runs the check: `transaction` or `script`  |
 //! | `ALGORITHM`  | `sliding-log`    | `sliding-log`, `fixed-window`, `sliding-window`, `gcra` or `concurrency` |
 //! | `DENY_CACHE` | `on`             | `off`: ask the store about every request of a denied key |
+//! | `TRUSTED_PROXIES` | unset       | comma-separated addresses or CIDR blocks of your reverse proxies (`10.0.0.0/8, fd00::/8`); set: the key's address is the client's, read from `PROXY_HEADER` when the peer is one of them |
+//! | `PROXY_HEADER` | `x-forwarded-for` | with `TRUSTED_PROXIES`: `x-forwarded-for`, `forwarded` or `x-real-ip` |
+//! | `FAIL_MODE`  | `open`           | when the store fails: `open` (admit), `closed` (answer 503) or `fallback:N` (limit in process to 1/N of the policy, for N instances) |
+//! | `HEADERS`    | `x`              | rate-limit fields: `x` (`X-RateLimit-*`), `ietf` (`RateLimit-Policy`, `RateLimit`) or `both` |
 //!
 //! With `ALGORITHM=concurrency`, `RATE_LIMIT` is one rate read as "at most N
 //! requests in flight / lease time": `5/30s` allows 5 at once, and a slot of
@@ -21,7 +25,9 @@
 //!
 //! An empty variable counts as unset. `GET /` answers `hello` and is
 //! limited; `GET /health` is never limited. A bad setting is reported on
-//! stderr and the program exits with status 2.
+//! stderr, naming the variable, and the program exits with status 2.
+//! `SIGTERM` or Ctrl-C stops the server gracefully: it stops accepting,
+//! lets the requests in flight finish, and exits with status 0.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -30,8 +36,10 @@ use std::process::ExitCode;
 use axum::Router;
 use axum::routing::get;
 use tokio::net::TcpListener;
+use tower_redis_ratelimit::key::ProxyHeader;
 use tower_redis_ratelimit::{
-    Algorithm, Execution, MemoryStore, Policy, RateLimitLayer, RedisStore, Store, key,
+    Algorithm, Execution, FailMode, HeaderStyle, MemoryStore, Policy, RateLimitLayer, RedisStore,
+    Store, key,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -47,11 +55,41 @@ async fn main() -> ExitCode {
     };
     // `key::peer_ip()` reads the client address that this records.
     let service = app.into_make_service_with_connect_info::<SocketAddr>();
-    if let Err(error) = axum::serve(listener, service).await {
+    let serving = axum::serve(listener, service).with_graceful_shutdown(shutdown_signal());
+    if let Err(error) = serving.await {
         eprintln!("server error: {error}");
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+/// Resolves at the first `SIGTERM` (what orchestrators send) or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::warn!(%error, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutting down: finishing the requests in flight");
 }
 
 /// Logs at `info` unless `RUST_LOG` says otherwise.
@@ -99,6 +137,9 @@ fn log_start(settings: &Settings, listener: &TcpListener) {
         store = %store,
         policy = %policy,
         key = %settings.key,
+        trusted_proxies = settings.client_ip.is_some(),
+        fail_mode = %settings.fail_mode_text,
+        headers = %settings.headers_text,
         algorithm = %policy.algorithm(),
         execution = %policy.execution(),
         deny_cache = settings.deny_cache,
@@ -113,12 +154,24 @@ fn router<St: Store>(store: St, settings: &Settings) -> Router {
         // the benchmarks.
         return with_health(Router::new().route("/", get(hello)));
     };
-    match &settings.key {
-        ClientKey::PeerIp => routes(RateLimitLayer::new(store, policy, key::peer_ip()), settings),
+    // The client's address: the peer's, or behind trusted proxies the one
+    // they forwarded (never a header the client wrote itself).
+    match (&settings.key, &settings.client_ip) {
+        (ClientKey::PeerIp, None) => {
+            routes(RateLimitLayer::new(store, policy, key::peer_ip()), settings)
+        }
+        (ClientKey::PeerIp, Some(client_ip)) => routes(
+            RateLimitLayer::new(store, policy, client_ip.clone()),
+            settings,
+        ),
         // A request without the header is limited by its address, so
         // leaving the header out does not get around the limit.
-        ClientKey::Header(header) => routes(
+        (ClientKey::Header(header), None) => routes(
             RateLimitLayer::new(store, policy, header.clone().or(key::peer_ip())),
+            settings,
+        ),
+        (ClientKey::Header(header), Some(client_ip)) => routes(
+            RateLimitLayer::new(store, policy, header.clone().or(client_ip.clone())),
             settings,
         ),
     }
@@ -129,7 +182,10 @@ fn routes<K>(limiter: RateLimitLayer<K>, settings: &Settings) -> Router
 where
     K: key::KeyExtractor<axum::body::Body>,
 {
-    // The deny cache is on by default; 0 keys turns it off.
+    let limiter = limiter
+        .with_fail_mode(settings.fail_mode.clone())
+        .with_headers(settings.headers);
+    // The deny cache is on by default.
     let limiter = if settings.deny_cache {
         limiter
     } else {
@@ -183,6 +239,12 @@ struct Settings {
     policy: Option<Policy>,
     key: ClientKey,
     deny_cache: bool,
+    /// `TRUSTED_PROXIES` (and `PROXY_HEADER`): the client's address behind them.
+    client_ip: Option<key::ClientIp>,
+    fail_mode: FailMode,
+    fail_mode_text: String,
+    headers: HeaderStyle,
+    headers_text: String,
 }
 
 impl Settings {
@@ -242,12 +304,85 @@ impl Settings {
             }
         };
 
+        let proxy_header = match var("PROXY_HEADER")?.as_deref() {
+            None | Some("x-forwarded-for") => ProxyHeader::XForwardedFor,
+            Some("forwarded") => ProxyHeader::Forwarded,
+            Some("x-real-ip") => ProxyHeader::XRealIp,
+            Some(other) => {
+                return Err(BadSetting::new(
+                    "PROXY_HEADER",
+                    format!(
+                        "unknown header {other:?}: use `x-forwarded-for`, `forwarded` or `x-real-ip`"
+                    ),
+                ));
+            }
+        };
+        let client_ip = match var("TRUSTED_PROXIES")? {
+            None => None,
+            Some(text) => {
+                let entries: Vec<&str> = text
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|e| !e.is_empty())
+                    .collect();
+                if entries.is_empty() {
+                    return Err(BadSetting::new(
+                        "TRUSTED_PROXIES",
+                        "no address or CIDR block in it",
+                    ));
+                }
+                let client_ip = key::client_ip()
+                    .trusting(entries)
+                    .map_err(|error| BadSetting::new("TRUSTED_PROXIES", error))?
+                    .header(proxy_header);
+                Some(client_ip)
+            }
+        };
+
+        let fail_mode_text = var("FAIL_MODE")?.unwrap_or_else(|| "open".to_owned());
+        let fail_mode = match fail_mode_text.as_str() {
+            "open" => FailMode::Open,
+            "closed" => FailMode::Closed,
+            text => match text.strip_prefix("fallback:").map(str::parse::<u32>) {
+                Some(Ok(instances)) if instances > 0 => {
+                    FailMode::fallback(MemoryStore::new(), instances)
+                }
+                _ => {
+                    return Err(BadSetting::new(
+                        "FAIL_MODE",
+                        format!(
+                            "unknown fail mode {text:?}: use `open`, `closed` or `fallback:N` \
+                             (N instances sharing the limit, at least 1)"
+                        ),
+                    ));
+                }
+            },
+        };
+
+        let headers_text = var("HEADERS")?.unwrap_or_else(|| "x".to_owned());
+        let headers = match headers_text.as_str() {
+            "x" => HeaderStyle::XRateLimit,
+            "ietf" => HeaderStyle::Ietf,
+            "both" => HeaderStyle::Both,
+            other => {
+                return Err(BadSetting::new(
+                    "HEADERS",
+                    format!("unknown style {other:?}: use `x`, `ietf` or `both`"),
+                ));
+            }
+        };
+
         Ok(Self {
             bind,
             redis_url,
             policy,
             key,
             deny_cache,
+            client_ip,
+            fail_mode,
+            fail_mode_text,
+            headers,
+            headers_text,
         })
     }
 }

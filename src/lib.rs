@@ -11,6 +11,7 @@ pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
 mod policy;
+mod rules;
 mod store;
 
 pub use algorithm::CONCURRENCY_RETRY_CAP;
@@ -24,6 +25,7 @@ pub use policy::{
     Algorithm, DEFAULT_LEASE, Execution, MAX_COST, MAX_MAX, MAX_WINDOW, MIN_WINDOW, Policy,
     PolicyError, Rate,
 };
+pub use rules::{KeyPart, Rule, RuleSet, RulesError};
 pub use store::memory::MemoryStore;
 pub use store::redis::RedisStore;
 pub use store::redis::{TrackedConnection, TrackedManager};

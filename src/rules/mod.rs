@@ -1,0 +1,597 @@
+//! Limits as data (issue 14, first part): a [`RuleSet`] read from TOML or
+//! JSON, validated as a whole, and matched against a request's method and
+//! path (or gRPC method) and the caller's tier.
+//!
+//! This is the data model and its validation; serving requests by rules
+//! (a layer over several limiters, reloading) builds on it.
+//!
+//! ```
+//! use tower_redis_ratelimit::RuleSet;
+//!
+//! let rules = RuleSet::from_toml(r#"
+//!     [[rules]]
+//!     name = "everything"
+//!     key = "global"
+//!     policy = "1000/s"
+//!
+//!     [[rules]]
+//!     name = "api"
+//!     path = "/api/{*rest}"
+//!     key = "client_ip"
+//!     policy = "100/min"          # callers of no known tier
+//!     tiers = { pro = "5000/min" }
+//!
+//!     [[rules]]
+//!     name = "login"
+//!     methods = ["POST"]
+//!     path = "/login"
+//!     key = "client_ip+path"
+//!     policy = "5/min"
+//! "#)?;
+//! let names = |method, path, tier| {
+//!     rules.matching(method, path).map(|rule| (rule.name(), rule.policy(tier).to_string())).collect::<Vec<_>>()
+//! };
+//! assert_eq!(
+//!     names(&http::Method::GET, "/api/users/7", Some("pro")),
+//!     [("everything", "1000/s".to_owned()), ("api", "5000/min".to_owned())],
+//! );
+//! assert_eq!(names(&http::Method::POST, "/login", None).len(), 2);
+//! assert_eq!(names(&http::Method::GET, "/login", None).len(), 1);
+//! # Ok::<(), tower_redis_ratelimit::RulesError>(())
+//! ```
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+
+use http::Method;
+use http::header::HeaderName;
+use serde::Deserialize;
+
+use crate::policy::{Algorithm, Policy};
+
+/// An ordered list of validated rules.
+#[derive(Debug, Clone)]
+pub struct RuleSet {
+    version: Option<u64>,
+    rules: Vec<Rule>,
+}
+
+/// One validated rule: what it matches, how it picks the key, and the
+/// policy of each tier.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    name: String,
+    methods: Option<HashSet<Method>>,
+    target: Target,
+    key: Vec<KeyPart>,
+    policy: Policy,
+    tiers: BTreeMap<String, Policy>,
+    allow: HashSet<String>,
+}
+
+/// What a rule matches besides the method.
+#[derive(Debug, Clone)]
+enum Target {
+    /// Every request.
+    Any,
+    /// A path pattern: literal segments, `{name}` (one segment), a final
+    /// `{*name}` (one segment or more).
+    Path(Vec<Segment>),
+    /// A gRPC method, `/package.Service/Method`, or a whole service,
+    /// `/package.Service/*`.
+    Grpc {
+        service: String,
+        method: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Segment {
+    Literal(String),
+    Param,
+    Rest,
+}
+
+/// One part of a rule's key, by the name of a built-in extractor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyPart {
+    /// `ip`: the peer address.
+    Ip,
+    /// `client_ip`: the client address behind trusted proxies.
+    ClientIp,
+    /// `header:NAME`: a request header (or gRPC metadata).
+    Header(HeaderName),
+    /// `global`: one key for every request.
+    Global,
+    /// `path`: the request path (the gRPC method).
+    Path,
+}
+
+/// Why a rule set was rejected: which rule (by name, or by position when
+/// it has none), which field, and what is wrong. A rule set that does not
+/// parse or validate is rejected as a whole.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{field}: {problem}", match .rule { Some(rule) => format!("rule {rule}, field "), None => String::new() })]
+pub struct RulesError {
+    rule: Option<String>,
+    field: String,
+    problem: String,
+}
+
+impl RulesError {
+    /// The rule at fault (`"login" (#3)`), if the fault is in one rule.
+    pub fn rule(&self) -> Option<&str> {
+        self.rule.as_deref()
+    }
+
+    /// The field at fault (`policy`, `tiers.pro`, ...).
+    pub fn field(&self) -> &str {
+        &self.field
+    }
+
+    /// What is wrong.
+    pub fn problem(&self) -> &str {
+        &self.problem
+    }
+}
+
+/// The file's shape, before validation.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleSetSpec {
+    version: Option<u64>,
+    #[serde(default)]
+    rules: Vec<RuleSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleSpec {
+    name: Option<String>,
+    methods: Option<Vec<String>>,
+    path: Option<String>,
+    grpc: Option<String>,
+    key: Option<String>,
+    policy: Option<String>,
+    algorithm: Option<String>,
+    cost: Option<u64>,
+    #[serde(default)]
+    tiers: BTreeMap<String, String>,
+    #[serde(default)]
+    allow: Vec<String>,
+}
+
+impl RuleSet {
+    /// Read and validate a rule set written in TOML.
+    pub fn from_toml(text: &str) -> Result<Self, RulesError> {
+        let spec: RuleSetSpec = toml::from_str(text).map_err(|error| RulesError {
+            rule: None,
+            field: "TOML".to_owned(),
+            problem: error.message().to_owned()
+                + &error
+                    .span()
+                    .map(|span| format!(" (at byte {})", span.start))
+                    .unwrap_or_default(),
+        })?;
+        Self::validate(spec)
+    }
+
+    /// Read and validate a rule set written in JSON.
+    pub fn from_json(text: &str) -> Result<Self, RulesError> {
+        let spec: RuleSetSpec = serde_json::from_str(text).map_err(|error| RulesError {
+            rule: None,
+            field: "JSON".to_owned(),
+            problem: error.to_string(),
+        })?;
+        Self::validate(spec)
+    }
+
+    fn validate(spec: RuleSetSpec) -> Result<Self, RulesError> {
+        let mut names = HashSet::new();
+        let mut rules = Vec::with_capacity(spec.rules.len());
+        for (i, rule) in spec.rules.into_iter().enumerate() {
+            let label = match &rule.name {
+                Some(name) => format!("{name:?} (#{})", i + 1),
+                None => format!("#{}", i + 1),
+            };
+            let rule = Rule::validate(rule, &label)?;
+            if !names.insert(rule.name.clone()) {
+                return Err(fault(&label, "name", "another rule has this name"));
+            }
+            rules.push(rule);
+        }
+        Ok(Self {
+            version: spec.version,
+            rules,
+        })
+    }
+
+    /// The version the file declares, if any.
+    pub fn version(&self) -> Option<u64> {
+        self.version
+    }
+
+    /// The rules, in order.
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// The rules that match a request of `method` to `path` (for gRPC, the
+    /// path is the method, `/package.Service/Method`), in order.
+    pub fn matching<'a>(
+        &'a self,
+        method: &'a Method,
+        path: &'a str,
+    ) -> impl Iterator<Item = &'a Rule> + 'a {
+        self.rules
+            .iter()
+            .filter(move |rule| rule.matches(method, path))
+    }
+}
+
+fn fault(rule: &str, field: &str, problem: impl fmt::Display) -> RulesError {
+    RulesError {
+        rule: Some(rule.to_owned()),
+        field: field.to_owned(),
+        problem: problem.to_string(),
+    }
+}
+
+impl Rule {
+    fn validate(spec: RuleSpec, label: &str) -> Result<Self, RulesError> {
+        let name = match spec.name {
+            Some(name) if !name.trim().is_empty() => name,
+            Some(_) => return Err(fault(label, "name", "is empty")),
+            None => return Err(fault(label, "name", "is missing")),
+        };
+        let methods = spec
+            .methods
+            .map(|methods| {
+                if methods.is_empty() {
+                    return Err(fault(
+                        label,
+                        "methods",
+                        "is empty: leave it out to match every method",
+                    ));
+                }
+                methods
+                    .iter()
+                    .map(|m| {
+                        Method::from_bytes(m.to_ascii_uppercase().as_bytes()).map_err(|_| {
+                            fault(label, "methods", format!("{m:?} is not an HTTP method"))
+                        })
+                    })
+                    .collect()
+            })
+            .transpose()?;
+        let target = match (spec.path, spec.grpc) {
+            (Some(_), Some(_)) => {
+                return Err(fault(
+                    label,
+                    "grpc",
+                    "a rule matches a path or a gRPC method, not both",
+                ));
+            }
+            (Some(path), None) => {
+                Target::Path(parse_path(&path).map_err(|p| fault(label, "path", p))?)
+            }
+            (None, Some(grpc)) => parse_grpc(&grpc).map_err(|p| fault(label, "grpc", p))?,
+            (None, None) => Target::Any,
+        };
+        let key = match spec.key {
+            Some(key) => parse_key(&key).map_err(|p| fault(label, "key", p))?,
+            None => {
+                return Err(fault(
+                    label,
+                    "key",
+                    "is missing (e.g. \"client_ip\", \"global\")",
+                ));
+            }
+        };
+        let algorithm = spec
+            .algorithm
+            .map(|a| {
+                a.parse::<Algorithm>()
+                    .map_err(|e| fault(label, "algorithm", e))
+            })
+            .transpose()?;
+        let policy_of = |field: &str, text: &str| -> Result<Policy, RulesError> {
+            let mut policy: Policy = text.parse().map_err(|e| fault(label, field, e))?;
+            if let Some(algorithm) = algorithm {
+                policy = policy
+                    .with_algorithm(algorithm)
+                    .map_err(|e| fault(label, field, e))?;
+            }
+            if let Some(cost) = spec.cost {
+                policy = policy.with_cost(cost).map_err(|e| fault(label, field, e))?;
+            }
+            Ok(policy)
+        };
+        let policy = match &spec.policy {
+            Some(text) => policy_of("policy", text)?,
+            None => return Err(fault(label, "policy", "is missing (e.g. \"100/min\")")),
+        };
+        let mut tiers = BTreeMap::new();
+        for (tier, text) in &spec.tiers {
+            if tier.trim().is_empty() {
+                return Err(fault(label, "tiers", "a tier's name is empty"));
+            }
+            tiers.insert(tier.clone(), policy_of(&format!("tiers.{tier}"), text)?);
+        }
+        Ok(Self {
+            name,
+            methods,
+            target,
+            key,
+            policy,
+            tiers,
+            allow: spec.allow.into_iter().collect(),
+        })
+    }
+
+    /// The rule's name (its limiter's name: counts are kept per name).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The parts of the key, in order.
+    pub fn key(&self) -> &[KeyPart] {
+        &self.key
+    }
+
+    /// The policy of callers of `tier`: the tier's own, or the rule's
+    /// default for an unknown tier or none.
+    pub fn policy(&self, tier: Option<&str>) -> &Policy {
+        tier.and_then(|tier| self.tiers.get(tier))
+            .unwrap_or(&self.policy)
+    }
+
+    /// Whether `key` (an app) may call without limit.
+    pub fn allows(&self, key: &str) -> bool {
+        self.allow.contains(key)
+    }
+
+    /// Whether the rule matches a request of `method` to `path`.
+    pub fn matches(&self, method: &Method, path: &str) -> bool {
+        if let Some(methods) = &self.methods
+            && !methods.contains(method)
+        {
+            return false;
+        }
+        match &self.target {
+            Target::Any => true,
+            Target::Path(pattern) => path_matches(pattern, path),
+            Target::Grpc { service, method } => {
+                let Some((s, m)) = path.strip_prefix('/').and_then(|p| p.split_once('/')) else {
+                    return false;
+                };
+                s == service && method.as_deref().is_none_or(|method| method == m)
+            }
+        }
+    }
+}
+
+/// `/users/{id}/posts/{*rest}` as segments.
+fn parse_path(pattern: &str) -> Result<Vec<Segment>, String> {
+    let Some(rest) = pattern.strip_prefix('/') else {
+        return Err(format!("{pattern:?} does not start with `/`"));
+    };
+    if rest.is_empty() {
+        return Ok(Vec::new());
+    }
+    let parts: Vec<&str> = rest.split('/').collect();
+    let mut segments = Vec::with_capacity(parts.len());
+    for (i, part) in parts.iter().enumerate() {
+        let segment = if let Some(inner) = part.strip_prefix('{').and_then(|p| p.strip_suffix('}'))
+        {
+            match inner.strip_prefix('*') {
+                Some(name) if !name.is_empty() && i + 1 == parts.len() => Segment::Rest,
+                Some(_) if i + 1 != parts.len() => {
+                    return Err(format!(
+                        "{pattern:?}: a `{{*name}}` segment must be the last"
+                    ));
+                }
+                Some(_) => {
+                    return Err(format!("{pattern:?}: `{{*}}` needs a name, as `{{*rest}}`"));
+                }
+                None if inner.is_empty() || inner.contains(['{', '}']) => {
+                    return Err(format!("{pattern:?}: `{part}` is not a `{{name}}` segment"));
+                }
+                None => Segment::Param,
+            }
+        } else if part.contains(['{', '}']) {
+            return Err(format!(
+                "{pattern:?}: `{part}` mixes braces into a literal segment"
+            ));
+        } else if part.is_empty() && i + 1 != parts.len() {
+            return Err(format!("{pattern:?} has an empty segment (`//`)"));
+        } else {
+            Segment::Literal((*part).to_owned())
+        };
+        segments.push(segment);
+    }
+    Ok(segments)
+}
+
+fn path_matches(pattern: &[Segment], path: &str) -> bool {
+    let Some(rest) = path.strip_prefix('/') else {
+        return false;
+    };
+    let parts: Vec<&str> = if rest.is_empty() {
+        Vec::new()
+    } else {
+        rest.split('/').collect()
+    };
+    let mut i = 0;
+    for segment in pattern {
+        match segment {
+            Segment::Rest => return parts.len() > i && parts[i..].iter().any(|p| !p.is_empty()),
+            Segment::Param => {
+                if parts.get(i).is_none_or(|p| p.is_empty()) {
+                    return false;
+                }
+            }
+            Segment::Literal(literal) => {
+                if parts.get(i) != Some(&literal.as_str()) {
+                    return false;
+                }
+            }
+        }
+        i += 1;
+    }
+    i == parts.len()
+}
+
+/// `/package.Service/Method` or `/package.Service/*`.
+fn parse_grpc(text: &str) -> Result<Target, String> {
+    let shape = || format!("{text:?} is not `/package.Service/Method` or `/package.Service/*`");
+    let (service, method) = text
+        .strip_prefix('/')
+        .and_then(|t| t.split_once('/'))
+        .ok_or_else(shape)?;
+    if service.is_empty() || method.is_empty() || method.contains('/') {
+        return Err(shape());
+    }
+    Ok(Target::Grpc {
+        service: service.to_owned(),
+        method: (method != "*").then(|| method.to_owned()),
+    })
+}
+
+/// `client_ip+header:x-api-key` as parts.
+fn parse_key(text: &str) -> Result<Vec<KeyPart>, String> {
+    text.split('+')
+        .map(str::trim)
+        .map(|part| match part {
+            "ip" => Ok(KeyPart::Ip),
+            "client_ip" => Ok(KeyPart::ClientIp),
+            "global" => Ok(KeyPart::Global),
+            "path" => Ok(KeyPart::Path),
+            other => match other.strip_prefix("header:") {
+                Some(name) => HeaderName::try_from(name)
+                    .map(KeyPart::Header)
+                    .map_err(|_| format!("{name:?} is not a valid header name")),
+                None => Err(format!(
+                    "unknown key part {other:?}: use ip, client_ip, header:NAME, global or path, \
+                     joined with `+`"
+                )),
+            },
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(text: &str) -> RulesError {
+        RuleSet::from_toml(text).unwrap_err()
+    }
+
+    #[test]
+    fn a_bad_rule_is_named_with_its_field() {
+        let e = error(
+            "[[rules]]\nname = \"ok\"\nkey = \"global\"\npolicy = \"1/s\"\n\
+             [[rules]]\nname = \"login\"\nkey = \"ip\"\npolicy = \"5 per minute\"\n",
+        );
+        assert_eq!(e.rule(), Some("\"login\" (#2)"));
+        assert_eq!(e.field(), "policy");
+        assert!(
+            e.to_string()
+                .starts_with("rule \"login\" (#2), field policy: "),
+            "{e}"
+        );
+
+        let e = error(
+            "[[rules]]\nname = \"a\"\nkey = \"ip\"\npolicy = \"1/s\"\ntiers = { pro = \"0/s\" }\n",
+        );
+        assert_eq!((e.field(), e.rule()), ("tiers.pro", Some("\"a\" (#1)")));
+        let e = error("[[rules]]\nkey = \"ip\"\npolicy = \"1/s\"\n");
+        assert_eq!((e.field(), e.rule()), ("name", Some("#1")));
+        let e = error("[[rules]]\nname = \"a\"\nkey = \"cookie\"\npolicy = \"1/s\"\n");
+        assert_eq!(e.field(), "key");
+        let e = error(
+            "[[rules]]\nname = \"a\"\nkey = \"ip\"\npolicy = \"1/s\"\npath = \"/a/{*rest}/b\"\n",
+        );
+        assert_eq!(e.field(), "path");
+        let e = error(
+            "[[rules]]\nname = \"a\"\nkey = \"ip\"\npolicy = \"1/s\"\ngrpc = \"pkg.Svc/M\"\n",
+        );
+        assert_eq!(e.field(), "grpc");
+        let e = error("[[rules]]\nname = \"a\"\nkey = \"ip\"\npolicy = \"5/s\"\ncost = 9\n");
+        assert_eq!(e.field(), "policy", "a cost above the max: {e}");
+        let e = error(
+            "[[rules]]\nname = \"a\"\nkey = \"ip\"\npolicy = \"1/s\"\nmethods = [\"G ET\"]\n",
+        );
+        assert_eq!(e.field(), "methods");
+        let e = error(
+            "[[rules]]\nname = \"a\"\nkey = \"ip\"\npolicy = \"1/s\"\n\
+             [[rules]]\nname = \"a\"\nkey = \"ip\"\npolicy = \"2/s\"\n",
+        );
+        assert_eq!((e.field(), e.rule()), ("name", Some("\"a\" (#2)")));
+        // Unknown fields are errors, not silently ignored.
+        let e = error("[[rules]]\nname = \"a\"\nkey = \"ip\"\npolicy = \"1/s\"\npolcy = \"2/s\"\n");
+        assert_eq!(e.field(), "TOML");
+        assert!(e.problem().contains("polcy"), "{e}");
+    }
+
+    #[test]
+    fn json_reads_the_same_schema() {
+        let rules = RuleSet::from_json(
+            r#"{"version": 3, "rules": [{"name": "g", "key": "global", "policy": "10/s", "algorithm": "gcra"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(rules.version(), Some(3));
+        assert_eq!(rules.rules()[0].policy(None).algorithm(), Algorithm::Gcra);
+        let e = RuleSet::from_json(r#"{"rules": [{"name": "g", "key": "global"}]}"#).unwrap_err();
+        assert_eq!(e.field(), "policy");
+    }
+
+    #[test]
+    fn paths_match_like_axum_routes() {
+        let pattern = parse_path("/users/{id}/posts/{*rest}").unwrap();
+        assert!(path_matches(&pattern, "/users/7/posts/a"));
+        assert!(path_matches(&pattern, "/users/7/posts/a/b"));
+        assert!(!path_matches(&pattern, "/users/7/posts"));
+        assert!(!path_matches(&pattern, "/users/7/posts/"));
+        assert!(!path_matches(&pattern, "/users//posts/a"));
+        let exact = parse_path("/login").unwrap();
+        assert!(path_matches(&exact, "/login"));
+        assert!(!path_matches(&exact, "/login/x"));
+        assert!(!path_matches(&exact, "/logins"));
+        let root = parse_path("/").unwrap();
+        assert!(path_matches(&root, "/"));
+        assert!(!path_matches(&root, "/a"));
+    }
+
+    #[test]
+    fn grpc_rules_match_a_method_or_a_service() {
+        let rules = RuleSet::from_toml(
+            "[[rules]]\nname = \"m\"\nkey = \"ip\"\npolicy = \"1/s\"\ngrpc = \"/pkg.Svc/Get\"\n\
+             [[rules]]\nname = \"s\"\nkey = \"ip\"\npolicy = \"1/s\"\ngrpc = \"/pkg.Svc/*\"\n",
+        )
+        .unwrap();
+        let names = |path| {
+            rules
+                .matching(&Method::POST, path)
+                .map(Rule::name)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names("/pkg.Svc/Get"), ["m", "s"]);
+        assert_eq!(names("/pkg.Svc/Put"), ["s"]);
+        assert!(names("/pkg.Other/Get").is_empty());
+    }
+
+    #[test]
+    fn keys_combine_built_in_extractors() {
+        assert_eq!(
+            parse_key("client_ip+header:x-api-key").unwrap(),
+            [
+                KeyPart::ClientIp,
+                KeyPart::Header(HeaderName::from_static("x-api-key"))
+            ]
+        );
+        assert!(parse_key("ip+").is_err());
+    }
+}

@@ -219,11 +219,14 @@ impl RuleSet {
 
     /// The rules that match a request of `method` to `path` (for gRPC, the
     /// path is the method, `/package.Service/Method`), in order.
-    pub fn matching<'a>(
-        &'a self,
-        method: &'a Method,
-        path: &'a str,
-    ) -> impl Iterator<Item = &'a Rule> + 'a {
+    pub fn matching<'r, 'q>(
+        &'r self,
+        method: &'q Method,
+        path: &'q str,
+    ) -> impl Iterator<Item = &'r Rule> + 'q
+    where
+        'r: 'q,
+    {
         self.rules
             .iter()
             .filter(move |rule| rule.matches(method, path))
@@ -534,6 +537,30 @@ mod tests {
         let e = error("[[rules]]\nname = \"a\"\nkey = \"ip\"\npolicy = \"1/s\"\npolcy = \"2/s\"\n");
         assert_eq!(e.field(), "TOML");
         assert!(e.problem().contains("polcy"), "{e}");
+    }
+
+    #[test]
+    fn the_example_rule_set_is_valid() {
+        let rules = RuleSet::from_toml(include_str!("../../examples/rules.toml")).unwrap();
+        assert_eq!(rules.version(), Some(1));
+        let names = |method: &Method, path| {
+            rules
+                .matching(method, path)
+                .map(Rule::name)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&Method::GET, "/api/users"), ["global", "api"]);
+        assert_eq!(
+            names(&Method::GET, "/api/reports/7"),
+            ["global", "api", "reports"]
+        );
+        assert_eq!(names(&Method::POST, "/login"), ["global", "login"]);
+        assert_eq!(names(&Method::GET, "/login"), ["global"]);
+        let api = &rules.rules()[1];
+        assert_eq!(api.policy(Some("pro")).to_string(), "5000/min");
+        assert_eq!(api.policy(Some("enterprise")).to_string(), "100/min");
+        assert!(api.allows("10.0.0.5"));
+        assert_eq!(rules.rules()[3].policy(None).cost(), 10);
     }
 
     #[test]

@@ -207,6 +207,13 @@ fn create_cluster(
     nodes: &[RedisServer],
     ready: impl Fn(&RedisServer) -> bool,
 ) {
+    // One cluster forms at a time in a test process: a fault test starts a
+    // cluster per algorithm, and a dozen forming at once on two cores could
+    // take longer than the deadline below (seen: 20 s, with 12 at once).
+    static FORMING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = FORMING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let addresses: Vec<String> = ports
         .iter()
         .map(|port| format!("127.0.0.1:{port}"))

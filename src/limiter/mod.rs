@@ -374,12 +374,7 @@ impl Limiter {
     /// when the store decides in process or the deny cache holds a denial
     /// ([`Check::now`]). The tower layer checks requests this way.
     pub fn check_owned(&self, key: String) -> Check {
-        if self.is_allowed(&key) {
-            crate::metrics::decision(&self.inner.name, Outcome::Skipped);
-            return Check::done(Ok(Verdict::unlimited(Source::AllowedKey)));
-        }
-        let mut key = self.store_key(key);
-        self.start(&mut key, None)
+        self.start(key, None)
     }
 
     /// Count one check of `key` costing `cost` units (the policy's max
@@ -389,16 +384,18 @@ impl Limiter {
             return self.check(key).await;
         }
         let policy = Arc::new((*self.inner.policy).clone().with_cost(cost)?);
-        if self.is_allowed(key) {
-            crate::metrics::decision(&self.inner.name, Outcome::Skipped);
-            return Ok(Verdict::unlimited(Source::AllowedKey));
-        }
-        let mut key = self.store_key(key.to_owned());
-        self.start(&mut key, Some(policy)).await
+        self.start(key.to_owned(), Some(policy)).await
     }
 
-    fn start(&self, key: &mut String, policy: Option<Arc<Policy>>) -> Check {
-        match self.begin(key, policy) {
+    /// The check of `key` (as given, not yet namespaced) under `policy`
+    /// (the limiter's when `None`): an allowed key is admitted unlimited.
+    fn start(&self, key: String, policy: Option<Arc<Policy>>) -> Check {
+        if self.is_allowed(&key) {
+            crate::metrics::decision(&self.inner.name, Outcome::Skipped);
+            return Check::done(Ok(Verdict::unlimited(Source::AllowedKey)));
+        }
+        let mut key = self.store_key(key);
+        match self.begin(&mut key, policy) {
             Begun::Done(verdict) => Check::done(verdict),
             Begun::Waiting(waiting) => Check {
                 state: CheckState::Waiting {

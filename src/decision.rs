@@ -21,6 +21,9 @@ pub struct Decision {
     retry_after: Duration,
     rates: Rates,
     lease: Option<Lease>,
+    /// Denied by a block ([`Limiter::block`](crate::Limiter::block)), not
+    /// by a rate.
+    blocked: bool,
 }
 
 /// The state of every rate: inline for the usual one rate (no allocation
@@ -84,6 +87,19 @@ impl Decision {
     /// The concurrency slot this admitted request holds, if any.
     pub fn lease(&self) -> Option<Lease> {
         self.lease
+    }
+
+    /// Whether the key was denied by a block (an operator's
+    /// [`Limiter::block`](crate::Limiter::block), or a rule's block after a
+    /// breach) rather than by its rates.
+    pub fn blocked(&self) -> bool {
+        self.blocked
+    }
+
+    /// This decision, marked as a block's.
+    pub(crate) fn into_blocked(mut self) -> Self {
+        self.blocked = true;
+        self
     }
 
     /// The same decision `by` later: every wait and reset shortened by it.
@@ -259,6 +275,7 @@ impl DecisionBuilder {
             algorithm: self.algorithm,
             rates,
             lease: None,
+            blocked: false,
             rate: state.rate,
             remaining: state.remaining,
             reset: state.reset,

@@ -11,21 +11,22 @@ pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
 mod policy;
-mod rules;
+pub mod rules;
 mod store;
 
 pub use algorithm::CONCURRENCY_RETRY_CAP;
 pub use decision::{Decision, Lease, RateStatus};
 pub use http::{
     HeaderStyle, RATELIMIT, RATELIMIT_POLICY, RateLimit, RateLimitLayer, Rejection, Responder,
-    ResponseBody, ResponseFuture, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+    ResponseBody, ResponseFuture, RuleLimit, RulesFuture, RulesLayer, X_RATELIMIT_LIMIT,
+    X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
 pub use limiter::{Check, CircuitBreaker, FailMode, LimitError, Limiter, Permit, Source, Verdict};
 pub use policy::{
     Algorithm, DEFAULT_LEASE, Execution, MAX_COST, MAX_MAX, MAX_WINDOW, MIN_WINDOW, Policy,
     PolicyError, Rate,
 };
-pub use rules::{KeyPart, Rule, RuleSet, RulesError};
+pub use rules::{KeyPart, Rule, RuleSet, Rules, RulesError};
 pub use store::memory::MemoryStore;
 pub use store::redis::RedisStore;
 pub use store::redis::{TrackedConnection, TrackedManager};

@@ -68,7 +68,7 @@ pub(crate) fn blocked(policy: &Policy, left: u64) -> Decision {
         });
     }
     match builder.build() {
-        Some(decision) => decision,
+        Some(decision) => decision.into_blocked(),
         None => unreachable!("a policy always has a rate"),
     }
 }

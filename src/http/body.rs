@@ -24,15 +24,20 @@ pin_project! {
     #[derive(Debug)]
     enum Kind<B> {
         // A concurrency slot is held until the body ends or is dropped.
-        Inner { #[pin] body: B, lease: Option<Permit> },
+        Inner { #[pin] body: B, leases: Vec<Permit> },
         Full { data: Option<Bytes> },
     }
 }
 
 impl<B> ResponseBody<B> {
     pub(crate) fn inner(body: B, lease: Option<Permit>) -> Self {
+        Self::holding(body, lease.into_iter().collect())
+    }
+
+    /// The inner body, holding concurrency slots until it ends.
+    pub(crate) fn holding(body: B, leases: Vec<Permit>) -> Self {
         Self {
-            kind: Kind::Inner { body, lease },
+            kind: Kind::Inner { body, leases },
         }
     }
 
@@ -57,11 +62,11 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match self.project().kind.project() {
-            KindProj::Inner { body, lease } => {
+            KindProj::Inner { body, leases } => {
                 let frame = ready!(body.poll_frame(cx));
                 if !matches!(frame, Some(Ok(_))) {
                     // The body is done (or failed): give the slot back now.
-                    lease.take();
+                    leases.clear();
                 }
                 Poll::Ready(frame)
             }

@@ -7,6 +7,7 @@ mod body;
 mod future;
 mod layer;
 mod response;
+mod rules;
 mod service;
 mod settings;
 
@@ -16,5 +17,6 @@ pub use layer::RateLimitLayer;
 pub use response::{
     RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
+pub use rules::{RuleLimit, RulesFuture, RulesLayer};
 pub use service::RateLimit;
 pub use settings::{HeaderStyle, Rejection, Responder};

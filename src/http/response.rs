@@ -355,6 +355,8 @@ pub(crate) mod grpc_status {
     pub(crate) const UNAVAILABLE: u16 = 14;
     /// The limiter is misconfigured.
     pub(crate) const INTERNAL: u16 = 13;
+    /// A rule lets only some keys call, and not this one.
+    pub(crate) const PERMISSION_DENIED: u16 = 7;
 }
 
 /// A trailers-only gRPC response: HTTP 200, `content-type:
@@ -399,6 +401,14 @@ pub(crate) fn store_unavailable() -> Response<Bytes> {
     text(
         StatusCode::SERVICE_UNAVAILABLE,
         Bytes::from_static(b"Service unavailable: the rate limiter cannot reach its store.\n"),
+    )
+}
+
+/// `403 Forbidden`: a rule lets only some keys call, and not this one.
+pub(crate) fn forbidden() -> Response<Bytes> {
+    text(
+        StatusCode::FORBIDDEN,
+        Bytes::from_static(b"Forbidden: this caller may not call this resource.\n"),
     )
 }
 

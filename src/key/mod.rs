@@ -316,6 +316,30 @@ impl<B, A: KeyExtractor<B>, C: KeyExtractor<B>> KeyExtractor<B> for Or<A, C> {
 /// `{name}:` namespace, so that prefixing it needs no second allocation.
 pub(crate) const NAMESPACE_ROOM: usize = 32;
 
+/// Keys joined as [`And`] joins two: `a+b+c`, each part escaped, so two
+/// different lists never give one key.
+pub(crate) fn joined(parts: &[String]) -> String {
+    use fmt::Write as _;
+    if let [one] = parts {
+        return one.clone();
+    }
+    let mut key = String::new();
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            key.push('+');
+        }
+        // Writing to a `String` never fails.
+        let _ = write!(key, "{}", Escaped(part));
+    }
+    key
+}
+
+impl Header {
+    pub(crate) fn from_name(name: HeaderName) -> Self {
+        Self { name }
+    }
+}
+
 /// `%` and `+` percent-escaped.
 struct Escaped<'a>(&'a str);
 

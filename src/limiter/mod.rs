@@ -517,6 +517,30 @@ impl Limiter {
         outcome
     }
 
+    /// A limiter like this one (same store, fail mode, breaker and deny
+    /// cache, shared) for `policy`, named `{prefix}@{policy's default name}`:
+    /// one per rule and policy of a rule set, so a rule keeps its counts
+    /// while its policy is unchanged.
+    pub(crate) fn for_rule(&self, prefix: &str, policy: Policy) -> Self {
+        let name = format!("{prefix}@{}", default_name(&policy));
+        self.clone().map(|s| {
+            if let FailMode::Fallback { instances, .. } = &s.fail_mode {
+                s.fallback_policy = Some(Arc::new(policy.shared_by(*instances)));
+            }
+            s.policy = Arc::new(policy);
+            s.name = Arc::from(name);
+            s.allowed = Arc::default();
+        })
+    }
+
+    /// The denial this process holds for `key` in its deny cache, if the
+    /// cache may answer for this limiter: a check of `key` now would be
+    /// denied without asking the store.
+    pub(crate) fn cached_denial(&self, key: &str) -> Option<Decision> {
+        let cache = self.usable_deny_cache()?;
+        cache.get(&self.store_key(key.to_owned()))
+    }
+
     /// Whether `key` is one of the allowed keys, never limited.
     pub fn is_allowed(&self, key: &str) -> bool {
         !self.inner.allowed.is_empty() && self.inner.allowed.contains(key)

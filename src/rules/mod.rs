@@ -42,6 +42,8 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
 
 use http::Method;
 use http::header::HeaderName;
@@ -49,24 +51,103 @@ use serde::Deserialize;
 
 use crate::policy::{Algorithm, Policy};
 
+mod engine;
+mod source;
+
+pub use engine::{ActiveRules, Admission, Call, Rules, RulesCheck};
+pub use source::{PublishError, Watch, WatchStatus, publish};
+
 /// An ordered list of validated rules.
 #[derive(Debug, Clone)]
 pub struct RuleSet {
     version: Option<u64>,
+    tier: TierFrom,
     rules: Vec<Rule>,
+}
+
+/// Where a request's tier (plan) comes from, when the rule set names it
+/// (`tier = "header:x-plan"` or `tier = "extension"`). A layer's own tier
+/// closure takes precedence.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum TierFrom {
+    /// No tier: every caller gets each rule's default policy (unless the
+    /// layer has a tier closure).
+    #[default]
+    None,
+    /// A request header, **set by something you trust** (an auth gateway
+    /// that overwrites it): a client that can send it chooses its own plan.
+    Header(HeaderName),
+    /// The [`Tier`] request extension, set by your authentication
+    /// middleware before the layer runs.
+    Extension,
+}
+
+/// A caller's tier (plan), as a request extension: insert it in an
+/// authentication middleware and name `tier = "extension"` in the rules.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Tier(pub String);
+
+/// Which responses a rule counts (`count = ["4xx"]`, or every response but
+/// `refund = ["5xx"]`): decided after the inner service answered, by giving
+/// the unit back.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Counting {
+    /// Every admitted request counts (the default).
+    #[default]
+    All,
+    /// Only responses of these statuses count; the others are refunded.
+    Only(Statuses),
+    /// Responses of these statuses are refunded; the others count.
+    Except(Statuses),
+}
+
+/// A set of HTTP statuses: classes (`4xx`) and single codes (`401`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Statuses {
+    classes: [bool; 6],
+    codes: HashSet<u16>,
+}
+
+impl Statuses {
+    /// Whether `status` is in the set.
+    pub fn contains(&self, status: u16) -> bool {
+        self.codes.contains(&status)
+            || self
+                .classes
+                .get(usize::from(status / 100))
+                .copied()
+                .unwrap_or(false)
+    }
+}
+
+impl Counting {
+    /// Whether a response of `status` counts (`None`: the inner service
+    /// failed without a response, which counts as a 500).
+    pub fn counts(&self, status: Option<u16>) -> bool {
+        let status = status.unwrap_or(500);
+        match self {
+            Self::All => true,
+            Self::Only(statuses) => statuses.contains(status),
+            Self::Except(statuses) => !statuses.contains(status),
+        }
+    }
 }
 
 /// One validated rule: what it matches, how it picks the key, and the
 /// policy of each tier.
 #[derive(Debug, Clone)]
 pub struct Rule {
-    name: String,
+    name: Arc<str>,
     methods: Option<HashSet<Method>>,
     target: Target,
     key: Vec<KeyPart>,
     policy: Policy,
     tiers: BTreeMap<String, Policy>,
     allow: HashSet<String>,
+    only: Option<HashSet<String>>,
+    counting: Counting,
+    block: Option<Duration>,
 }
 
 /// What a rule matches besides the method.
@@ -141,6 +222,7 @@ impl RulesError {
 #[serde(deny_unknown_fields)]
 struct RuleSetSpec {
     version: Option<u64>,
+    tier: Option<String>,
     #[serde(default)]
     rules: Vec<RuleSpec>,
 }
@@ -160,6 +242,10 @@ struct RuleSpec {
     tiers: BTreeMap<String, String>,
     #[serde(default)]
     allow: Vec<String>,
+    only: Option<Vec<String>>,
+    count: Option<Vec<String>>,
+    refund: Option<Vec<String>>,
+    block: Option<String>,
 }
 
 impl RuleSet {
@@ -201,8 +287,29 @@ impl RuleSet {
             }
             rules.push(rule);
         }
+        let tier = match spec.tier.as_deref().map(str::trim) {
+            None => TierFrom::None,
+            Some("extension") => TierFrom::Extension,
+            Some(text) => match text.strip_prefix("header:") {
+                Some(name) => HeaderName::try_from(name)
+                    .map(TierFrom::Header)
+                    .map_err(|_| RulesError {
+                        rule: None,
+                        field: "tier".to_owned(),
+                        problem: format!("{name:?} is not a valid header name"),
+                    })?,
+                None => {
+                    return Err(RulesError {
+                        rule: None,
+                        field: "tier".to_owned(),
+                        problem: format!("{text:?}: use \"header:NAME\" or \"extension\""),
+                    });
+                }
+            },
+        };
         Ok(Self {
             version: spec.version,
+            tier,
             rules,
         })
     }
@@ -210,6 +317,11 @@ impl RuleSet {
     /// The version the file declares, if any.
     pub fn version(&self) -> Option<u64> {
         self.version
+    }
+
+    /// Where the tier of a request comes from.
+    pub fn tier(&self) -> &TierFrom {
+        &self.tier
     }
 
     /// The rules, in order.
@@ -244,8 +356,20 @@ fn fault(rule: &str, field: &str, problem: impl fmt::Display) -> RulesError {
 impl Rule {
     fn validate(spec: RuleSpec, label: &str) -> Result<Self, RulesError> {
         let name = match spec.name {
-            Some(name) if !name.trim().is_empty() => name,
-            Some(_) => return Err(fault(label, "name", "is empty")),
+            Some(name) if name.is_empty() => return Err(fault(label, "name", "is empty")),
+            Some(name)
+                if name.len() > 64
+                    || !name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')) =>
+            {
+                return Err(fault(
+                    label,
+                    "name",
+                    "use at most 64 letters, digits, `-`, `_` and `.` (it names the rule's keys in the store)",
+                ));
+            }
+            Some(name) => name,
             None => return Err(fault(label, "name", "is missing")),
         };
         let methods = spec
@@ -322,20 +446,92 @@ impl Rule {
             }
             tiers.insert(tier.clone(), policy_of(&format!("tiers.{tier}"), text)?);
         }
+        let counting = match (spec.count, spec.refund) {
+            (Some(_), Some(_)) => {
+                return Err(fault(
+                    label,
+                    "refund",
+                    "name what counts (`count`) or what is refunded (`refund`), not both",
+                ));
+            }
+            (Some(list), None) => {
+                Counting::Only(parse_statuses(&list).map_err(|p| fault(label, "count", p))?)
+            }
+            (None, Some(list)) => {
+                Counting::Except(parse_statuses(&list).map_err(|p| fault(label, "refund", p))?)
+            }
+            (None, None) => Counting::All,
+        };
+        let field = match counting {
+            Counting::Only(_) => "count",
+            _ => "refund",
+        };
+        if counting != Counting::All
+            && std::iter::once(&policy)
+                .chain(tiers.values())
+                .any(|p| p.algorithm() == Algorithm::Concurrency)
+        {
+            return Err(fault(
+                label,
+                field,
+                "a concurrency limit counts requests in flight, not responses: its slot is given back when the response ends",
+            ));
+        }
+        let block = spec
+            .block
+            .map(|text| {
+                format!("1/{}", text.trim())
+                    .parse::<crate::policy::Rate>()
+                    .map(|rate| rate.window())
+                    .map_err(|_| fault(label, "block", format!("{text:?} is not a duration such as \"30s\" or \"15m\" (at most a day)")))
+            })
+            .transpose()?;
+        if block.is_some()
+            && std::iter::once(&policy)
+                .chain(tiers.values())
+                .any(|p| p.algorithm() == Algorithm::Concurrency)
+        {
+            return Err(fault(
+                label,
+                "block",
+                "a concurrency limit does not block after a breach",
+            ));
+        }
+        let only = spec
+            .only
+            .map(|only| {
+                if only.is_empty() {
+                    Err(fault(
+                        label,
+                        "only",
+                        "is empty: nobody could call; leave it out to let everyone call",
+                    ))
+                } else {
+                    Ok(only.into_iter().collect::<HashSet<_>>())
+                }
+            })
+            .transpose()?;
         Ok(Self {
-            name,
+            name: Arc::from(name),
             methods,
             target,
             key,
             policy,
             tiers,
             allow: spec.allow.into_iter().collect(),
+            only,
+            counting,
+            block,
         })
     }
 
     /// The rule's name (its limiter's name: counts are kept per name).
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    pub(crate) fn shared_name(&self) -> Arc<str> {
+        Arc::clone(&self.name)
     }
 
     /// The parts of the key, in order.
@@ -353,6 +549,34 @@ impl Rule {
     /// Whether `key` (an app) may call without limit.
     pub fn allows(&self, key: &str) -> bool {
         self.allow.contains(key)
+    }
+
+    /// Whether `key` may call at all: with `only`, only the listed keys
+    /// may (they are still limited, unless also in `allow`).
+    pub fn admits(&self, key: &str) -> bool {
+        self.only.as_ref().is_none_or(|only| only.contains(key))
+    }
+
+    /// The keys allowed without limit.
+    pub fn allowed_keys(&self) -> impl Iterator<Item = &str> {
+        self.allow.iter().map(String::as_str)
+    }
+
+    /// The tiers with a policy of their own, and their policies.
+    pub fn tiers(&self) -> impl Iterator<Item = (&str, &Policy)> {
+        self.tiers
+            .iter()
+            .map(|(tier, policy)| (tier.as_str(), policy))
+    }
+
+    /// Which responses count.
+    pub fn counting(&self) -> &Counting {
+        &self.counting
+    }
+
+    /// How long a key is blocked once it is denied (`block = "15m"`).
+    pub fn block(&self) -> Option<Duration> {
+        self.block
     }
 
     /// Whether the rule matches a request of `method` to `path`.
@@ -373,6 +597,26 @@ impl Rule {
             }
         }
     }
+}
+
+/// `["4xx", "401"]` as a set of statuses.
+fn parse_statuses(list: &[String]) -> Result<Statuses, String> {
+    if list.is_empty() {
+        return Err("is empty: name statuses such as \"4xx\" or \"401\"".to_owned());
+    }
+    let mut statuses = Statuses::default();
+    for item in list {
+        let text = item.trim().to_ascii_lowercase();
+        let bad = || format!("{item:?} is not a status class (\"4xx\") or code (\"401\")");
+        match text.as_bytes() {
+            [d @ b'1'..=b'5', b'x', b'x'] => statuses.classes[usize::from(d - b'0')] = true,
+            [b'1'..=b'5', b'0'..=b'9', b'0'..=b'9'] => {
+                statuses.codes.insert(text.parse().map_err(|_| bad())?);
+            }
+            _ => return Err(bad()),
+        }
+    }
+    Ok(statuses)
 }
 
 /// `/users/{id}/posts/{*rest}` as segments.

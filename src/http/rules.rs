@@ -1,0 +1,440 @@
+//! [`RulesLayer`]: requests limited by a rule set ([`Rules`]): the key,
+//! tier and cost of each matching rule taken from the request, the
+//! verdict rendered as [`RateLimitLayer`](super::RateLimitLayer) renders
+//! one, and the outcome counted once the inner service answered.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response};
+use pin_project_lite::pin_project;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::body::ResponseBody;
+use super::response;
+use super::settings::{HeaderStyle, Shared};
+use crate::key::{self, ClientIp, KeyError, KeyExtractor};
+use crate::limiter::LimitError;
+use crate::rules::{Admission, Call, KeyPart, Rule, Rules, RulesCheck, Tier, TierFrom};
+
+type TierFn = dyn Fn(&HeaderMap, &http::Extensions) -> Option<String> + Send + Sync;
+type CostFn = dyn Fn(&Rule, &HeaderMap) -> Option<u64> + Send + Sync;
+
+/// Limits requests by a rule set: every rule matching a request counts it
+/// under the rule's key, with the caller's tier's policy, and the request
+/// is denied (429, or RESOURCE_EXHAUSTED for gRPC) if any rule denies it,
+/// answered 403 (PERMISSION_DENIED) if a rule's `only` list leaves its key
+/// out, and passed on untouched when no rule matches.
+///
+/// The tier comes from [`with_tier`](Self::with_tier) if set, else from
+/// where the rule set says (`tier = "header:NAME"` or `"extension"`, the
+/// [`Tier`] request extension), else there is none. The `client_ip` key
+/// part is the address behind the proxies [`with_client_ip`](Self::with_client_ip)
+/// trusts (by default none: the peer address).
+///
+/// The response carries the rate-limit fields of the rule with the fewest
+/// units left (of the denying rule, on a denial). Counting by outcome
+/// (`count`, `refund`) reads the HTTP status of the inner service's
+/// response (an inner error counts as a 500); a gRPC status sent in
+/// trailers is not read.
+///
+/// ```
+/// use axum::{Router, routing::get};
+/// use tower_redis_ratelimit::{MemoryStore, RuleSet, Rules, RulesLayer};
+///
+/// let rules = Rules::new(MemoryStore::new(), RuleSet::from_toml(r#"
+///     [[rules]]
+///     name = "api"
+///     path = "/api/{*rest}"
+///     key = "ip"
+///     policy = "100/min"
+/// "#)?);
+/// let app: Router = Router::new()
+///     .route("/api/items", get(|| async { "items" }))
+///     .layer(RulesLayer::new(rules));
+/// # Ok::<(), tower_redis_ratelimit::RulesError>(())
+/// ```
+#[derive(Clone)]
+pub struct RulesLayer {
+    shared: Arc<Settings>,
+}
+
+#[derive(Clone)]
+struct Settings {
+    rules: Rules,
+    client_ip: ClientIp,
+    tier: Option<Arc<TierFn>>,
+    cost: Option<Arc<CostFn>>,
+    headers: HeaderStyle,
+    problem_json: bool,
+}
+
+impl RulesLayer {
+    /// Limit requests by `rules` (which may be replaced at runtime).
+    pub fn new(rules: Rules) -> Self {
+        Self {
+            shared: Arc::new(Settings {
+                rules,
+                client_ip: key::client_ip(),
+                tier: None,
+                cost: None,
+                headers: HeaderStyle::default(),
+                problem_json: false,
+            }),
+        }
+    }
+
+    /// The rules this layer serves (replace them through it).
+    pub fn rules(&self) -> &Rules {
+        &self.shared.rules
+    }
+
+    /// The caller's tier (plan), from the request's headers and extensions
+    /// (claims an authentication middleware put there): it overrides the
+    /// rule set's `tier`.
+    #[must_use]
+    pub fn with_tier(
+        self,
+        tier: impl Fn(&HeaderMap, &http::Extensions) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.map(|s| s.tier = Some(Arc::new(tier)))
+    }
+
+    /// The cost of a request under a rule (`None`: the rule's own cost),
+    /// such as its `content-length`. A cost above the policy's smallest max
+    /// is lowered to it; a cost of 0 is not counted.
+    #[must_use]
+    pub fn with_cost(
+        self,
+        cost: impl Fn(&Rule, &HeaderMap) -> Option<u64> + Send + Sync + 'static,
+    ) -> Self {
+        self.map(|s| s.cost = Some(Arc::new(cost)))
+    }
+
+    /// How `client_ip` key parts find the client behind proxies.
+    #[must_use]
+    pub fn with_client_ip(self, client_ip: ClientIp) -> Self {
+        self.map(|s| s.client_ip = client_ip)
+    }
+
+    /// Which rate-limit fields responses carry (default `X-RateLimit-*`).
+    #[must_use]
+    pub fn with_headers(self, style: HeaderStyle) -> Self {
+        self.map(|s| s.headers = style)
+    }
+
+    /// Deny with `application/problem+json` (RFC 9457) instead of text.
+    #[must_use]
+    pub fn with_problem_json(self) -> Self {
+        self.map(|s| s.problem_json = true)
+    }
+
+    fn map(mut self, change: impl FnOnce(&mut Settings)) -> Self {
+        let mut settings = (*self.shared).clone();
+        change(&mut settings);
+        self.shared = Arc::new(settings);
+        self
+    }
+}
+
+impl fmt::Debug for RulesLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RulesLayer")
+            .field("rules", &self.shared.rules)
+            .field("headers", &self.shared.headers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Layer<S> for RulesLayer {
+    type Service = RuleLimit<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RuleLimit {
+            inner,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// The service of a [`RulesLayer`].
+#[derive(Clone)]
+pub struct RuleLimit<S> {
+    inner: S,
+    shared: Arc<Settings>,
+}
+
+impl<S> RuleLimit<S> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for RuleLimit<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RuleLimit")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Settings {
+    fn tier<B>(&self, request: &Request<B>, from: &TierFrom) -> Option<String> {
+        if let Some(tier) = &self.tier {
+            return tier(request.headers(), request.extensions());
+        }
+        match from {
+            TierFrom::Header(name) => request
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+            TierFrom::Extension => request.extensions().get::<Tier>().map(|t| t.0.clone()),
+            _ => None,
+        }
+    }
+
+    /// The key of `rule` for `request` (`None`: a part is missing, so the
+    /// rule does not apply), and its cost.
+    fn call<B>(&self, rule: &Rule, request: &Request<B>) -> Result<Option<Call>, KeyError> {
+        let mut parts = Vec::with_capacity(rule.key().len());
+        for part in rule.key() {
+            let value = match part {
+                KeyPart::Ip => key::peer_ip().extract(request)?,
+                KeyPart::ClientIp => self.client_ip.extract(request)?,
+                KeyPart::Header(name) => key::Header::from_name(name.clone()).extract(request)?,
+                KeyPart::Global => Some("global".to_owned()),
+                KeyPart::Path => Some(request.uri().path().to_owned()),
+            };
+            let Some(value) = value else {
+                return Ok(None);
+            };
+            parts.push(value);
+        }
+        let call = Call::new(key::joined(&parts));
+        Ok(Some(
+            match self
+                .cost
+                .as_ref()
+                .and_then(|cost| cost(rule, request.headers()))
+            {
+                Some(cost) => call.with_cost(cost),
+                None => call,
+            },
+        ))
+    }
+
+    fn render(&self, admission: &Admission, grpc: bool) -> Response<Bytes> {
+        if let Some(rule) = admission.forbidden_by() {
+            tracing::debug!(
+                rule,
+                "rules: key not on the rule's `only` list; answering 403"
+            );
+            if grpc {
+                return response::grpc(
+                    response::grpc_status::PERMISSION_DENIED,
+                    "not allowed to call this method",
+                );
+            }
+            return response::forbidden();
+        }
+        match admission.shown() {
+            Some((_, limiter, decision, source)) => {
+                let mut shared = Shared::new(limiter.clone());
+                shared.headers = self.headers;
+                shared.problem_json = self.problem_json;
+                shared.denial(decision, grpc, source)
+            }
+            None => response::store_unavailable(),
+        }
+    }
+
+    fn set_headers(&self, headers: &mut HeaderMap, admission: &Admission) {
+        if let Some((_, limiter, decision, source)) = admission.shown() {
+            let mut shared = Shared::new(limiter.clone());
+            shared.headers = self.headers;
+            shared.set_headers(headers, decision, source);
+        }
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RuleLimit<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = RulesFuture<S, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let grpc = response::is_grpc(request.headers());
+        let active = self.shared.rules.current();
+        let tier = self.shared.tier(&request, active.set().tier());
+        let check = active.check(
+            request.method(),
+            request.uri().path(),
+            tier.as_deref(),
+            |rule| self.shared.call(rule, &request),
+        );
+        let state = match check {
+            Ok(check) => {
+                let clone = self.inner.clone();
+                State::Checking {
+                    check,
+                    pending: Some((std::mem::replace(&mut self.inner, clone), request)),
+                }
+            }
+            Err(error) => {
+                tracing::error!(%error, "rules: cannot pick a rule's key; answering 500");
+                State::Answered {
+                    response: Some(if grpc {
+                        response::grpc(
+                            response::grpc_status::INTERNAL,
+                            &format!("rate limiter misconfigured: {error}"),
+                        )
+                    } else {
+                        response::misconfigured(&error)
+                    }),
+                }
+            }
+        };
+        RulesFuture {
+            state,
+            shared: Arc::clone(&self.shared),
+            grpc,
+        }
+    }
+}
+
+pin_project! {
+    /// The future of [`RuleLimit`].
+    pub struct RulesFuture<S: Service<Request<ReqBody>>, ReqBody> {
+        #[pin]
+        state: State<S, ReqBody>,
+        shared: Arc<Settings>,
+        grpc: bool,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S: Service<Request<ReqBody>>, ReqBody> {
+        Checking {
+            #[pin]
+            check: RulesCheck,
+            pending: Option<(S, Request<ReqBody>)>,
+        },
+        Calling {
+            #[pin]
+            future: S::Future,
+            admission: Option<Admission>,
+        },
+        Answered {
+            response: Option<Response<Bytes>>,
+        },
+    }
+}
+
+impl<S: Service<Request<ReqBody>>, ReqBody> fmt::Debug for RulesFuture<S, ReqBody> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RulesFuture")
+    }
+}
+
+impl<S, ReqBody, ResBody> Future for RulesFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Checking { check, pending } => {
+                    let admission = ready!(check.poll(cx));
+                    let next = match admission {
+                        Ok(admission) if admission.allowed() => match pending.take() {
+                            Some((mut service, request)) => State::Calling {
+                                future: service.call(request),
+                                admission: Some(admission),
+                            },
+                            None => State::Answered {
+                                response: Some(response::store_unavailable()),
+                            },
+                        },
+                        Ok(admission) => State::Answered {
+                            response: Some(this.shared.render(&admission, *this.grpc)),
+                        },
+                        Err(error) => {
+                            if !matches!(error, LimitError::Store(_)) {
+                                tracing::error!(%error, "rules: a check failed");
+                            }
+                            State::Answered {
+                                response: Some(if *this.grpc {
+                                    response::grpc(
+                                        response::grpc_status::UNAVAILABLE,
+                                        "rate limiter unavailable",
+                                    )
+                                } else {
+                                    response::store_unavailable()
+                                }),
+                            }
+                        }
+                    };
+                    this.state.set(next);
+                }
+                StateProj::Calling { future, admission } => {
+                    let result = ready!(future.poll(cx));
+                    let admission = admission.take().unwrap_or_default();
+                    return Poll::Ready(match result {
+                        Ok(response) => {
+                            let status = response.status().as_u16();
+                            let mut headers = HeaderMap::new();
+                            this.shared.set_headers(&mut headers, &admission);
+                            let permits = admission.settle(Some(status));
+                            let (mut parts, body) = response.into_parts();
+                            for (name, value) in headers {
+                                if let Some(name) = name {
+                                    parts.headers.insert(name, value);
+                                }
+                            }
+                            Ok(Response::from_parts(
+                                parts,
+                                ResponseBody::holding(body, permits),
+                            ))
+                        }
+                        Err(error) => {
+                            drop(admission.settle(None));
+                            Err(error)
+                        }
+                    });
+                }
+                StateProj::Answered { response } => {
+                    let response = response.take().unwrap_or_else(response::store_unavailable);
+                    return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,299 @@
+//! Where rule sets come from at runtime: a file that is watched, or a
+//! versioned key in Redis that every process follows.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+
+use super::{RuleSet, Rules, RulesError};
+
+/// A running watch of a rule source ([`Rules::watch_file`],
+/// [`Rules::follow_redis`]): it stops when dropped.
+#[derive(Debug)]
+pub struct Watch {
+    task: tokio::task::JoinHandle<()>,
+    status: Arc<Mutex<WatchStatus>>,
+}
+
+/// What a watch last did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WatchStatus {
+    /// The version in force, for a Redis source (the counter the publisher
+    /// increments); for a file, how many times its rules were put in force.
+    pub version: u64,
+    /// Why the latest rule set seen was rejected (the previous rules stay
+    /// in force), or why the source could not be read; `None` once a
+    /// rule set is in force again.
+    pub error: Option<String>,
+}
+
+impl Watch {
+    /// What the watch last did.
+    pub fn status(&self) -> WatchStatus {
+        match self.status.lock() {
+            Ok(status) => status.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn record(status: &Mutex<WatchStatus>, change: impl FnOnce(&mut WatchStatus)) {
+    match status.lock() {
+        Ok(mut status) => change(&mut status),
+        Err(poisoned) => change(&mut poisoned.into_inner()),
+    }
+}
+
+impl RuleSet {
+    /// Read a rule set written in JSON (text starting with `{`) or TOML.
+    pub fn parse(text: &str) -> Result<Self, RulesError> {
+        if text.trim_start().starts_with('{') {
+            Self::from_json(text)
+        } else {
+            Self::from_toml(text)
+        }
+    }
+
+    /// Read a rule set from a file: JSON if its name ends in `.json`, else
+    /// TOML.
+    pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<Self, RulesError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|error| RulesError {
+            rule: None,
+            field: path.display().to_string(),
+            problem: error.to_string(),
+        })?;
+        if path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("json"))
+        {
+            Self::from_json(&text)
+        } else {
+            Self::from_toml(&text)
+        }
+    }
+}
+
+/// What [`publish`] writes: a hash of `version` (incremented by each
+/// publication) and `rules` (the text), then the new version on the
+/// channel named as the key.
+const PUBLISH_SCRIPT: &str = r"
+local version = redis.call('HINCRBY', KEYS[1], 'version', 1)
+redis.call('HSET', KEYS[1], 'rules', ARGV[1])
+redis.call('PUBLISH', KEYS[1], version)
+return version
+";
+
+/// Why [`publish`] wrote nothing.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PublishError {
+    /// The rule set does not parse or validate.
+    #[error("rule set rejected: {0}")]
+    Rules(#[from] RulesError),
+    /// Redis failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
+/// Publish the rule set `text` (TOML or JSON) at `key` for every process
+/// following it ([`Rules::follow_redis`]): validated here first (a set
+/// that does not validate is not written), then, in one atomic script, its
+/// version incremented, the text stored and the version published on the
+/// channel `key`. Returns the new version.
+pub async fn publish(
+    connection: &mut impl redis::aio::ConnectionLike,
+    key: &str,
+    text: &str,
+) -> Result<u64, PublishError> {
+    RuleSet::parse(text)?;
+    Ok(redis::Script::new(PUBLISH_SCRIPT)
+        .key(key)
+        .arg(text)
+        .invoke_async(connection)
+        .await?)
+}
+
+impl Rules {
+    /// Follow the rule set in `path` (JSON if it ends in `.json`, else
+    /// TOML): it is read every `every`, and when its text changed and
+    /// validates, put in force ([`replace`](Self::replace)). A text that
+    /// does not validate, or a file that cannot be read, leaves the rules
+    /// in force, logged and in [`Watch::status`]. Needs a tokio runtime.
+    pub fn watch_file(&self, path: impl Into<PathBuf>, every: Duration) -> Watch {
+        let path = path.into();
+        let rules = self.clone();
+        let status = Arc::new(Mutex::new(WatchStatus::default()));
+        let status_in = Arc::clone(&status);
+        let task = tokio::spawn(async move {
+            let mut seen: Option<String> = std::fs::read_to_string(&path).ok();
+            loop {
+                tokio::time::sleep(every).await;
+                let text = match std::fs::read_to_string(&path) {
+                    Ok(text) => text,
+                    Err(error) => {
+                        let error = format!("{}: {error}", path.display());
+                        tracing::warn!(%error, "rules: cannot read the rules file; the rules in force stay");
+                        record(&status_in, |s| s.error = Some(error));
+                        continue;
+                    }
+                };
+                if seen.as_deref() == Some(&*text) {
+                    continue;
+                }
+                let parsed = if path
+                    .extension()
+                    .is_some_and(|e| e.eq_ignore_ascii_case("json"))
+                {
+                    RuleSet::from_json(&text)
+                } else {
+                    RuleSet::from_toml(&text)
+                };
+                seen = Some(text);
+                apply(
+                    &rules,
+                    parsed,
+                    &status_in,
+                    None,
+                    &path.display().to_string(),
+                );
+            }
+        });
+        Watch { task, status }
+    }
+
+    /// Follow the rule set that [`publish`] writes at `key` in the Redis of
+    /// `client`: read once now (an error if Redis cannot be reached or
+    /// holds no rule set there, or if it does not validate), then in a task,
+    /// re-read when a new version is published (pub/sub on the channel
+    /// `key`: every process follows within a round trip) and, as a backstop
+    /// for a missed message or a lost subscription, whenever the version
+    /// differs at a check every `check_every`. A rule set that does not
+    /// validate leaves the rules in force (logged, and in
+    /// [`Watch::status`]). Needs a tokio runtime.
+    pub async fn follow_redis(
+        &self,
+        client: redis::Client,
+        key: impl Into<String>,
+        check_every: Duration,
+    ) -> Result<Watch, PublishError> {
+        let key = key.into();
+        let mut connection = client.get_multiplexed_async_connection().await?;
+        let (version, text) = read(&mut connection, &key).await?;
+        let Some(text) = text else {
+            return Err(PublishError::Rules(RulesError {
+                rule: None,
+                field: key.clone(),
+                problem: "no rule set in Redis at this key: publish one first".to_owned(),
+            }));
+        };
+        self.replace(RuleSet::parse(&text)?);
+        let status = Arc::new(Mutex::new(WatchStatus {
+            version,
+            error: None,
+        }));
+        let status_in = Arc::clone(&status);
+        let rules = self.clone();
+        let task = tokio::spawn(async move {
+            let mut applied = version;
+            loop {
+                if let Err(error) =
+                    follow(&rules, &client, &key, check_every, &mut applied, &status_in).await
+                {
+                    let error = format!("redis: {error}");
+                    tracing::warn!(%error, key, "rules: lost the rule source; the rules in force stay, retrying");
+                    record(&status_in, |s| s.error = Some(error));
+                }
+                tokio::time::sleep(check_every).await;
+            }
+        });
+        Ok(Watch { task, status })
+    }
+}
+
+/// The version and text at `key`.
+async fn read(
+    connection: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+) -> redis::RedisResult<(u64, Option<String>)> {
+    let (version, text): (Option<u64>, Option<String>) = redis::cmd("HMGET")
+        .arg(key)
+        .arg("version")
+        .arg("rules")
+        .query_async(connection)
+        .await?;
+    Ok((version.unwrap_or(0), text))
+}
+
+/// Subscribe, then re-read on every message and at every check that sees
+/// another version; returns on a Redis error.
+async fn follow(
+    rules: &Rules,
+    client: &redis::Client,
+    key: &str,
+    check_every: Duration,
+    applied: &mut u64,
+    status: &Mutex<WatchStatus>,
+) -> redis::RedisResult<()> {
+    let mut pubsub = client.get_async_pubsub().await?;
+    pubsub.subscribe(key).await?;
+    let mut messages = pubsub.into_on_message();
+    let mut connection = client.get_multiplexed_async_connection().await?;
+    loop {
+        // Subscribed first, then read: a version published meanwhile is
+        // either read now or announced.
+        let (version, text) = read(&mut connection, key).await?;
+        if version != *applied {
+            *applied = version;
+            match text {
+                Some(text) => apply(rules, RuleSet::parse(&text), status, Some(version), key),
+                None => record(status, |s| {
+                    s.error = Some(format!(
+                        "{key}: the rule set was deleted; the rules in force stay"
+                    ));
+                }),
+            }
+        }
+        match tokio::time::timeout(check_every, messages.next()).await {
+            Ok(Some(_)) | Err(_) => {}
+            Ok(None) => {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "the subscription ended",
+                )));
+            }
+        }
+    }
+}
+
+fn apply(
+    rules: &Rules,
+    parsed: Result<RuleSet, RulesError>,
+    status: &Mutex<WatchStatus>,
+    version: Option<u64>,
+    source: &str,
+) {
+    match parsed {
+        Ok(set) => {
+            rules.replace(set);
+            tracing::info!(source, version, "rules: new rule set in force");
+            record(status, |s| {
+                s.version = version.unwrap_or(s.version + 1);
+                s.error = None;
+            });
+        }
+        Err(error) => {
+            tracing::error!(source, version, %error, "rules: rule set rejected; the rules in force stay");
+            record(status, |s| s.error = Some(error.to_string()));
+        }
+    }
+}

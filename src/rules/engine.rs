@@ -257,6 +257,11 @@ impl ActiveRules {
                 continue;
             }
             let Some(Call { key, cost }) = call(rule)? else {
+                // A rule that lets only some keys call refuses a request
+                // without a key; any other rule does not apply to it.
+                if !rule.admits_keyless() {
+                    return Ok(RulesCheck::ready(Admission::forbidden(rule.name())));
+                }
                 continue;
             };
             if !rule.admits(&key) {

@@ -557,6 +557,10 @@ impl Rule {
         self.only.as_ref().is_none_or(|only| only.contains(key))
     }
 
+    pub(crate) fn admits_keyless(&self) -> bool {
+        self.only.is_none()
+    }
+
     /// The keys allowed without limit.
     pub fn allowed_keys(&self) -> impl Iterator<Item = &str> {
         self.allow.iter().map(String::as_str)

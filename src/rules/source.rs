@@ -125,8 +125,9 @@ pub async fn publish(
 
 impl Rules {
     /// Follow the rule set in `path` (JSON if it ends in `.json`, else
-    /// TOML): it is read every `every`, and when its text changed and
-    /// validates, put in force ([`replace`](Self::replace)). A text that
+    /// TOML): it is read at once and then every `every`, and when its text
+    /// changed and validates, put in force ([`replace`](Self::replace);
+    /// counts of unchanged rules carry over). A text that
     /// does not validate, or a file that cannot be read, leaves the rules
     /// in force, logged and in [`Watch::status`]. Needs a tokio runtime.
     pub fn watch_file(&self, path: impl Into<PathBuf>, every: Duration) -> Watch {
@@ -135,9 +136,14 @@ impl Rules {
         let status = Arc::new(Mutex::new(WatchStatus::default()));
         let status_in = Arc::clone(&status);
         let task = tokio::spawn(async move {
-            let mut seen: Option<String> = std::fs::read_to_string(&path).ok();
+            // The first read puts the file in force too: it may have changed
+            // since the rules were loaded from it.
+            let mut seen: Option<String> = None;
+            let mut first = true;
             loop {
-                tokio::time::sleep(every).await;
+                if !std::mem::take(&mut first) {
+                    tokio::time::sleep(every).await;
+                }
                 let text = match std::fs::read_to_string(&path) {
                     Ok(text) => text,
                     Err(error) => {

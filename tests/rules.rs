@@ -1,0 +1,820 @@
+//! Limits as data, against a real redis-server: tiers per request, several
+//! matching rules with no quota spent on a denial, cost per request,
+//! counting by outcome with refunds, block after a breach, `only` lists,
+//! counts across a reload, and rule sets from a watched file and from
+//! Redis (a bad one rejected with the old one kept).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::{get, post};
+use http::{Method, Request, StatusCode};
+use support::RedisServer;
+use support::http::{header, request, request_with, send};
+use tower_redis_ratelimit::rules::{self, Call, Tier};
+use tower_redis_ratelimit::{Algorithm, RedisStore, RuleSet, Rules, RulesLayer};
+
+/// The algorithms that count requests (concurrency counts requests in
+/// flight, checked on its own below).
+const COUNTING: [&str; 4] = ["sliding-log", "fixed-window", "sliding-window", "gcra"];
+
+async fn rules_on(server: &RedisServer, text: &str) -> Rules {
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    Rules::new(store, RuleSet::from_toml(text).unwrap()).without_deny_cache()
+}
+
+/// A router answering every path: `/login` answers 401 unless the header
+/// `x-password` is `right`, `/fail` answers 500, the others 200.
+fn app(layer: RulesLayer) -> Router {
+    Router::new()
+        .route(
+            "/login",
+            post(|req: Request<Body>| async move {
+                if req
+                    .headers()
+                    .get("x-password")
+                    .is_some_and(|v| v == "right")
+                {
+                    StatusCode::OK
+                } else {
+                    StatusCode::UNAUTHORIZED
+                }
+            }),
+        )
+        .route("/fail", get(|| async { StatusCode::INTERNAL_SERVER_ERROR }))
+        .fallback(|| async { "ok" })
+        .layer(layer)
+}
+
+async fn status(app: &Router, req: Request<Body>) -> StatusCode {
+    send(app, req).await.0.status()
+}
+
+fn post_login(peer: &str, password: &str) -> Request<Body> {
+    let mut req = request_with("/login", peer, &[("x-password", password)]);
+    *req.method_mut() = Method::POST;
+    req
+}
+
+/// The units a rule has left for `key` (peeked: nothing counted; a peek
+/// tells what a check at the rule's cost would leave).
+async fn remaining(rules: &Rules, rule: &str, tier: Option<&str>, key: &str) -> u64 {
+    let active = rules.current();
+    let limiter = active.limiter(rule, tier).unwrap();
+    let peeked = limiter.peek(key).await.unwrap();
+    if peeked.allowed() {
+        peeked.remaining() + limiter.policy().cost()
+    } else {
+        peeked.remaining()
+    }
+}
+
+/// Window algorithms here count per hour; refunds are skipped once the
+/// window that counted a request ended, so keep clear of the hour's end.
+async fn clear_of_the_hour() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let into_hour = now.as_secs() % 3600;
+    if into_hour > 3600 - 60 {
+        tokio::time::sleep(Duration::from_secs(3600 - into_hour + 1)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_tier_is_picked_per_request_from_the_rules_or_a_closure() {
+    let server = RedisServer::start();
+    let text = r#"
+        tier = "header:x-plan"
+        [[rules]]
+        name = "api"
+        path = "/api/{*rest}"
+        key = "ip"
+        policy = "2/h"
+        tiers = { pro = "4/h" }
+    "#;
+    let router = app(RulesLayer::new(rules_on(&server, text).await));
+    let app = &router;
+    let from = |peer, plan: Option<&str>| {
+        let headers: Vec<(&str, &str)> = plan.map(|p| ("x-plan", p)).into_iter().collect();
+        request_with("/api/items", peer, &headers)
+    };
+    // No plan, and an unknown plan: the default, 2 per hour.
+    for plan in [None, Some("gold")] {
+        let peer = if plan.is_none() {
+            "10.0.0.1"
+        } else {
+            "10.0.0.2"
+        };
+        let (first, _) = send(&app, from(peer, plan)).await;
+        assert_eq!(header(&first, "x-ratelimit-limit"), Some("2"));
+        assert_eq!(status(&app, from(peer, plan)).await, StatusCode::OK);
+        assert_eq!(
+            status(&app, from(peer, plan)).await,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+    // Pro: 4 per hour.
+    for i in 0..4 {
+        let (response, _) = send(&app, from("10.0.0.3", Some("pro"))).await;
+        assert_eq!(response.status(), StatusCode::OK, "pro request {i}");
+        assert_eq!(header(&response, "x-ratelimit-limit"), Some("4"));
+    }
+    assert_eq!(
+        status(&app, from("10.0.0.3", Some("pro"))).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Paths the rule does not match are not limited.
+    for _ in 0..5 {
+        assert_eq!(
+            status(&app, request("/other", "10.0.0.1")).await,
+            StatusCode::OK
+        );
+    }
+
+    // A closure overrides the rule set's source (here: from the Tier
+    // extension an auth middleware would insert).
+    let layer = RulesLayer::new(rules_on(&server, text).await)
+        .with_tier(|_, extensions| extensions.get::<Tier>().map(|t| t.0.to_uppercase()));
+    let app = self::app(layer);
+    let mut req = request_with("/api/x", "10.0.0.4", &[("x-plan", "pro")]);
+    req.extensions_mut().insert(Tier("free".to_owned()));
+    let (response, _) = send(&app, req).await;
+    assert_eq!(
+        header(&response, "x-ratelimit-limit"),
+        Some("2"),
+        "the header is not read"
+    );
+
+    // `tier = "extension"` reads the Tier extension.
+    let ext = text.replace("header:x-plan", "extension");
+    let app = self::app(RulesLayer::new(rules_on(&server, &ext).await));
+    let mut req = request("/api/x", "10.0.0.5");
+    req.extensions_mut().insert(Tier("pro".to_owned()));
+    let (response, _) = send(&app, req).await;
+    assert_eq!(header(&response, "x-ratelimit-limit"), Some("4"));
+}
+
+#[tokio::test]
+async fn a_denial_by_one_rule_spends_no_other_rules_quota() {
+    clear_of_the_hour().await;
+    let server = RedisServer::start();
+    for algorithm in COUNTING {
+        let text = format!(
+            r#"
+            [[rules]]
+            name = "global"
+            key = "global"
+            policy = "5/h"
+            algorithm = "{algorithm}"
+
+            [[rules]]
+            name = "per-ip"
+            key = "ip"
+            policy = "1/h"
+            algorithm = "{algorithm}"
+            "#
+        );
+        let rules = rules_on(&server, &text).await;
+        let app = app(RulesLayer::new(rules.clone()));
+        server.command(&["FLUSHALL"]);
+        assert_eq!(
+            status(&app, request("/", "10.0.0.1")).await,
+            StatusCode::OK,
+            "{algorithm}"
+        );
+        for _ in 0..10 {
+            let (response, _) = send(&app, request("/", "10.0.0.1")).await;
+            assert_eq!(
+                response.status(),
+                StatusCode::TOO_MANY_REQUESTS,
+                "{algorithm}"
+            );
+            // The response shows the rule that denied.
+            assert_eq!(
+                header(&response, "x-ratelimit-limit"),
+                Some("1"),
+                "{algorithm}"
+            );
+        }
+        assert_eq!(
+            remaining(&rules, "global", None, "global").await,
+            4,
+            "{algorithm}: the denials spent the global quota"
+        );
+        // The other 4 units are there for other clients.
+        for peer in ["10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5"] {
+            assert_eq!(
+                status(&app, request("/", peer)).await,
+                StatusCode::OK,
+                "{algorithm} {peer}"
+            );
+        }
+        assert_eq!(
+            status(&app, request("/", "10.0.0.6")).await,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{algorithm}"
+        );
+        // A denial by the global rule gives back the per-ip unit.
+        assert_eq!(
+            remaining(&rules, "per-ip", None, "10.0.0.6").await,
+            1,
+            "{algorithm}"
+        );
+    }
+
+    // A concurrency rule's slot is given back too.
+    let rules = rules_on(
+        &server,
+        r#"
+        [[rules]]
+        name = "in-flight"
+        key = "global"
+        policy = "3/1m"   # 3 in flight, each lease at most a minute
+        algorithm = "concurrency"
+
+        [[rules]]
+        name = "per-ip"
+        key = "ip"
+        policy = "1/h"
+        "#,
+    )
+    .await;
+    server.command(&["FLUSHALL"]);
+    let app = app(RulesLayer::new(rules.clone()));
+    assert_eq!(status(&app, request("/", "10.0.0.1")).await, StatusCode::OK);
+    for _ in 0..5 {
+        assert_eq!(
+            status(&app, request("/", "10.0.0.1")).await,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+    assert_eq!(remaining(&rules, "in-flight", None, "global").await, 3);
+}
+
+#[tokio::test]
+async fn a_denied_key_in_the_deny_cache_touches_no_other_rule() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    // The deny cache answers where a denial is final: not for the sliding
+    // log's default (MULTI) execution.
+    let text = "[[rules]]\nname = \"global\"\nkey = \"global\"\npolicy = \"100/h\"\n\
+                [[rules]]\nname = \"per-ip\"\nkey = \"ip\"\npolicy = \"1/h\"\nalgorithm = \"fixed-window\"\n";
+    let rules = Rules::new(store, RuleSet::from_toml(text).unwrap());
+    let app = app(RulesLayer::new(rules.clone()));
+    assert_eq!(status(&app, request("/", "10.0.0.1")).await, StatusCode::OK);
+    assert_eq!(
+        status(&app, request("/", "10.0.0.1")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let calls = server.calls("evalsha");
+    for _ in 0..20 {
+        assert_eq!(
+            status(&app, request("/", "10.0.0.1")).await,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+    assert_eq!(
+        server.calls("evalsha"),
+        calls,
+        "a cached denial asked Redis"
+    );
+    assert_eq!(remaining(&rules, "global", None, "global").await, 99);
+}
+
+#[tokio::test]
+async fn a_request_costs_what_the_rule_or_the_cost_closure_says() {
+    clear_of_the_hour().await;
+    let server = RedisServer::start();
+    for algorithm in COUNTING {
+        server.command(&["FLUSHALL"]);
+        let text = format!(
+            "[[rules]]\nname = \"upload\"\nkey = \"ip\"\npolicy = \"10/h\"\nalgorithm = \"{algorithm}\"\n\
+             [[rules]]\nname = \"report\"\npath = \"/report\"\nkey = \"ip\"\npolicy = \"10/h\"\ncost = 3\nalgorithm = \"{algorithm}\"\n"
+        );
+        let rules = rules_on(&server, &text).await;
+        let layer = RulesLayer::new(rules.clone()).with_cost(|rule, headers| {
+            (rule.name() == "upload")
+                .then(|| headers.get("x-cost")?.to_str().ok()?.parse().ok())
+                .flatten()
+        });
+        let app = self::app(layer);
+        let costing = |n: &str| request_with("/upload", "10.0.0.1", &[("x-cost", n)]);
+        assert_eq!(
+            status(&app, costing("4")).await,
+            StatusCode::OK,
+            "{algorithm}"
+        );
+        assert_eq!(
+            remaining(&rules, "upload", None, "10.0.0.1").await,
+            6,
+            "{algorithm}"
+        );
+        assert_eq!(
+            status(&app, costing("7")).await,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{algorithm}"
+        );
+        assert_eq!(
+            remaining(&rules, "upload", None, "10.0.0.1").await,
+            6,
+            "{algorithm}: a denial counted"
+        );
+        // A cost of 0 is not counted; no header: the rule's cost (1).
+        assert_eq!(
+            status(&app, costing("0")).await,
+            StatusCode::OK,
+            "{algorithm}"
+        );
+        assert_eq!(
+            status(&app, request("/upload", "10.0.0.1")).await,
+            StatusCode::OK,
+            "{algorithm}"
+        );
+        assert_eq!(
+            remaining(&rules, "upload", None, "10.0.0.1").await,
+            5,
+            "{algorithm}"
+        );
+        // A cost above the max is lowered to the max: admitted on a fresh key.
+        assert_eq!(
+            status(
+                &app,
+                request_with("/upload", "10.0.0.2", &[("x-cost", "1000")])
+            )
+            .await,
+            StatusCode::OK,
+            "{algorithm}"
+        );
+        assert_eq!(
+            remaining(&rules, "upload", None, "10.0.0.2").await,
+            0,
+            "{algorithm}"
+        );
+        // The rule's own cost: 3 of 10 per report (both rules match /report).
+        for _ in 0..3 {
+            assert_eq!(
+                status(&app, request("/report", "10.0.0.3")).await,
+                StatusCode::OK,
+                "{algorithm}"
+            );
+        }
+        assert_eq!(
+            status(&app, request("/report", "10.0.0.3")).await,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{algorithm}"
+        );
+        assert_eq!(
+            remaining(&rules, "report", None, "10.0.0.3").await,
+            1,
+            "{algorithm}"
+        );
+        assert_eq!(
+            remaining(&rules, "upload", None, "10.0.0.3").await,
+            7,
+            "{algorithm}: the denied report's unit was not given back"
+        );
+    }
+}
+
+/// Wait until `rule` has `expected` left for `key` (refunds run in a task
+/// after the response).
+async fn wait_for_remaining(rules: &Rules, rule: &str, key: &str, expected: u64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let left = remaining(rules, rule, None, key).await;
+        if left == expected {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {left} left, expected {expected}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn only_the_outcomes_a_rule_counts_are_counted() {
+    clear_of_the_hour().await;
+    let server = RedisServer::start();
+    for algorithm in COUNTING {
+        server.command(&["FLUSHALL"]);
+        let text = format!(
+            "[[rules]]\nname = \"login\"\nmethods = [\"POST\"]\npath = \"/login\"\nkey = \"ip\"\n\
+             policy = \"3/h\"\nalgorithm = \"{algorithm}\"\ncount = [\"4xx\"]\n\
+             [[rules]]\nname = \"fail\"\npath = \"/fail\"\nkey = \"ip\"\n\
+             policy = \"2/h\"\nalgorithm = \"{algorithm}\"\nrefund = [\"5xx\"]\n"
+        );
+        let rules = rules_on(&server, &text).await;
+        let app = app(RulesLayer::new(rules.clone()));
+        // Successful logins are refunded: any number of them.
+        for i in 0..6 {
+            assert_eq!(
+                status(&app, post_login("10.0.0.1", "right")).await,
+                StatusCode::OK,
+                "{algorithm} login {i}"
+            );
+            wait_for_remaining(&rules, "login", "10.0.0.1", 3, algorithm).await;
+        }
+        // Failed ones count: 3, then denied.
+        for _ in 0..3 {
+            assert_eq!(
+                status(&app, post_login("10.0.0.1", "wrong")).await,
+                StatusCode::UNAUTHORIZED,
+                "{algorithm}"
+            );
+        }
+        assert_eq!(
+            status(&app, post_login("10.0.0.1", "right")).await,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{algorithm}"
+        );
+        assert_eq!(
+            remaining(&rules, "login", None, "10.0.0.1").await,
+            0,
+            "{algorithm}"
+        );
+        // Responses refunded by `refund = ["5xx"]`.
+        for _ in 0..5 {
+            assert_eq!(
+                status(&app, request("/fail", "10.0.0.2")).await,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "{algorithm}"
+            );
+            wait_for_remaining(&rules, "fail", "10.0.0.2", 2, algorithm).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_breach_blocks_the_key_in_every_process() {
+    let server = RedisServer::start();
+    for algorithm in COUNTING {
+        server.command(&["FLUSHALL"]);
+        let text = format!(
+            "[[rules]]\nname = \"burst\"\nkey = \"ip\"\npolicy = \"2/s\"\nalgorithm = \"{algorithm}\"\nblock = \"3s\"\n"
+        );
+        let one = app(RulesLayer::new(rules_on(&server, &text).await));
+        let other = rules_on(&server, &text).await;
+        let other_app = app(RulesLayer::new(other.clone()));
+        let start = Instant::now();
+        assert_eq!(
+            status(&one, request("/", "10.0.0.1")).await,
+            StatusCode::OK,
+            "{algorithm}"
+        );
+        assert_eq!(
+            status(&one, request("/", "10.0.0.1")).await,
+            StatusCode::OK,
+            "{algorithm}"
+        );
+        let (denied, _) = send(&one, request("/", "10.0.0.1")).await;
+        assert_eq!(
+            denied.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "{algorithm}"
+        );
+        assert_eq!(
+            header(&denied, "retry-after"),
+            Some("3"),
+            "{algorithm}: the block's length"
+        );
+        // Past the rate's window, the key is still blocked, here and in
+        // another process.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let peeked = other
+            .current()
+            .limiter("burst", None)
+            .unwrap()
+            .peek("10.0.0.1")
+            .await
+            .unwrap();
+        assert!(peeked.blocked(), "{algorithm}: {peeked:?}");
+        assert_eq!(
+            status(&other_app, request("/", "10.0.0.1")).await,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{algorithm}"
+        );
+        assert_eq!(
+            status(&one, request("/", "10.0.0.1")).await,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{algorithm}"
+        );
+        // Another key is not blocked.
+        assert_eq!(
+            status(&other_app, request("/", "10.0.0.2")).await,
+            StatusCode::OK,
+            "{algorithm}"
+        );
+        // Once the block ends, the key is admitted again.
+        let ends = start + Duration::from_millis(3300);
+        tokio::time::sleep(ends.saturating_duration_since(Instant::now())).await;
+        assert_eq!(
+            status(&other_app, request("/", "10.0.0.1")).await,
+            StatusCode::OK,
+            "{algorithm}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_only_list_refuses_every_other_caller_and_an_allow_list_is_unlimited() {
+    let server = RedisServer::start();
+    let rules = rules_on(
+        &server,
+        r#"
+        [[rules]]
+        name = "partners"
+        path = "/partners/{*rest}"
+        key = "header:x-api-key"
+        policy = "1/h"
+        only = ["partner-a", "partner-b"]
+        allow = ["partner-b"]
+        "#,
+    )
+    .await;
+    let app = app(RulesLayer::new(rules));
+    let with_key = |key: &str| request_with("/partners/x", "10.0.0.1", &[("x-api-key", key)]);
+    assert_eq!(status(&app, with_key("partner-a")).await, StatusCode::OK);
+    assert_eq!(
+        status(&app, with_key("partner-a")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    for _ in 0..5 {
+        assert_eq!(
+            status(&app, with_key("partner-b")).await,
+            StatusCode::OK,
+            "allowed: unlimited"
+        );
+    }
+    assert_eq!(
+        status(&app, with_key("stranger")).await,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        status(&app, request("/partners/x", "10.0.0.1")).await,
+        StatusCode::FORBIDDEN,
+        "no key at all"
+    );
+    assert_eq!(
+        status(&app, with_key("stranger").map(|b| b)).await,
+        StatusCode::FORBIDDEN
+    );
+    // Other paths are not this rule's.
+    assert_eq!(
+        status(&app, request("/public", "10.0.0.1")).await,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn counts_survive_a_reload_while_a_rule_and_its_policy_are_unchanged() {
+    let server = RedisServer::start();
+    let before = "[[rules]]\nname = \"api\"\nkey = \"ip\"\npolicy = \"3/h\"\n\
+                  [[rules]]\nname = \"login\"\nkey = \"ip\"\npolicy = \"3/h\"\npath = \"/signin\"\n";
+    let rules = rules_on(&server, before).await;
+    let app = app(RulesLayer::new(rules.clone()));
+    for _ in 0..2 {
+        assert_eq!(
+            status(&app, request("/signin", "10.0.0.1")).await,
+            StatusCode::OK
+        );
+    }
+    assert_eq!(remaining(&rules, "api", None, "10.0.0.1").await, 1);
+    assert_eq!(remaining(&rules, "login", None, "10.0.0.1").await, 1);
+    let after = "[[rules]]\nname = \"api\"\nkey = \"ip\"\npolicy = \"3/h\"\n\
+                 [[rules]]\nname = \"login\"\nkey = \"ip\"\npolicy = \"5/h\"\npath = \"/signin\"\n";
+    rules.replace(RuleSet::from_toml(after).unwrap());
+    assert_eq!(
+        remaining(&rules, "api", None, "10.0.0.1").await,
+        1,
+        "unchanged: kept"
+    );
+    assert_eq!(
+        remaining(&rules, "login", None, "10.0.0.1").await,
+        5,
+        "a new policy starts afresh"
+    );
+    assert_eq!(
+        status(&app, request("/signin", "10.0.0.1")).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&app, request("/signin", "10.0.0.1")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn rules_in_redis_are_followed_and_a_bad_set_keeps_the_old_one() {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let first = "[[rules]]\nname = \"api\"\nkey = \"ip\"\npolicy = \"1/h\"\n";
+    assert_eq!(
+        rules::publish(&mut connection, "rl:rules", first)
+            .await
+            .unwrap(),
+        1
+    );
+
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let rules = Rules::new(store, RuleSet::from_toml("").unwrap());
+    let watch = rules
+        .follow_redis(client.clone(), "rl:rules", Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(watch.status().version >= 1);
+    let app = app(RulesLayer::new(rules.clone()));
+    assert_eq!(status(&app, request("/", "10.0.0.1")).await, StatusCode::OK);
+    assert_eq!(
+        status(&app, request("/", "10.0.0.1")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    // A new version reaches the follower through pub/sub (the backstop
+    // check is 30 s away).
+    let second = "[[rules]]\nname = \"api\"\nkey = \"ip\"\npolicy = \"3/h\"\n";
+    let published = Instant::now();
+    assert_eq!(
+        rules::publish(&mut connection, "rl:rules", second)
+            .await
+            .unwrap(),
+        2
+    );
+    while watch.status().version != 2 {
+        assert!(
+            published.elapsed() < Duration::from_secs(1),
+            "not followed within 1 s: {:?}",
+            watch.status()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(status(&app, request("/", "10.0.0.1")).await, StatusCode::OK);
+
+    // publish() refuses a bad set and writes nothing.
+    let bad = "[[rules]]\nname = \"api\"\nkey = \"ip\"\npolicy = \"3 per hour\"\n";
+    let error = rules::publish(&mut connection, "rl:rules", bad)
+        .await
+        .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("rule \"api\" (#1), field policy"),
+        "{error}"
+    );
+    let version: u64 = redis::cmd("HGET")
+        .arg("rl:rules")
+        .arg("version")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(version, 2);
+
+    // A bad set written around publish() is rejected by the follower,
+    // named, and the rules in force stay.
+    server.command(&["HSET", "rl:rules", "rules", bad, "version", "3"]);
+    server.command(&["PUBLISH", "rl:rules", "3"]);
+    let written = Instant::now();
+    while watch.status().error.is_none() {
+        assert!(
+            written.elapsed() < Duration::from_secs(1),
+            "no error recorded"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let status_now = watch.status();
+    assert_eq!(status_now.version, 2, "{status_now:?}");
+    assert!(
+        status_now
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("field policy"),
+        "{status_now:?}"
+    );
+    assert_eq!(
+        rules.current().set().rules()[0].policy(None).to_string(),
+        "3/h"
+    );
+    // 3 per hour, one spent: two more, then denied.
+    for _ in 0..2 {
+        assert_eq!(status(&app, request("/", "10.0.0.1")).await, StatusCode::OK);
+    }
+    assert_eq!(
+        status(&app, request("/", "10.0.0.1")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    // A missed message is caught by the periodic check.
+    let fast = rules
+        .follow_redis(client.clone(), "rl:rules", Duration::from_millis(200))
+        .await;
+    assert!(
+        fast.is_err(),
+        "the bad set in Redis is refused at the start"
+    );
+    server.command(&["HSET", "rl:rules", "rules", first, "version", "4"]);
+    let follower = Rules::new(
+        RedisStore::connect(&server.url()).await.unwrap(),
+        RuleSet::from_toml(second).unwrap(),
+    );
+    let watch = follower
+        .follow_redis(client.clone(), "rl:rules", Duration::from_millis(200))
+        .await
+        .unwrap();
+    server.command(&["HSET", "rl:rules", "rules", second, "version", "5"]);
+    let written = Instant::now();
+    while watch.status().version != 5 {
+        assert!(
+            written.elapsed() < Duration::from_secs(2),
+            "not caught by the check: {:?}",
+            watch.status()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        follower.current().set().rules()[0].policy(None).to_string(),
+        "3/h"
+    );
+}
+
+#[tokio::test]
+async fn a_watched_file_is_followed_and_a_bad_one_keeps_the_old_rules() {
+    let server = RedisServer::start();
+    let dir = std::env::temp_dir().join(format!("rules-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("rules.toml");
+    std::fs::write(
+        &path,
+        "[[rules]]\nname = \"api\"\nkey = \"ip\"\npolicy = \"1/h\"\n",
+    )
+    .unwrap();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let rules = Rules::new(store, RuleSet::from_file(&path).unwrap());
+    let watch = rules.watch_file(&path, Duration::from_millis(50));
+    std::fs::write(
+        &path,
+        "[[rules]]\nname = \"api\"\nkey = \"ip\"\npolicy = \"7/h\"\n",
+    )
+    .unwrap();
+    let written = Instant::now();
+    while rules.current().set().rules()[0].policy(None).to_string() != "7/h" {
+        assert!(
+            written.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            watch.status()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(watch.status().version >= 1);
+    std::fs::write(
+        &path,
+        "[[rules]]\nname = \"api\"\nkey = \"ip\"\npolicy = \"7/h\"\nalgorithm = \"leaky\"\n",
+    )
+    .unwrap();
+    let written = Instant::now();
+    while watch.status().error.is_none() {
+        assert!(written.elapsed() < Duration::from_secs(2));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        watch.status().error.unwrap().contains("field algorithm"),
+        "{:?}",
+        watch.status()
+    );
+    assert_eq!(
+        rules.current().set().rules()[0].policy(None).to_string(),
+        "7/h"
+    );
+    assert_eq!(
+        rules.current().set().rules()[0].policy(None).algorithm(),
+        Algorithm::SlidingLog
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn the_engine_limits_work_that_is_not_a_request() {
+    let server = RedisServer::start();
+    let rules = rules_on(&server, "[[rules]]\nname = \"jobs\"\ngrpc = \"/jobs.Queue/*\"\nkey = \"global\"\npolicy = \"2/h\"\n").await;
+    let check = || {
+        rules
+            .current()
+            .check(&Method::POST, "/jobs.Queue/Run", None, |_| {
+                Ok::<_, std::convert::Infallible>(Some(Call::new("tenant-1")))
+            })
+            .unwrap()
+    };
+    assert!(check().await.unwrap().allowed());
+    assert!(check().await.unwrap().allowed());
+    let denied = check().await.unwrap();
+    assert!(!denied.allowed());
+    let (rule, _, decision, _) = denied.shown().unwrap();
+    assert_eq!((rule, decision.remaining()), ("jobs", 0));
+}

@@ -18,6 +18,17 @@
 //! | `PROXY_HEADER` | `x-forwarded-for` | with `TRUSTED_PROXIES`: `x-forwarded-for`, `forwarded` or `x-real-ip` |
 //! | `FAIL_MODE`  | `open`           | when the store fails: `open` (admit), `closed` (answer 503) or `fallback:N` (limit in process to 1/N of the policy, for N instances) |
 //! | `HEADERS`    | `x`              | rate-limit fields: `x` (`X-RateLimit-*`), `ietf` (`RateLimit-Policy`, `RateLimit`) or `both` |
+//! | `RULES`      | unset            | limits as data instead of `RATE_LIMIT`/`KEY`/`ALGORITHM`/`EXECUTION`: a rules file (`examples/rules.toml`; TOML, or JSON if it ends in `.json`), re-read every second, or `redis`: the rule set published at `RULES_KEY` in `REDIS_URL`, followed as it changes |
+//! | `RULES_KEY`  | `rl:rules`       | with `RULES=redis`: the key (and pub/sub channel) of the rule set |
+//!
+//! With `RULES`, every path is served (`hello`), `POST /login` answers 200
+//! when the header `x-password` is `demo` and 401 otherwise (to show a rule
+//! counting failed logins only), and `/health` is never limited. A rule set
+//! that does not validate stops the start (exit 2); at runtime it is
+//! rejected and logged, and the rules in force stay. Publish a rule set to
+//! Redis with `tower_redis_ratelimit::rules::publish` (it validates first),
+//! or by hand: `HSET rl:rules rules "<text>"`, `HINCRBY rl:rules version 1`,
+//! then `PUBLISH rl:rules <version>`.
 //!
 //! With `ALGORITHM=concurrency`, `RATE_LIMIT` is one rate read as "at most N
 //! requests in flight / lease time": `5/30s` allows 5 at once, and a slot of
@@ -39,7 +50,7 @@ use tokio::net::TcpListener;
 use tower_redis_ratelimit::key::ProxyHeader;
 use tower_redis_ratelimit::{
     Algorithm, Execution, FailMode, HeaderStyle, MemoryStore, Policy, RateLimitLayer, RedisStore,
-    Store, key,
+    RuleSet, Rules, RulesLayer, Store, key,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -106,9 +117,13 @@ fn init_logging() {
 /// Reads the settings, opens the store and binds the listener.
 async fn setup() -> Result<(TcpListener, Router), BadSetting> {
     let settings = Settings::from_env()?;
-    let app = match &settings.redis_url {
-        None => router(MemoryStore::new(), &settings),
-        Some(url) => router(connect_redis(url).await?, &settings),
+    let app = match (&settings.rules, &settings.redis_url) {
+        (Some(source), None) => rules_router(MemoryStore::new(), source, &settings).await?,
+        (Some(source), Some(url)) => {
+            rules_router(connect_redis(url).await?, source, &settings).await?
+        }
+        (None, None) => router(MemoryStore::new(), &settings),
+        (None, Some(url)) => router(connect_redis(url).await?, &settings),
     };
     let listener = TcpListener::bind(&settings.bind).await.map_err(|error| {
         BadSetting::new(
@@ -129,6 +144,17 @@ fn log_start(settings: &Settings, listener: &TcpListener) {
     let addr = listener
         .local_addr()
         .map_or_else(|_| settings.bind.clone(), |addr| addr.to_string());
+    if let Some(source) = &settings.rules {
+        tracing::info!(
+            store = %store,
+            rules = %source,
+            trusted_proxies = settings.client_ip.is_some(),
+            fail_mode = %settings.fail_mode_text,
+            headers = %settings.headers_text,
+            "listening on http://{addr}"
+        );
+        return;
+    }
     let Some(policy) = &settings.policy else {
         tracing::info!("listening on http://{addr}, RATE_LIMIT=off: nothing is limited");
         return;
@@ -174,6 +200,60 @@ fn router<St: Store>(store: St, settings: &Settings) -> Router {
             RateLimitLayer::new(store, policy, header.clone().or(client_ip.clone())),
             settings,
         ),
+    }
+}
+
+/// Every path limited by the rules from `source`, which are followed as
+/// they change for as long as the server runs, and `GET /health`.
+async fn rules_router<St: Store>(
+    store: St,
+    source: &RulesSource,
+    settings: &Settings,
+) -> Result<Router, BadSetting> {
+    let empty = RuleSet::from_toml("").map_err(|error| BadSetting::new("RULES", error))?;
+    let mut rules = Rules::new(store, empty).with_fail_mode(settings.fail_mode.clone());
+    if !settings.deny_cache {
+        rules = rules.without_deny_cache();
+    }
+    let watch = match source {
+        RulesSource::File(path) => {
+            let set = RuleSet::from_file(path).map_err(|error| BadSetting::new("RULES", error))?;
+            rules.replace(set);
+            rules.watch_file(path, std::time::Duration::from_secs(1))
+        }
+        RulesSource::Redis(key) => {
+            let Some(url) = &settings.redis_url else {
+                return Err(BadSetting::new("RULES", "`redis` needs REDIS_URL"));
+            };
+            let client = redis::Client::open(url.as_str())
+                .map_err(|error| BadSetting::new("REDIS_URL", error))?;
+            // The pub/sub message brings a change at once; the version
+            // check every second is the backstop.
+            rules
+                .follow_redis(client, key.clone(), std::time::Duration::from_secs(1))
+                .await
+                .map_err(|error| BadSetting::new("RULES", error))?
+        }
+    };
+    // Follow the rules for the life of the server.
+    watch.detach();
+    let mut layer = RulesLayer::new(rules).with_headers(settings.headers);
+    if let Some(client_ip) = &settings.client_ip {
+        layer = layer.with_client_ip(client_ip.clone());
+    }
+    let limited = Router::new()
+        .route("/login", axum::routing::post(login))
+        .fallback(hello)
+        .layer(layer);
+    Ok(with_health(limited))
+}
+
+/// A demonstration login: `x-password: demo` succeeds, anything else fails.
+async fn login(headers: http::HeaderMap) -> http::StatusCode {
+    if headers.get("x-password").is_some_and(|p| p == "demo") {
+        http::StatusCode::OK
+    } else {
+        http::StatusCode::UNAUTHORIZED
     }
 }
 
@@ -234,6 +314,8 @@ fn without_password(url: &str) -> String {
 /// What the server is configured with.
 struct Settings {
     bind: String,
+    /// `RULES`: limits as data instead of one policy.
+    rules: Option<RulesSource>,
     redis_url: Option<String>,
     /// The policy, with its algorithm and execution; `None`: `RATE_LIMIT=off`.
     policy: Option<Policy>,
@@ -251,6 +333,29 @@ impl Settings {
     fn from_env() -> Result<Self, BadSetting> {
         let bind = var("BIND")?.unwrap_or_else(|| "127.0.0.1:3000".to_owned());
         let redis_url = var("REDIS_URL")?;
+
+        let rules = match var("RULES")? {
+            None => None,
+            Some(text) if text == "redis" => {
+                if redis_url.is_none() {
+                    return Err(BadSetting::new("RULES", "`redis` needs REDIS_URL"));
+                }
+                Some(RulesSource::Redis(
+                    var("RULES_KEY")?.unwrap_or_else(|| "rl:rules".to_owned()),
+                ))
+            }
+            Some(path) => Some(RulesSource::File(path.into())),
+        };
+        if rules.is_some() {
+            for single in ["RATE_LIMIT", "KEY", "ALGORITHM", "EXECUTION"] {
+                if var(single)?.is_some() {
+                    return Err(BadSetting::new(
+                        single,
+                        "the rules (RULES) say what is limited and how: set one of them",
+                    ));
+                }
+            }
+        }
 
         let rate_limit = var("RATE_LIMIT")?.unwrap_or_else(|| "5/10s".to_owned());
         let policy: Option<Policy> = match rate_limit.as_str() {
@@ -374,6 +479,7 @@ impl Settings {
 
         Ok(Self {
             bind,
+            rules,
             redis_url,
             policy,
             key,
@@ -394,6 +500,23 @@ fn var(name: &'static str) -> Result<Option<String>, BadSetting> {
         Ok(value) => Ok(Some(value)),
         Err(std::env::VarError::NotPresent) => Ok(None),
         Err(std::env::VarError::NotUnicode(_)) => Err(BadSetting::new(name, "not valid UTF-8")),
+    }
+}
+
+/// Where the rules come from (`RULES`).
+enum RulesSource {
+    /// A file, re-read every second.
+    File(std::path::PathBuf),
+    /// A key in Redis, followed.
+    Redis(String),
+}
+
+impl fmt::Display for RulesSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::File(path) => write!(f, "file {}", path.display()),
+            Self::Redis(key) => write!(f, "redis key {key}"),
+        }
     }
 }
 

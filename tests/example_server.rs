@@ -257,3 +257,146 @@ fn sigterm_stops_the_server_gracefully() {
         "no longer listening"
     );
 }
+
+#[test]
+fn two_servers_follow_rules_written_to_redis_within_a_second_under_load() {
+    let redis = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let publish = |policy: &str| {
+        let text = format!(
+            "[[rules]]\nname = \"api\"\nkey = \"global\"\npolicy = \"{policy}\"\nalgorithm = \"fixed-window\"\n"
+        );
+        runtime.block_on(async {
+            let client = redis::Client::open(redis.url()).unwrap();
+            let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+            tower_redis_ratelimit::rules::publish(&mut connection, "rl:rules", &text)
+                .await
+                .unwrap()
+        })
+    };
+    assert_eq!(publish("100000/h"), 1);
+    let url = redis.url();
+    let vars = [("REDIS_URL", url.as_str()), ("RULES", "redis")];
+    let servers = [Server::start(&vars), Server::start(&vars)];
+
+    // Load on both servers from 4 clients; every response is recorded with
+    // when its request was sent.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let start = Instant::now();
+    let mut published_at = Duration::ZERO;
+    let responses: Vec<Vec<(usize, Duration, u16, String)>> = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..4)
+            .map(|c| {
+                let (servers, stop) = (&servers, &stop);
+                scope.spawn(move || {
+                    let mut seen = Vec::new();
+                    let mut i = c;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let s = i % 2;
+                        let sent = start.elapsed();
+                        let (status, headers) = servers[s].get("/api/items", &[]);
+                        let limit = headers
+                            .iter()
+                            .find(|(n, _)| n == "x-ratelimit-limit")
+                            .map(|(_, v)| v.clone())
+                            .unwrap_or_default();
+                        seen.push((s, sent, status, limit));
+                        i += 1;
+                    }
+                    seen
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(500));
+        published_at = start.elapsed();
+        assert_eq!(publish("200000/h"), 2);
+        std::thread::sleep(Duration::from_millis(1500));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        clients.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let all: Vec<_> = responses.into_iter().flatten().collect();
+    assert!(all.len() > 100, "too little load: {} requests", all.len());
+    let failed: Vec<_> = all.iter().filter(|r| r.2 != 200).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed: {:?}",
+        failed.len(),
+        all.len(),
+        &failed[..failed.len().min(5)]
+    );
+    for s in 0..2 {
+        let of_server: Vec<_> = all.iter().filter(|r| r.0 == s).collect();
+        assert!(
+            of_server.iter().all(|r| r.3 == "100000" || r.3 == "200000"),
+            "server {s}: {of_server:?}"
+        );
+        let last_old = of_server
+            .iter()
+            .filter(|r| r.3 == "100000")
+            .map(|r| r.1)
+            .max()
+            .unwrap();
+        let switched_after = last_old.saturating_sub(published_at);
+        assert!(
+            switched_after < Duration::from_secs(1),
+            "server {s} still on the old rules {switched_after:?} after the publication"
+        );
+        assert!(
+            of_server
+                .iter()
+                .any(|r| r.3 == "200000" && r.1 > published_at),
+            "server {s} never switched"
+        );
+        eprintln!(
+            "server {s}: {} requests, last on the old rules sent {switched_after:?} after the publication",
+            of_server.len()
+        );
+    }
+}
+
+#[test]
+fn rules_from_a_file_pick_the_tier_and_a_bad_rules_setting_exits_2() {
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/rules.toml");
+    let server = Server::start(&[("RULES", file)]);
+    let limit = |headers: &[(&str, &str)]| {
+        let (status, got) = server.get("/api/items", headers);
+        assert_eq!(status, 200);
+        got.into_iter()
+            .find(|(n, _)| n == "x-ratelimit-limit")
+            .map(|(_, v)| v)
+    };
+    // The fields show the matching rule with the fewest units left: for
+    // the free plan the API rule (100/min), for pro the global one
+    // (2000/s, where pro's 5000/min has more left).
+    assert_eq!(limit(&[]).as_deref(), Some("100"));
+    assert_eq!(limit(&[("x-plan", "pro")]).as_deref(), Some("2000"));
+    assert_eq!(server.get("/health", &[]).0, 200);
+
+    let dir = std::env::temp_dir().join(format!("server-rules-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[[rules]]\nname = \"a\"\nkey = \"ip\"\npolicy = \"5 a minute\"\n",
+    )
+    .unwrap();
+    let (code, stderr) = refused(&[("RULES", bad.to_str().unwrap())]);
+    assert_eq!(code, Some(2));
+    assert!(
+        stderr.starts_with("RULES: rule \"a\" (#1), field policy"),
+        "{stderr}"
+    );
+    let (code, stderr) = refused(&[("RULES", "redis")]);
+    assert_eq!(code, Some(2));
+    assert!(
+        stderr.contains("RULES: `redis` needs REDIS_URL"),
+        "{stderr}"
+    );
+    let (code, stderr) = refused(&[("RULES", file), ("RATE_LIMIT", "5/s")]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.starts_with("RATE_LIMIT: "), "{stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

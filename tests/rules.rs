@@ -97,8 +97,7 @@ async fn the_tier_is_picked_per_request_from_the_rules_or_a_closure() {
         policy = "2/h"
         tiers = { pro = "4/h" }
     "#;
-    let router = app(RulesLayer::new(rules_on(&server, text).await));
-    let app = &router;
+    let app = app(RulesLayer::new(rules_on(&server, text).await));
     let from = |peer, plan: Option<&str>| {
         let headers: Vec<(&str, &str)> = plan.map(|p| ("x-plan", p)).into_iter().collect();
         request_with("/api/items", peer, &headers)

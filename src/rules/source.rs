@@ -13,7 +13,7 @@ use super::{RuleSet, Rules, RulesError};
 /// [`Rules::follow_redis`]): it stops when dropped.
 #[derive(Debug)]
 pub struct Watch {
-    task: tokio::task::JoinHandle<()>,
+    task: Option<tokio::task::JoinHandle<()>>,
     status: Arc<Mutex<WatchStatus>>,
 }
 
@@ -40,9 +40,19 @@ impl Watch {
     }
 }
 
+impl Watch {
+    /// Keep following for as long as the runtime runs, without a handle
+    /// (a server that follows its rules for its whole life).
+    pub fn detach(mut self) {
+        self.task = None;
+    }
+}
+
 impl Drop for Watch {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
     }
 }
 
@@ -174,7 +184,10 @@ impl Rules {
                 );
             }
         });
-        Watch { task, status }
+        Watch {
+            task: Some(task),
+            status,
+        }
     }
 
     /// Follow the rule set that [`publish`] writes at `key` in the Redis of
@@ -222,7 +235,10 @@ impl Rules {
                 tokio::time::sleep(check_every).await;
             }
         });
-        Ok(Watch { task, status })
+        Ok(Watch {
+            task: Some(task),
+            status,
+        })
     }
 }
 

@@ -1,9 +1,11 @@
-//! Limits as data (issue 14, first part): a [`RuleSet`] read from TOML or
-//! JSON, validated as a whole, and matched against a request's method and
-//! path (or gRPC method) and the caller's tier.
-//!
-//! This is the data model and its validation; serving requests by rules
-//! (a layer over several limiters, reloading) builds on it.
+//! Limits as data: a [`RuleSet`] read from TOML or JSON, validated as a
+//! whole, and matched against a request's method and path (or gRPC
+//! method) and the caller's tier; [`Rules`], the engine serving it (a
+//! limiter per rule and policy, replaced whole at runtime); and its
+//! sources, a watched file ([`Rules::watch_file`]) or a versioned key in
+//! Redis ([`publish`], [`Rules::follow_redis`]). The HTTP glue is
+//! [`RulesLayer`](crate::RulesLayer). The README's "Limits as data" holds
+//! the schema.
 //!
 //! ```
 //! use tower_redis_ratelimit::RuleSet;

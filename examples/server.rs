@@ -48,9 +48,10 @@ use axum::Router;
 use axum::routing::get;
 use tokio::net::TcpListener;
 use tower_redis_ratelimit::key::ProxyHeader;
+use tower_redis_ratelimit::rules::{RuleSet, Rules};
 use tower_redis_ratelimit::{
     Algorithm, Execution, FailMode, HeaderStyle, MemoryStore, Policy, RateLimitLayer, RedisStore,
-    RuleSet, Rules, RulesLayer, Store, key,
+    RulesLayer, Store, key,
 };
 use tracing_subscriber::EnvFilter;
 

@@ -84,7 +84,10 @@ impl Decision {
         self.rates.as_slice()
     }
 
-    /// The concurrency slot this admitted request holds, if any.
+    /// The concurrency slot this admitted request holds, or, for an
+    /// admitted sliding-log request, the id of the entries it wrote (what
+    /// [`Command::Refund`](crate::Command::Refund) removes); `None`
+    /// otherwise.
     pub fn lease(&self) -> Option<Lease> {
         self.lease
     }

@@ -26,7 +26,6 @@ pub use policy::{
     Algorithm, DEFAULT_LEASE, Execution, MAX_COST, MAX_MAX, MAX_WINDOW, MIN_WINDOW, Policy,
     PolicyError, Rate,
 };
-pub use rules::{KeyPart, Rule, RuleSet, Rules, RulesError};
 pub use store::memory::MemoryStore;
 pub use store::redis::RedisStore;
 pub use store::redis::{TrackedConnection, TrackedManager};

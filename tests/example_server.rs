@@ -360,7 +360,9 @@ fn two_servers_follow_rules_written_to_redis_within_a_second_under_load() {
 #[test]
 fn rules_from_a_file_pick_the_tier_and_a_bad_rules_setting_exits_2() {
     let file = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/rules.toml");
-    let server = Server::start(&[("RULES", file)]);
+    // The plan header is believed from a trusted proxy only: here the
+    // test client, on loopback.
+    let server = Server::start(&[("RULES", file), ("TRUSTED_PROXIES", "127.0.0.1")]);
     let limit = |headers: &[(&str, &str)]| {
         let (status, got) = server.get("/api/items", headers);
         assert_eq!(status, 200);

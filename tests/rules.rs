@@ -16,7 +16,10 @@ use http::{Method, Request, StatusCode};
 use support::RedisServer;
 use support::http::{header, request, request_with, send};
 use tower_redis_ratelimit::rules::{self, Call, Tier};
-use tower_redis_ratelimit::{Algorithm, RedisStore, RuleSet, Rules, RulesLayer};
+use tower_redis_ratelimit::rules::{RuleSet, Rules};
+use tower_redis_ratelimit::{
+    Algorithm, Command, MemoryStore, Policy, RedisStore, RulesLayer, Store, key,
+};
 
 /// The algorithms that count requests (concurrency counts requests in
 /// flight, checked on its own below).
@@ -97,7 +100,9 @@ async fn the_tier_is_picked_per_request_from_the_rules_or_a_closure() {
         policy = "2/h"
         tiers = { pro = "4/h" }
     "#;
-    let app = app(RulesLayer::new(rules_on(&server, text).await));
+    // The plan header is believed from the proxies the layer trusts.
+    let behind_proxies = || key::client_ip().trusting(["10.0.0.0/8"]).unwrap();
+    let app = app(RulesLayer::new(rules_on(&server, text).await).with_client_ip(behind_proxies()));
     let from = |peer, plan: Option<&str>| {
         let headers: Vec<(&str, &str)> = plan.map(|p| ("x-plan", p)).into_iter().collect();
         request_with("/api/items", peer, &headers)
@@ -134,6 +139,25 @@ async fn the_tier_is_picked_per_request_from_the_rules_or_a_closure() {
             StatusCode::OK
         );
     }
+
+    // From any other peer, the header is not read: a client cannot pick
+    // its own plan.
+    for _ in 0..2 {
+        assert_eq!(
+            status(&app, from("192.0.2.7", Some("pro"))).await,
+            StatusCode::OK
+        );
+    }
+    let (denied, _) = send(&app, from("192.0.2.7", Some("pro"))).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&denied, "x-ratelimit-limit"), Some("2"));
+    let unproxied = self::app(RulesLayer::new(rules_on(&server, text).await));
+    let (response, _) = send(&unproxied, from("10.0.0.9", Some("pro"))).await;
+    assert_eq!(
+        header(&response, "x-ratelimit-limit"),
+        Some("2"),
+        "no trusted proxies: never read"
+    );
 
     // A closure overrides the rule set's source (here: from the Tier
     // extension an auth middleware would insert).
@@ -261,7 +285,7 @@ async fn a_denied_key_in_the_deny_cache_touches_no_other_rule() {
     let store = RedisStore::connect(&server.url()).await.unwrap();
     // The deny cache answers where a denial is final: not for the sliding
     // log's default (MULTI) execution.
-    let text = "[[rules]]\nname = \"global\"\nkey = \"global\"\npolicy = \"100/h\"\n\
+    let text = "[[rules]]\nname = \"global\"\nkey = \"global\"\npolicy = \"100/h\"\nalgorithm = \"gcra\"\n\
                 [[rules]]\nname = \"per-ip\"\nkey = \"ip\"\npolicy = \"1/h\"\nalgorithm = \"fixed-window\"\n";
     let rules = Rules::new(store, RuleSet::from_toml(text).unwrap());
     let app = app(RulesLayer::new(rules.clone()));
@@ -560,10 +584,6 @@ async fn an_only_list_refuses_every_other_caller_and_an_allow_list_is_unlimited(
         StatusCode::FORBIDDEN,
         "no key at all"
     );
-    assert_eq!(
-        status(&app, with_key("stranger").map(|b| b)).await,
-        StatusCode::FORBIDDEN
-    );
     // Other paths are not this rule's.
     assert_eq!(
         status(&app, request("/public", "10.0.0.1")).await,
@@ -816,4 +836,197 @@ async fn the_engine_limits_work_that_is_not_a_request() {
     assert!(!denied.allowed());
     let (rule, _, decision, _) = denied.shown().unwrap();
     assert_eq!((rule, decision.remaining()), ("jobs", 0));
+}
+
+#[tokio::test]
+async fn requests_without_a_key_header_count_together() {
+    let server = RedisServer::start();
+    let rules = rules_on(
+        &server,
+        "[[rules]]\nname = \"reports\"\nkey = \"header:x-api-key\"\npolicy = \"2/h\"\n",
+    )
+    .await;
+    let app = app(RulesLayer::new(rules));
+    // Leaving the header out does not get around the rule: every request
+    // without it shares one budget, apart from any key's.
+    for peer in ["10.0.0.1", "10.0.0.2"] {
+        assert_eq!(status(&app, request("/", peer)).await, StatusCode::OK);
+    }
+    assert_eq!(
+        status(&app, request("/", "10.0.0.3")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // A key spelled like the missing marker is a key of its own.
+    for _ in 0..2 {
+        assert_eq!(
+            status(
+                &app,
+                request_with("/", "10.0.0.1", &[("x-api-key", "hex:")])
+            )
+            .await,
+            StatusCode::OK
+        );
+    }
+    assert_eq!(
+        status(&app, request_with("/", "10.0.0.1", &[("x-api-key", "k")])).await,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn a_cost_is_bounded_by_the_policy_and_ignored_by_a_concurrency_rule() {
+    let server = RedisServer::start();
+    let rules = rules_on(
+        &server,
+        "[[rules]]\nname = \"bytes\"\nkey = \"ip\"\npolicy = \"1000000/h\"\nalgorithm = \"gcra\"\n\
+         [[rules]]\nname = \"slots\"\nkey = \"ip\"\npolicy = \"2/1m\"\nalgorithm = \"concurrency\"\n",
+    )
+    .await;
+    // The cost closure answers for every rule: a content length far past
+    // MAX_COST must not turn into an error, nor reach the concurrency rule.
+    let layer = RulesLayer::new(rules.clone())
+        .with_cost(|_, headers| headers.get("content-length")?.to_str().ok()?.parse().ok());
+    let app = app(layer);
+    let (response, body) = send(
+        &app,
+        request_with("/", "10.0.0.1", &[("content-length", "0"), ("x-size", "1")]),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::OK, "{body}");
+    let big = request_with("/", "10.0.0.1", &[("content-length", "20000000")]);
+    let (response, body) = send(&app, big).await;
+    assert_eq!(response.status(), StatusCode::OK, "{body}");
+    assert_eq!(
+        remaining(&rules, "bytes", None, "10.0.0.1").await,
+        1_000_000 - tower_redis_ratelimit::MAX_COST,
+        "lowered to MAX_COST"
+    );
+    // The concurrency slots were held one per request and given back.
+    assert_eq!(remaining(&rules, "slots", None, "10.0.0.1").await, 2);
+}
+
+#[tokio::test]
+async fn a_breach_blocks_with_the_deny_cache_on() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let text = "[[rules]]\nname = \"burst\"\nkey = \"ip\"\npolicy = \"1/s\"\nalgorithm = \"fixed-window\"\nblock = \"2s\"\n";
+    let rules = Rules::new(store, RuleSet::from_toml(text).unwrap());
+    let app = app(RulesLayer::new(rules.clone()));
+    let start = Instant::now();
+    assert_eq!(status(&app, request("/", "10.0.0.1")).await, StatusCode::OK);
+    let (denied, _) = send(&app, request("/", "10.0.0.1")).await;
+    assert_eq!(header(&denied, "retry-after"), Some("2"));
+    // The cached denial ends with the rate's window; the block holds on.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let (denied, _) = send(&app, request("/", "10.0.0.1")).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&denied, "retry-after"), Some("1"));
+    tokio::time::sleep(
+        (start + Duration::from_millis(2300)).saturating_duration_since(Instant::now()),
+    )
+    .await;
+    assert_eq!(status(&app, request("/", "10.0.0.1")).await, StatusCode::OK);
+}
+
+/// A refund gives back the refunded request's own entries: after a later
+/// request was admitted, the log keeps the later one's entry (a reward
+/// would remove the newest, the later one's, and the log would forget its
+/// unit when the refunded one's entry expires).
+#[tokio::test]
+async fn a_sliding_log_refund_removes_the_requests_own_entries() {
+    let server = RedisServer::start();
+    // In memory, on a manual clock.
+    let clock = tower_redis_ratelimit::clock::ManualClock::new(Duration::from_secs(1_000));
+    let memory = MemoryStore::with_clock(clock.clone());
+    let policy: Policy = "2/3s".parse().unwrap();
+    let first = memory.check("k", &policy).await.unwrap();
+    clock.advance(Duration::from_secs(1));
+    assert!(memory.check("k", &policy).await.unwrap().allowed());
+    let lease = first
+        .lease()
+        .expect("an admitted sliding-log check names its entries");
+    memory
+        .command("k", &policy, Command::Refund { lease, units: 1 })
+        .await
+        .unwrap();
+    clock.advance(Duration::from_millis(2_500));
+    // The first entry would have aged out by now; the second is still in.
+    assert_eq!(
+        memory
+            .command("k", &policy, Command::Peek)
+            .await
+            .unwrap()
+            .remaining(),
+        0
+    );
+
+    // In Redis, in both executions.
+    for execution in ["transaction", "script"] {
+        let store = RedisStore::connect(&server.url()).await.unwrap();
+        let policy: Policy = "2/2s"
+            .parse::<Policy>()
+            .unwrap()
+            .with_execution(execution.parse().unwrap());
+        let key = format!("refund-{execution}");
+        let started = Instant::now();
+        let first = store.check(&key, &policy).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert!(
+            store.check(&key, &policy).await.unwrap().allowed(),
+            "{execution}"
+        );
+        let lease = first.lease().unwrap();
+        store
+            .command(&key, &policy, Command::Refund { lease, units: 1 })
+            .await
+            .unwrap();
+        // Refunding it again changes nothing.
+        store
+            .command(&key, &policy, Command::Refund { lease, units: 1 })
+            .await
+            .unwrap();
+        tokio::time::sleep(
+            (started + Duration::from_millis(2_300)).saturating_duration_since(Instant::now()),
+        )
+        .await;
+        let peeked = store.command(&key, &policy, Command::Peek).await.unwrap();
+        assert_eq!(
+            peeked.remaining(),
+            0,
+            "{execution}: the later request's entry was removed"
+        );
+        // A refund of a cost of 3 removes its three entries.
+        let policy3 = "5/h"
+            .parse::<Policy>()
+            .unwrap()
+            .with_execution(execution.parse().unwrap())
+            .with_cost(3)
+            .unwrap();
+        let key3 = format!("cost-{execution}");
+        let check = store.check(&key3, &policy3).await.unwrap();
+        let base = "5/h"
+            .parse::<Policy>()
+            .unwrap()
+            .with_execution(execution.parse().unwrap());
+        store
+            .command(
+                &key3,
+                &base,
+                Command::Refund {
+                    lease: check.lease().unwrap(),
+                    units: 3,
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            store
+                .command(&key3, &base, Command::Peek)
+                .await
+                .unwrap()
+                .remaining(),
+            4,
+            "{execution}"
+        );
+    }
 }

@@ -22,6 +22,9 @@ use crate::key::{self, ClientIp, KeyError, KeyExtractor};
 use crate::limiter::LimitError;
 use crate::rules::{Admission, Call, KeyPart, Rule, Rules, RulesCheck, Tier, TierFrom};
 
+/// The key part of a header a request does not carry.
+const MISSING: &str = "hex:";
+
 type TierFn = dyn Fn(&HeaderMap, &http::Extensions) -> Option<String> + Send + Sync;
 type CostFn = dyn Fn(&Rule, &HeaderMap) -> Option<u64> + Send + Sync;
 
@@ -32,10 +35,14 @@ type CostFn = dyn Fn(&Rule, &HeaderMap) -> Option<u64> + Send + Sync;
 /// out, and passed on untouched when no rule matches.
 ///
 /// The tier comes from [`with_tier`](Self::with_tier) if set, else from
-/// where the rule set says (`tier = "header:NAME"` or `"extension"`, the
-/// [`Tier`] request extension), else there is none. The `client_ip` key
-/// part is the address behind the proxies [`with_client_ip`](Self::with_client_ip)
-/// trusts (by default none: the peer address).
+/// where the rule set says: `tier = "extension"`, the [`Tier`] request
+/// extension, or `tier = "header:NAME"`, read **only from requests whose
+/// peer is a proxy [`with_client_ip`](Self::with_client_ip) trusts** (with
+/// none, never: a client would pick its own plan); else there is none. The
+/// `client_ip` key part is the address behind those proxies (by default
+/// the peer address). A request without a `header:NAME` key part's header
+/// counts with every other request without it, under one key of their
+/// own (a rule with an `only` list refuses it).
 ///
 /// The response carries the rate-limit fields of the rule with the fewest
 /// units left (of the denying rule, on a denial). Counting by outcome
@@ -45,7 +52,8 @@ type CostFn = dyn Fn(&Rule, &HeaderMap) -> Option<u64> + Send + Sync;
 ///
 /// ```
 /// use axum::{Router, routing::get};
-/// use tower_redis_ratelimit::{MemoryStore, RuleSet, Rules, RulesLayer};
+/// use tower_redis_ratelimit::rules::{RuleSet, Rules};
+/// use tower_redis_ratelimit::{MemoryStore, RulesLayer};
 ///
 /// let rules = Rules::new(MemoryStore::new(), RuleSet::from_toml(r#"
 ///     [[rules]]
@@ -57,7 +65,7 @@ type CostFn = dyn Fn(&Rule, &HeaderMap) -> Option<u64> + Send + Sync;
 /// let app: Router = Router::new()
 ///     .route("/api/items", get(|| async { "items" }))
 ///     .layer(RulesLayer::new(rules));
-/// # Ok::<(), tower_redis_ratelimit::RulesError>(())
+/// # Ok::<(), tower_redis_ratelimit::rules::RulesError>(())
 /// ```
 #[derive(Clone)]
 pub struct RulesLayer {
@@ -72,6 +80,12 @@ struct Settings {
     cost: Option<Arc<CostFn>>,
     headers: HeaderStyle,
     problem_json: bool,
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings").finish_non_exhaustive()
+    }
 }
 
 impl RulesLayer {
@@ -200,7 +214,9 @@ impl Settings {
             return tier(request.headers(), request.extensions());
         }
         match from {
-            TierFrom::Header(name) => request
+            // Believed only from a trusted proxy (which sets it), never
+            // from a client: it would pick its own plan.
+            TierFrom::Header(name) if self.client_ip.peer_is_trusted(request) => request
                 .headers()
                 .get(name)
                 .and_then(|v| v.to_str().ok())
@@ -210,8 +226,7 @@ impl Settings {
         }
     }
 
-    /// The key of `rule` for `request` (`None`: a part is missing, so the
-    /// rule does not apply), and its cost.
+    /// The key of `rule` for `request`, and its cost.
     fn call<B>(&self, rule: &Rule, request: &Request<B>) -> Result<Option<Call>, KeyError> {
         let mut parts = Vec::with_capacity(rule.key().len());
         for part in rule.key() {
@@ -222,10 +237,10 @@ impl Settings {
                 KeyPart::Global => Some("global".to_owned()),
                 KeyPart::Path => Some(request.uri().path().to_owned()),
             };
-            let Some(value) = value else {
-                return Ok(None);
-            };
-            parts.push(value);
+            // A request without the header counts with every other request
+            // without it, under a key no header value gives (the header
+            // part encodes any value starting with `hex:` in hex).
+            parts.push(value.unwrap_or_else(|| MISSING.to_owned()));
         }
         let call = Call::new(key::joined(&parts));
         Ok(Some(
@@ -407,6 +422,9 @@ where
                 StateProj::Calling { future, admission } => {
                     let result = ready!(future.poll(cx));
                     let admission = admission.take().unwrap_or_default();
+                    // Polled again, the future answers 503 rather than
+                    // polling the finished inner future.
+                    this.state.set(State::Answered { response: None });
                     return Poll::Ready(match result {
                         Ok(response) => {
                             let status = response.status().as_u16();

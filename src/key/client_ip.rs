@@ -234,6 +234,15 @@ impl ClientIp {
     }
 }
 
+impl ClientIp {
+    /// Whether `request` comes straight from a trusted proxy (never, with
+    /// none configured): only then may headers a proxy sets be believed.
+    pub(crate) fn peer_is_trusted<B>(&self, request: &Request<B>) -> bool {
+        !self.trusted.is_empty()
+            && PeerIp::addr(request).is_some_and(|a| self.is_trusted(canonical_ip(a.ip())))
+    }
+}
+
 impl<B> KeyExtractor<B> for ClientIp {
     fn extract(&self, request: &Request<B>) -> Result<Option<String>, KeyError> {
         let Some(peer) = PeerIp::addr(request).map(|a| canonical_ip(a.ip())) else {

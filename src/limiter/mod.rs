@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::decision::Decision;
 use crate::key::KeyHash;
 use crate::metrics::Outcome;
-use crate::policy::{Policy, PolicyError};
+use crate::policy::{Algorithm, Policy, PolicyError};
 use crate::store::memory::MemoryStore;
 use crate::store::{BoxFuture, Command, DynStore, Store, StoreError};
 
@@ -541,6 +541,21 @@ impl Limiter {
         cache.get(&self.store_key(key.to_owned()))
     }
 
+    /// Give back one admitted check of `key` costing `units`, whose
+    /// decision carried `lease` ([`Command::Refund`]); without a lease, a
+    /// reward.
+    pub(crate) async fn refund(
+        &self,
+        key: &str,
+        lease: Option<crate::decision::Lease>,
+        units: u64,
+    ) -> Result<Decision, StoreError> {
+        match lease {
+            Some(lease) => self.command(key, Command::Refund { lease, units }).await,
+            None => self.command(key, Command::Reward(units)).await,
+        }
+    }
+
     /// Whether `key` is one of the allowed keys, never limited.
     pub fn is_allowed(&self, key: &str) -> bool {
         !self.inner.allowed.is_empty() && self.inner.allowed.contains(key)
@@ -671,7 +686,9 @@ impl Limiter {
                         let decision = store.check_now(key, fallback_policy);
                         let permit = decision
                             .lease()
-                            .filter(|_| decision.allowed())
+                            .filter(|_| {
+                                decision.allowed() && policy.algorithm() == Algorithm::Concurrency
+                            })
                             .map(|lease| {
                                 Permit::new(
                                     Arc::new(store.clone()),
@@ -700,15 +717,20 @@ impl Limiter {
         };
         if decision.allowed() {
             tracing::debug!(key = %KeyHash::stored(key), remaining = decision.remaining(), "rate limit: admitted");
-            let permit = decision.lease().map(|lease| {
-                Permit::new(
-                    Arc::clone(&self.inner.store),
-                    Arc::clone(policy),
-                    key.to_owned(),
-                    lease,
-                    Some(decision.clone()),
-                )
-            });
+            // A concurrency slot is held by a permit; the lease of an
+            // admitted sliding-log check only names its entries (a refund).
+            let permit = decision
+                .lease()
+                .filter(|_| policy.algorithm() == Algorithm::Concurrency)
+                .map(|lease| {
+                    Permit::new(
+                        Arc::clone(&self.inner.store),
+                        Arc::clone(policy),
+                        key.to_owned(),
+                        lease,
+                        Some(decision.clone()),
+                    )
+                });
             return Ok(Verdict {
                 decision: Some(decision),
                 source,

@@ -31,7 +31,8 @@ use crate::store::Store;
 ///
 /// ```
 /// use http::Method;
-/// use tower_redis_ratelimit::{MemoryStore, RuleSet, Rules, rules::Call};
+/// use tower_redis_ratelimit::MemoryStore;
+/// use tower_redis_ratelimit::rules::{Call, RuleSet, Rules};
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// let rules = Rules::new(MemoryStore::new(), RuleSet::from_toml(r#"
@@ -233,10 +234,11 @@ impl ActiveRules {
     ///
     /// The request is admitted when every rule admits it. A denial by one
     /// rule spends no other rule's quota: the units the others took are
-    /// given back before the verdict is returned. The rules are checked
-    /// concurrently (one round trip, not one per rule) and a rule whose key
-    /// is already denied in this process's deny cache denies before any is
-    /// checked in the store. This is not one atomic step across keys: for
+    /// given back before the verdict is returned (one more round trip for a
+    /// denial). The rules' checks are sent together (one round trip of
+    /// latency, not one per rule), and a rule whose key is already denied
+    /// in this process's deny cache (at the rule's own cost) denies before
+    /// any is sent. This is not one atomic step across keys: for
     /// the round trip between a check and its refund, a unit taken by a
     /// request that ends up denied is spent, and a concurrent request can
     /// be denied for it (never admitted over a limit). Across cluster slots
@@ -274,8 +276,12 @@ impl ActiveRules {
             let policy = limiter.policy();
             let cost = match cost {
                 None => policy.cost(),
+                // A concurrency slot is one request, whatever it costs.
+                Some(_) if policy.algorithm() == Algorithm::Concurrency => policy.cost(),
                 Some(0) => continue,
-                Some(cost) => cost.min(policy.rates().iter().map(|r| r.max()).min().unwrap_or(1)),
+                Some(cost) => cost
+                    .min(policy.rates().iter().map(|r| r.max()).min().unwrap_or(1))
+                    .min(crate::policy::MAX_COST),
             };
             planned.push(Planned {
                 rule: rule.shared_name(),
@@ -359,7 +365,11 @@ impl Future for RulesCheck {
                 Some(Ok(admission)) => Poll::Ready(Ok(admission)),
                 _ => unreachable!("matched just above"),
             },
-            None => panic!("RulesCheck polled after it answered"),
+            None => Poll::Ready(Err(LimitError::Store(
+                crate::store::StoreError::UnexpectedReply(
+                    "a rules check polled after it completed".into(),
+                ),
+            ))),
         }
     }
 }
@@ -369,6 +379,11 @@ async fn decide(planned: Vec<Planned>) -> Result<Admission, LimitError> {
     // other rules are not asked, so a flood from a denied key costs the
     // store nothing and spends no other rule's quota.
     for p in &planned {
+        // (The cache holds denials at the policy's own cost: a cheaper
+        // request might be admitted.)
+        if p.cost != p.limiter.policy().cost() {
+            continue;
+        }
         if let Some(denied) = p.limiter.cached_denial(&p.key) {
             crate::metrics::decision(p.limiter.name(), crate::metrics::Outcome::Limited);
             let shown = Checked::new(p, Some(denied), Source::DenyCache, None);
@@ -427,10 +442,11 @@ async fn decide(planned: Vec<Planned>) -> Result<Admission, LimitError> {
                         tracing::warn!(%error, "rules: could not give back a concurrency slot of a denied request");
                     }
                 }) as BoxFuture<()>);
-            } else if c.source == Source::Store && c.cost > 0 {
+            } else if c.source == Source::Store && c.cost > 0 && c.refundable() {
                 let (limiter, key, cost) = (c.limiter.clone(), c.key.clone(), c.cost);
+                let lease = c.decision.as_ref().and_then(Decision::lease);
                 undo.push(Box::pin(async move {
-                    if let Err(error) = limiter.reward(&key, cost).await {
+                    if let Err(error) = limiter.refund(&key, lease, cost).await {
                         tracing::warn!(%error, "rules: could not give back the quota a denied request took");
                     }
                 }));
@@ -507,6 +523,36 @@ impl Checked {
     fn allowed(&self) -> bool {
         self.decision.as_ref().is_none_or(Decision::allowed)
     }
+
+    /// Whether giving this check's units back cannot lend them to a later
+    /// window: for the window counters, only while the window that counted
+    /// it lasts (by this process's clock).
+    fn refundable(&self) -> bool {
+        let Some(decision) = &self.decision else {
+            return false;
+        };
+        // The time left, when the request was counted, in the window that
+        // counted it: a fixed window's reset is its end; an admitted
+        // sliding window counter's reset is the end of the window after.
+        let fixed = match decision.algorithm() {
+            Algorithm::FixedWindow => true,
+            Algorithm::SlidingWindow => false,
+            _ => return true,
+        };
+        let window_left = decision
+            .rates()
+            .iter()
+            .map(|r| {
+                if fixed {
+                    r.reset()
+                } else {
+                    r.reset().saturating_sub(r.rate().window())
+                }
+            })
+            .min()
+            .unwrap_or_default();
+        self.at.elapsed() < window_left
+    }
 }
 
 /// The verdict of every matching rule on one request.
@@ -562,17 +608,16 @@ impl Admission {
     /// outcome (in a task: the response does not wait), and return the
     /// concurrency slots to hold until the response ends.
     ///
-    /// A refund is a [`reward`](Limiter::reward) of the request's cost, one
-    /// atomic step in the store. Exact for GCRA. For the fixed and sliding
-    /// window counters a refund is skipped once the window that counted the
-    /// request has ended by this process's clock (a refund must not lend a
-    /// unit to a later window, and the refund of a request counted in the
-    /// previous window of a sliding counter would be taken from the current
-    /// one); a refund sent just before the window ends and applied just
-    /// after is the exception, one round trip wide. The sliding log removes its
-    /// newest entries, so after other requests were admitted, the log
-    /// forgets a younger entry than the refunded one: the count is exact,
-    /// the entry left ages out earlier. Concurrency limits do not count
+    /// A refund is one atomic step in the store
+    /// ([`Command::Refund`](crate::Command::Refund)). Exact for the sliding
+    /// log (the request's own entries are removed) and for GCRA (its debt is
+    /// additive). For the fixed and sliding window counters (a reward of the
+    /// cost) a refund is skipped once the window that counted the request
+    /// has ended by this process's clock (a refund must not lend a unit to a
+    /// later window, and the refund of a request counted in the previous
+    /// window of a sliding counter would be taken from the current one); a
+    /// refund sent just before the window ends and applied just after is the
+    /// exception, one round trip wide. Concurrency limits do not count
     /// outcomes (their slot is given back when the response ends).
     pub fn settle(self, status: Option<u16>) -> Vec<Permit> {
         let mut permits = Vec::new();
@@ -586,40 +631,18 @@ impl Admission {
             if !counted || c.cost == 0 || c.counting.counts(status) {
                 continue;
             }
-            let Some(decision) = c.decision else { continue };
-            // The time left, when the request was counted, in the window
-            // that counted it: a fixed window's reset is its end; an
-            // admitted sliding window counter's reset is the end of the
-            // window after.
-            let window_left = |fixed: bool| {
-                decision
-                    .rates()
-                    .iter()
-                    .map(|r| {
-                        if fixed {
-                            r.reset()
-                        } else {
-                            r.reset().saturating_sub(r.rate().window())
-                        }
-                    })
-                    .min()
-                    .unwrap_or_default()
-            };
-            let window_left = match decision.algorithm() {
-                Algorithm::FixedWindow => Some(window_left(true)),
-                Algorithm::SlidingWindow => Some(window_left(false)),
-                _ => None,
-            };
-            if window_left.is_some_and(|left| c.at.elapsed() >= left) {
+            if !c.refundable() {
                 continue;
             }
+            let Some(decision) = c.decision else { continue };
             let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                 tracing::warn!("no tokio runtime to refund a request; it stays counted");
                 continue;
             };
             let (limiter, key, cost) = (c.limiter, c.key, c.cost);
+            let lease = decision.lease();
             runtime.spawn(async move {
-                if let Err(error) = limiter.reward(&key, cost).await {
+                if let Err(error) = limiter.refund(&key, lease, cost).await {
                     tracing::warn!(%error, rule = limiter.name(), "rules: could not refund a request; it stays counted");
                 }
             });

@@ -8,7 +8,7 @@
 //! the schema.
 //!
 //! ```
-//! use tower_redis_ratelimit::RuleSet;
+//! use tower_redis_ratelimit::rules::RuleSet;
 //!
 //! let rules = RuleSet::from_toml(r#"
 //!     [[rules]]
@@ -39,7 +39,7 @@
 //! );
 //! assert_eq!(names(&http::Method::POST, "/login", None).len(), 2);
 //! assert_eq!(names(&http::Method::GET, "/login", None).len(), 1);
-//! # Ok::<(), tower_redis_ratelimit::RulesError>(())
+//! # Ok::<(), tower_redis_ratelimit::rules::RulesError>(())
 //! ```
 
 use std::collections::{BTreeMap, HashSet};
@@ -137,8 +137,9 @@ impl Counting {
 }
 
 /// One validated rule: what it matches, how it picks the key, and the
-/// policy of each tier.
-#[derive(Debug, Clone)]
+/// policy of each tier. (Its `Debug` shows how many keys its `allow` and
+/// `only` lists hold, not the keys: they are often credentials.)
+#[derive(Clone)]
 pub struct Rule {
     name: Arc<str>,
     methods: Option<HashSet<Method>>,
@@ -150,6 +151,29 @@ pub struct Rule {
     only: Option<HashSet<String>>,
     counting: Counting,
     block: Option<Duration>,
+}
+
+impl fmt::Debug for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rule")
+            .field("name", &self.name)
+            .field("methods", &self.methods)
+            .field("target", &self.target)
+            .field("key", &self.key)
+            .field("policy", &self.policy)
+            .field("tiers", &self.tiers)
+            .field("allow", &format_args!("{} keys", self.allow.len()))
+            .field(
+                "only",
+                &self
+                    .only
+                    .as_ref()
+                    .map(|only| format!("{} keys", only.len())),
+            )
+            .field("counting", &self.counting)
+            .field("block", &self.block)
+            .finish()
+    }
 }
 
 /// What a rule matches besides the method.
@@ -468,6 +492,13 @@ impl Rule {
             Counting::Only(_) => "count",
             _ => "refund",
         };
+        if counting != Counting::All && matches!(target, Target::Grpc { .. }) {
+            return Err(fault(
+                label,
+                field,
+                "counting by outcome reads the HTTP status, and a gRPC call's status is in its trailers",
+            ));
+        }
         if counting != Counting::All
             && std::iter::once(&policy)
                 .chain(tiers.values())
@@ -811,6 +842,63 @@ mod tests {
         assert_eq!(api.policy(Some("enterprise")).to_string(), "100/min");
         assert!(api.allows("10.0.0.5"));
         assert_eq!(rules.rules()[3].policy(None).cost(), 10);
+    }
+
+    #[test]
+    fn outcome_counting_and_blocks_are_validated() {
+        let rule = |extra: &str| {
+            RuleSet::from_toml(&format!(
+                "[[rules]]\nname = \"a\"\nkey = \"ip\"\npolicy = \"5/s\"\n{extra}"
+            ))
+        };
+        let counting = rule("count = [\"4xx\", \"500\"]\n").unwrap();
+        let counting = counting.rules()[0].counting();
+        assert!(counting.counts(Some(404)) && counting.counts(Some(500)));
+        assert!(!counting.counts(Some(200)) && !counting.counts(Some(503)));
+        let refund = rule("refund = [\"5xx\"]\n").unwrap();
+        assert!(
+            !refund.rules()[0].counting().counts(None),
+            "an inner error is a 500"
+        );
+        assert_eq!(
+            rule("count = [\"4xx\"]\nrefund = [\"5xx\"]\n")
+                .unwrap_err()
+                .field(),
+            "refund"
+        );
+        assert_eq!(rule("count = [\"6xx\"]\n").unwrap_err().field(), "count");
+        assert_eq!(rule("count = []\n").unwrap_err().field(), "count");
+        let grpc = rule("grpc = \"/pkg.Svc/*\"\ncount = [\"4xx\"]\n").unwrap_err();
+        assert!(grpc.problem().contains("trailers"), "{grpc}");
+        let concurrency = rule("algorithm = \"concurrency\"\nrefund = [\"5xx\"]\n").unwrap_err();
+        assert_eq!(concurrency.field(), "refund");
+        assert_eq!(
+            rule("block = \"15m\"\n").unwrap().rules()[0].block(),
+            Some(Duration::from_secs(900))
+        );
+        assert_eq!(rule("block = \"forever\"\n").unwrap_err().field(), "block");
+        assert_eq!(rule("only = []\n").unwrap_err().field(), "only");
+        let e = RuleSet::from_toml("[[rules]]\nname = \"a:b\"\nkey = \"ip\"\npolicy = \"5/s\"\n")
+            .unwrap_err();
+        assert_eq!(
+            e.field(),
+            "name",
+            "a `:` would reach into the store key layout"
+        );
+        let e = RuleSet::from_toml("tier = \"cookie\"\n").unwrap_err();
+        assert_eq!((e.field(), e.rule()), ("tier", None));
+    }
+
+    #[test]
+    fn debug_does_not_show_the_keys_of_allow_and_only_lists() {
+        let rules = RuleSet::from_toml(
+            "[[rules]]\nname = \"a\"\nkey = \"header:x-api-key\"\npolicy = \"5/s\"\n\
+             allow = [\"secret-1\"]\nonly = [\"secret-1\", \"secret-2\"]\n",
+        )
+        .unwrap();
+        let shown = format!("{rules:?}");
+        assert!(!shown.contains("secret"), "{shown}");
+        assert!(shown.contains("2 keys"), "{shown}");
     }
 
     #[test]

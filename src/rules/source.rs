@@ -154,7 +154,11 @@ impl Rules {
                 if !std::mem::take(&mut first) {
                     tokio::time::sleep(every).await;
                 }
-                let text = match std::fs::read_to_string(&path) {
+                let read = {
+                    let path = path.clone();
+                    tokio::task::spawn_blocking(move || std::fs::read_to_string(path)).await
+                };
+                let text = match read.unwrap_or_else(|error| Err(std::io::Error::other(error))) {
                     Ok(text) => text,
                     Err(error) => {
                         let error = format!("{}: {error}", path.display());
@@ -223,7 +227,7 @@ impl Rules {
         let status_in = Arc::clone(&status);
         let rules = self.clone();
         let task = tokio::spawn(async move {
-            let mut applied = version;
+            let mut applied = (version, Some(text));
             loop {
                 if let Err(error) =
                     follow(&rules, &client, &key, check_every, &mut applied, &status_in).await
@@ -263,7 +267,7 @@ async fn follow(
     client: &redis::Client,
     key: &str,
     check_every: Duration,
-    applied: &mut u64,
+    applied: &mut (u64, Option<String>),
     status: &Mutex<WatchStatus>,
 ) -> redis::RedisResult<()> {
     let mut pubsub = client.get_async_pubsub().await?;
@@ -273,9 +277,11 @@ async fn follow(
     loop {
         // Subscribed first, then read: a version published meanwhile is
         // either read now or announced.
+        // A new version, or the same number with another text (Redis
+        // lost the key and it was published again from 1).
         let (version, text) = read(&mut connection, key).await?;
-        if version != *applied {
-            *applied = version;
+        if (version, text.as_deref()) != (applied.0, applied.1.as_deref()) {
+            *applied = (version, text.clone());
             match text {
                 Some(text) => apply(rules, RuleSet::parse(&text), status, Some(version), key),
                 None => record(status, |s| {

@@ -116,6 +116,19 @@ pub enum Command {
     /// anonymous or held by requests in flight, whose release then does
     /// nothing.
     Reward(u64),
+    /// Give back the `units` one admitted check counted, the check whose
+    /// decision carried `lease` ([`Decision::lease`](crate::Decision::lease)):
+    /// where the algorithm keeps entries per request, exactly that check's
+    /// (the sliding log's entries, the concurrency limit's slot: removing
+    /// them again does nothing), elsewhere as [`Reward`](Self::Reward)
+    /// (the window counters and GCRA hold no request's identity). What a
+    /// rule counting by outcome sends after the response.
+    Refund {
+        /// The lease of the admitted check's decision.
+        lease: crate::Lease,
+        /// The units it cost.
+        units: u64,
+    },
 }
 
 /// Why a store could not decide.

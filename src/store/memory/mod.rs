@@ -131,7 +131,14 @@ impl State {
             *self = Self::new(policy.algorithm());
         }
         match self {
-            Self::Log(log) => sliding_log::check(log, now, policy),
+            Self::Log(log) => {
+                let (decision, expires_at) = sliding_log::check(log, now, policy);
+                if decision.allowed() {
+                    // What a refund of this check removes.
+                    return (decision.with_lease(sliding_log::lease_of(now)), expires_at);
+                }
+                (decision, expires_at)
+            }
             Self::Fixed(counters) => fixed_window::check(counters, now, policy),
             Self::Sliding(counters) => sliding_window::check(counters, now, policy),
             Self::Gcra(tats) => gcra::check(tats, now, policy),
@@ -179,6 +186,20 @@ impl State {
             Self::Sliding(counters) => sliding_window::reward(counters, now, policy, units),
             Self::Gcra(tats) => gcra::reward(tats, now, policy, units),
             Self::Leases(leases) => concurrency::reward(leases, now, units),
+        }
+    }
+
+    /// Give back one admitted check (its decision's `lease`): its own
+    /// entries where the state keeps them, else as a reward.
+    fn refund(&mut self, now: u64, policy: &Policy, lease: Lease, units: u64) -> u64 {
+        match self {
+            _ if !self.matches(policy.algorithm()) => self.reward(now, policy, 0),
+            Self::Log(log) => sliding_log::refund(log, now, policy, lease, units),
+            Self::Leases(leases) => {
+                leases.release(lease);
+                concurrency::reward(leases, now, 0)
+            }
+            _ => self.reward(now, policy, units),
         }
     }
 
@@ -370,6 +391,12 @@ impl MemoryStore {
                             self.insert(shard, algorithm, hash, key, state, expires_at, now);
                         }
                     }
+                }
+            }
+            Command::Refund { lease, units } => {
+                let units = algorithm::units(units);
+                if let Some(entry) = shard.keys[algorithm].find_mut(hash, |e| &*e.key == key) {
+                    entry.expires_at = entry.state.refund(now, policy, lease, units);
                 }
             }
             Command::Peek => {}

@@ -523,6 +523,11 @@ impl Store for RedisStore {
                     .await;
             }
         }
+        // An admitted sliding-log check carries the id of its entries: what
+        // a refund of it removes.
+        if decision.allowed() && policy.algorithm() == Algorithm::SlidingLog {
+            return Ok(decision.with_lease(lease));
+        }
         Ok(decision)
     }
 }

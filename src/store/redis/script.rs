@@ -224,14 +224,22 @@ pub(super) async fn command<C: ConnectionLike>(
 ) -> Result<Decision, StoreError> {
     let script = &scripts(policy.algorithm()).command;
     let mut cmd = evalsha(script, keys);
+    let mut refunded = None;
     let (name, amount) = match command {
         Command::Peek => ("peek", 0),
         Command::Reset => ("reset", 0),
         Command::Block(duration) => ("block", algorithm::block_micros(duration)),
         Command::Penalty(units) => ("penalty", algorithm::units(units)),
         Command::Reward(units) => ("reward", algorithm::units(units)),
+        Command::Refund { lease, units } => {
+            refunded = Some(member(lease));
+            ("refund", algorithm::units(units))
+        }
     };
-    cmd.arg(name).arg(amount).arg(id);
+    // A refund names the members of the check it gives back.
+    cmd.arg(name)
+        .arg(amount)
+        .arg(refunded.as_deref().unwrap_or(id));
     // The request id of the algorithm's arguments: one no request holds.
     algorithm_args(&mut cmd, policy, id)?;
     let reply = run(conn, script, &cmd).await?;

@@ -1,8 +1,9 @@
 
 -- The entry point of an operator's command (Store::command), atomic:
--- ARGV[1]  peek, reset, block, penalty or reward
--- ARGV[2]  block: its length in µs (0 lifts it); penalty, reward: units
--- ARGV[3]  an id unique across processes (the members a penalty writes)
+-- ARGV[1]  peek, reset, block, penalty, reward or refund
+-- ARGV[2]  block: its length in µs (0 lifts it); penalty, reward, refund: units
+-- ARGV[3]  an id unique across processes (the members a penalty writes);
+--          refund: the id of the check given back (its members)
 -- Replies as a check (counting nothing): the decision a request of the
 -- policy's cost would get after the command.
 local command = ARGV[1]
@@ -21,6 +22,14 @@ elseif command == 'penalty' then
   penalty(amount, ARGV[3])
 elseif command == 'reward' then
   reward(amount)
+elseif command == 'refund' then
+  -- Algorithms keeping entries per request remove the check's own;
+  -- the others give the units back as a reward.
+  if refund then
+    refund(amount, ARGV[3])
+  else
+    reward(amount)
+  end
 elseif command ~= 'peek' then
   return redis.error_reply('unknown command ' .. tostring(command))
 end

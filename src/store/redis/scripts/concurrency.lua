@@ -93,6 +93,11 @@ local function penalty(units, id)
   end
 end
 
+-- Free the slot of one check (its lease id `rid`).
+refund = function(_, rid)
+  redis.call('ZREM', key, rid)
+end
+
 local function reward(units)
   expire()
   if units > 0 then

@@ -62,6 +62,11 @@ local function retried()
   return nil
 end
 
+-- How a refund (command.lua) removes one check's own entries, for the
+-- algorithms that keep entries per request (the sliding log, the
+-- concurrency limit assign it); nil elsewhere: a refund is a reward.
+local refund = nil
+
 -- Set the hash `key`'s `fields` (name, value, ...) and delete its `gone`
 -- fields; make the key live until `expires_at` (µs) at least: never shorten
 -- it, since fields another policy counts on this key may need longer.

@@ -164,3 +164,14 @@ local function reward(units)
     redis.call('ZREMRANGEBYRANK', key, int(-units), -1)
   end
 end
+
+-- Remove the entries of one check (request id `rid`): `rid` for a cost of
+-- 1, `rid:1` ... `rid:units` otherwise (the check's cost may differ from
+-- this command's policy's).
+refund = function(units, rid)
+  local members = { rid }
+  for j = 1, math.min(units, MAX_PENALTY_ENTRIES) do
+    members[#members + 1] = rid .. ':' .. j
+  end
+  redis.call('ZREM', key, unpack(members))
+end

@@ -14,30 +14,45 @@ use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
-use tower_redis_ratelimit::{Policy, RateLimitLayer, RedisStore, key};
+use tower_redis_ratelimit::rules::{RuleSet, Rules};
+use tower_redis_ratelimit::{Policy, RateLimitLayer, RedisStore, RulesLayer, key};
+
+/// A health service behind `layer`, on a free loopback port (a macro: the
+/// health service's type cannot be named).
+macro_rules! serve_health {
+    ($layer:expr) => {{
+        let layer = $layer;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (reporter, health) = tonic_health::server::health_reporter();
+        reporter
+                .set_serving::<tonic_health::pb::health_server::HealthServer<
+                    tonic_health::server::HealthService,
+                >>()
+                .await;
+        tokio::spawn(async move {
+            Server::builder()
+                .layer(layer)
+                .add_service(health)
+                .serve_with_incoming(TcpIncoming::from(listener))
+                .await
+                .unwrap();
+        });
+        addr
+    }};
+}
 
 /// A health service behind `limiter`, on a free loopback port.
 async fn grpc_server<K>(limiter: RateLimitLayer<K>) -> SocketAddr
 where
     K: tower_redis_ratelimit::key::KeyExtractor<tonic::body::Body>,
 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (reporter, health) = tonic_health::server::health_reporter();
-    reporter
-        .set_serving::<tonic_health::pb::health_server::HealthServer<
-            tonic_health::server::HealthService,
-        >>()
-        .await;
-    tokio::spawn(async move {
-        Server::builder()
-            .layer(limiter)
-            .add_service(health)
-            .serve_with_incoming(TcpIncoming::from(listener))
-            .await
-            .unwrap();
-    });
-    addr
+    serve_health!(limiter)
+}
+
+/// A health service behind `rules`, on a free loopback port.
+async fn rules_grpc_server(rules: RulesLayer) -> SocketAddr {
+    serve_health!(rules)
 }
 
 async fn client(addr: SocketAddr) -> HealthClient<tonic::transport::Channel> {
@@ -117,4 +132,47 @@ async fn grpc_and_http_share_one_budget() {
     assert!(raw_get(http_addr, "/").await.starts_with("HTTP/1.1 429"));
     let status = grpc.check(check()).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted);
+}
+
+#[tokio::test]
+async fn rules_limit_a_grpc_method_and_refuse_callers_outside_an_only_list() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let rules = RuleSet::from_toml(
+        r#"
+        [[rules]]
+        name = "health"
+        grpc = "/grpc.health.v1.Health/Check"
+        key = "ip"
+        policy = "2/h"
+
+        [[rules]]
+        name = "watch"
+        grpc = "/grpc.health.v1.Health/Watch"
+        key = "header:x-app"
+        policy = "10/h"
+        only = ["monitor"]
+        "#,
+    )
+    .unwrap();
+    let addr = rules_grpc_server(RulesLayer::new(Rules::new(store, rules))).await;
+    let mut client = client(addr).await;
+    for remaining in ["1", "0"] {
+        let response = client.check(check()).await.unwrap();
+        assert_eq!(response.metadata().get("x-ratelimit-limit").unwrap(), "2");
+        assert_eq!(
+            response.metadata().get("x-ratelimit-remaining").unwrap(),
+            remaining
+        );
+    }
+    let status = client.check(check()).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    // Watch lets only the "monitor" app call.
+    let status = client.watch(check()).await.unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    let mut request = tonic::Request::new(check());
+    request
+        .metadata_mut()
+        .insert("x-app", "monitor".parse().unwrap());
+    assert!(client.watch(request).await.is_ok());
 }

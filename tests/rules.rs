@@ -1030,3 +1030,36 @@ async fn a_sliding_log_refund_removes_the_requests_own_entries() {
         );
     }
 }
+
+/// On a 3-master cluster, the rules' keys live in different slots: each is
+/// decided atomically on its own node, and a denial by one still spends no
+/// other's quota.
+#[cfg(feature = "cluster")]
+#[tokio::test]
+async fn on_a_cluster_a_denial_spends_no_other_rules_quota() {
+    let cluster = support::RedisCluster::start();
+    let store = RedisStore::connect_cluster(&cluster.urls()).await.unwrap();
+    let text = "[[rules]]\nname = \"global\"\nkey = \"global\"\npolicy = \"5/h\"\n\
+                [[rules]]\nname = \"per-ip\"\nkey = \"ip\"\npolicy = \"1/h\"\nalgorithm = \"gcra\"\n";
+    let rules = Rules::new(store, RuleSet::from_toml(text).unwrap()).without_deny_cache();
+    let app = app(RulesLayer::new(rules.clone()));
+    assert_eq!(status(&app, request("/", "10.0.0.1")).await, StatusCode::OK);
+    for _ in 0..5 {
+        assert_eq!(
+            status(&app, request("/", "10.0.0.1")).await,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+    assert_eq!(remaining(&rules, "global", None, "global").await, 4);
+    for peer in ["10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5"] {
+        assert_eq!(
+            status(&app, request("/", peer)).await,
+            StatusCode::OK,
+            "{peer}"
+        );
+    }
+    assert_eq!(
+        status(&app, request("/", "10.0.0.6")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}

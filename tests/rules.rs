@@ -1063,3 +1063,41 @@ async fn on_a_cluster_a_denial_spends_no_other_rules_quota() {
         StatusCode::TOO_MANY_REQUESTS
     );
 }
+
+/// A concurrency refund frees the refunded request's own slot, not the
+/// oldest one.
+#[tokio::test]
+async fn a_concurrency_refund_frees_the_requests_own_slot() {
+    let server = RedisServer::start();
+    let redis = RedisStore::connect(&server.url()).await.unwrap();
+    let memory = MemoryStore::new();
+    let policy = Policy::concurrency(3).unwrap();
+    async fn scenario<S: Store>(store: &S, policy: &Policy, what: &str) {
+        let older = store.check("k", policy).await.unwrap().lease().unwrap();
+        let newer = store.check("k", policy).await.unwrap().lease().unwrap();
+        store
+            .command(
+                "k",
+                policy,
+                Command::Refund {
+                    lease: newer,
+                    units: 1,
+                },
+            )
+            .await
+            .unwrap();
+        store.release("k", policy, older).await.unwrap();
+        // Both slots are free: a check would leave 2 of 3.
+        assert_eq!(
+            store
+                .command("k", policy, Command::Peek)
+                .await
+                .unwrap()
+                .remaining(),
+            2,
+            "{what}"
+        );
+    }
+    scenario(&memory, &policy, "memory").await;
+    scenario(&redis, &policy, "redis").await;
+}

@@ -28,9 +28,13 @@
 //! invariant 2 at the store level, with the same `Command::Refund` the
 //! engine sends.
 //!
-//! The single-server sources run every case; the cluster sources share one
-//! proxied cluster per test and run a sample of invariant 2's cases (each
-//! loss on each path at least once), named in [`sampled`].
+//! Sampled to keep the file's run short: the single-server sources run
+//! every case; a cluster source starts one proxied cluster per test and
+//! runs a sample of invariant 2's cases (each loss on each path at least
+//! once, see [`sampled`]); the cluster client without retries, the
+//! workaround for lost replies, runs invariant 2 only (as in
+//! tests/network_faults.rs). Invariants 1 and 3 run every algorithm at once
+//! on one rig per source, sharing its fault schedule.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -389,10 +393,10 @@ impl Tally {
     }
 }
 
-/// A random answer: 500 (refunded) one time in three; 200 always for a
-/// concurrency limit (which counts requests in flight, not answers).
-fn pick_status(algo: Algo, rng: &mut Rng) -> u16 {
-    if algo != Algo::Concurrency && rng.below(3) == 0 {
+/// A random answer: 500 (refunded) `in_six` times in six; 200 always for
+/// a concurrency limit (which counts requests in flight, not answers).
+fn pick_status(algo: Algo, rng: &mut Rng, in_six: u64) -> u16 {
+    if algo != Algo::Concurrency && rng.below(6) < in_six {
         500
     } else {
         200
@@ -405,7 +409,7 @@ async fn layer_checker(app: Router, algo: Algo, tally: Arc<Tally>, seed: u64, de
     let mut rng = Rng::new(seed);
     while Instant::now() < deadline {
         let c = rng.below(CLIENTS as u64) as usize;
-        let status = pick_status(algo, &mut rng);
+        let status = pick_status(algo, &mut rng, REFUNDED);
         let hold = 5 + rng.below(40);
         let response = app
             .clone()
@@ -436,7 +440,7 @@ async fn engine_checker(rules: Rules, algo: Algo, tally: Arc<Tally>, seed: u64, 
     let mut rng = Rng::new(seed);
     while Instant::now() < deadline {
         let c = rng.below(CLIENTS as u64) as usize;
-        let status = pick_status(algo, &mut rng);
+        let status = pick_status(algo, &mut rng, REFUNDED);
         match check(&rules, "/", &format!("c{c}"), 1).await {
             Ok(admission) if admission.allowed() => {
                 tally.admit(c, status);
@@ -457,12 +461,17 @@ async fn engine_checker(rules: Rules, algo: Algo, tally: Arc<Tally>, seed: u64, 
     }
 }
 
+/// How many answers in six are 500s, refunded: most, so units keep coming
+/// back (under faults) and the checkers keep being admitted near the limit
+/// for a while before the counted ones fill it.
+const REFUNDED: u64 = 5;
+
 /// The global rule's max, and the client rule's (concurrency: in flight).
 fn never_over_limits(algo: Algo) -> (u64, u64) {
     if algo == Algo::Concurrency {
         (2, 1)
     } else {
-        (6, 2)
+        (8, 3)
     }
 }
 
@@ -549,6 +558,7 @@ async fn never_over(source: Source) {
             tally.refunded,
             tally.errors.load(Ordering::SeqCst)
         );
+        eprintln!("{source:?} never over: {what}");
         if admitted == 0 || denied == 0 {
             failures.push(format!("{what}: the limits were never reached"));
         }
@@ -591,6 +601,7 @@ async fn never_over(source: Source) {
             }
         }
     }
+    eprintln!("{source:?} never over: {fired} faults fired (schedule {schedule:?})");
     assert!(
         fired >= 5,
         "{source:?}: too few faults fired to mean anything ({fired}; seed {seed:#x})"
@@ -672,12 +683,14 @@ async fn judge(
     cost: u64,
 ) -> Result<(), String> {
     // The give-back may still be under way (a spawned refund): wait for
-    // the fault, then past the store timeout and a late request's arrival.
+    // the fault, then past the store timeout (the call, any resend
+    // included, is over) and, for a late request, past its arrival.
     let waited = Instant::now();
     while proxy.armed() > 1 && waited.elapsed() < Duration::from_secs(3) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    tokio::time::sleep(TIMEOUT + Duration::from_millis(250)).await;
+    let after = if loss == Loss::Late { 250 } else { 50 };
+    tokio::time::sleep(TIMEOUT + Duration::from_millis(after)).await;
     match proxy.armed() {
         2 => return Err("the refund was never sent (the fault never fired)".to_owned()),
         0 => return Err("the refund was sent again after its reply was lost".to_owned()),
@@ -735,6 +748,12 @@ async fn lost_refund(rig: &Rig, algo: Algo, path: Path, loss: Loss) -> Result<()
         gate.penalty(&key, 1)
             .await
             .map_err(|e| format!("B's penalty failed: {e}"))?;
+    }
+    // (B's peek also loads the command script: a refund answered
+    // `NOSCRIPT` would not have run.)
+    let used = MAX - left(&b, "taken", &key).await?;
+    if used != PRE {
+        return Err(format!("B's requests left {used} used, not {PRE}"));
     }
     let redis_key = redis_key(&a, rig.store(0), "taken", algo, &key);
     let proxy = rig.proxy(0, &redis_key);
@@ -877,8 +896,8 @@ async fn run_cases(rig: &Rig, algo: Algo, cases: Vec<(Path, Loss)>) -> Vec<Strin
     failures
 }
 
-/// Single server: every case, each algorithm on a rig of its own, all at
-/// once. Cluster: [`sampled`] cases on one rig.
+/// Single server: every case, each algorithm and path on a rig of its
+/// own, all at once. Cluster: [`sampled`] cases on one rig.
 async fn lost_refunds(source: Source) {
     away_from_a_boundary(LONG, Duration::from_secs(15)).await;
     let mut failures = Vec::new();
@@ -890,10 +909,19 @@ async fn lost_refunds(source: Source) {
     } else {
         let mut jobs = JoinSet::new();
         for algo in Algo::ALL {
-            jobs.spawn(async move {
-                let rig = Rig::start(source, 2, TIMEOUT).await;
-                run_cases(&rig, algo, every_case(algo)).await
-            });
+            for path in [Path::Outcome, Path::Denial] {
+                let cases: Vec<_> = every_case(algo)
+                    .into_iter()
+                    .filter(|&(p, _)| p == path)
+                    .collect();
+                if cases.is_empty() {
+                    continue;
+                }
+                jobs.spawn(async move {
+                    let rig = Rig::start(source, 2, TIMEOUT).await;
+                    run_cases(&rig, algo, cases).await
+                });
+            }
         }
         while let Some(done) = jobs.join_next().await {
             failures.extend(done.unwrap());
@@ -957,7 +985,7 @@ async fn no_lockout(source: Source) {
             jobs.spawn(async move {
                 while Instant::now() < deadline {
                     let c = rng.below(LOCKOUT_CLIENTS as u64);
-                    let status = pick_status(algo, &mut rng);
+                    let status = pick_status(algo, &mut rng, 2);
                     if let Ok(admission) = check(&rules, "/", &format!("c{c}"), 1).await {
                         if admission.allowed() {
                             tokio::time::sleep(millis(&mut rng, 0, 40)).await;
@@ -1426,6 +1454,8 @@ async fn the_first_request_after_an_outage_is_decided_by_the_store() {
 // ---------------------------------------------------------------------------
 // The matrix.
 
+/// For each source, a module with one test per scenario (a scenario takes
+/// the source).
 macro_rules! sources {
     ($($(#[$attr:meta])* $name:ident: $source:expr => [$($test:ident = $scenario:path),+ $(,)?]),+ $(,)?) => {
         $(
@@ -1476,9 +1506,9 @@ sources! {
         no_lockout_after_faults = crate::no_lockout,
         refused_connections_count_nothing = crate::refused,
     ],
+    // The workaround `connect_cluster`'s rustdoc gives for lost replies.
     #[cfg(feature = "cluster")]
     cluster_no_retries: Source::ClusterNoRetries => [
         a_lost_refund_gives_back_at_most_once = crate::lost_refunds,
-        refused_connections_count_nothing = crate::refused,
     ],
 }

@@ -21,7 +21,12 @@
 //!    store is back when the response is settled); under `FailMode::Closed`
 //!    it fails; either way nothing is counted; on a cluster where one node
 //!    refuses, the rules whose nodes answered are given back (`Closed`) or
-//!    refunded alone (`Open`).
+//!    refunded alone (`Open`);
+//!
+//! then the regression test of the circuit breaker the rules share: the
+//! first request after an outage is decided by the store for every rule
+//! (its checks were sent together, and the breaker let one through as its
+//! probe and failed the others).
 //!
 //! A rule set cannot choose the sliding log's `Script` execution (rules run
 //! the default, `Transaction`): the `Script` execution's refund is held to

@@ -173,6 +173,12 @@ impl Breaker {
         now.checked_add(self.config.cooldown)
     }
 
+    /// Whether the breaker is open or probing: the next request let
+    /// through (if any) is the probe, and nothing else is until it reports.
+    pub(crate) fn is_open(&self) -> bool {
+        self.word.load(Ordering::Acquire) & SUMMARY_MASK == OPEN
+    }
+
     pub(crate) fn gate(&self) -> Gate {
         let word = self.word.load(Ordering::Acquire);
         if word & SUMMARY_MASK != OPEN {

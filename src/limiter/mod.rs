@@ -533,6 +533,12 @@ impl Limiter {
         })
     }
 
+    /// Whether this limiter's circuit breaker is open (or probing): a check
+    /// now is failed fast, or is the one probe let through.
+    pub(crate) fn circuit_open(&self) -> bool {
+        self.inner.breaker.as_deref().is_some_and(Breaker::is_open)
+    }
+
     /// The denial this process holds for `key` in its deny cache, if the
     /// cache may answer for this limiter: a check of `key` now would be
     /// denied without asking the store.

@@ -396,13 +396,26 @@ async fn decide(planned: Vec<Planned>) -> Result<Admission, LimitError> {
         }
     }
     let started = Instant::now();
-    let verdicts = futures_util::future::join_all(planned.iter().map(|p| {
+    let check = |p: &Planned| {
         let limiter = p.limiter.clone();
         let key = p.key.clone();
         let cost = p.cost;
         async move { limiter.check_n(&key, cost).await }
-    }))
-    .await;
+    };
+    // The rules share one circuit breaker. While it is open, its next check
+    // is the probe and it fails every other fast until the probe answers:
+    // sent together, the probe's own siblings would fail (or, failing open,
+    // admit uncounted) although the store answers. So one rule's check goes
+    // first, alone, and the others follow its answer.
+    let mut verdicts = Vec::with_capacity(planned.len());
+    let mut rest = &planned[..];
+    if let [first, others @ ..] = rest
+        && first.limiter.circuit_open()
+    {
+        verdicts.push(check(first).await);
+        rest = others;
+    }
+    verdicts.extend(futures_util::future::join_all(rest.iter().map(check)).await);
     let mut checks = Vec::with_capacity(planned.len());
     let mut failure = None;
     for (p, verdict) in planned.iter().zip(verdicts) {

@@ -1101,3 +1101,38 @@ async fn a_concurrency_refund_frees_the_requests_own_slot() {
     scenario(&memory, &policy, "memory").await;
     scenario(&redis, &policy, "redis").await;
 }
+
+/// A rule counting by outcome keeps no denial in process: once another
+/// process's refund gives a unit back, the next request is admitted (a
+/// cached denial would refuse it until the window ends).
+#[tokio::test]
+async fn a_rule_counting_by_outcome_is_not_answered_by_the_deny_cache() {
+    let server = RedisServer::start();
+    let text = "[[rules]]\nname = \"login\"\nkey = \"ip\"\npolicy = \"1/h\"\nalgorithm = \"fixed-window\"\ncount = [\"4xx\"]\n";
+    let process = || async {
+        let store = RedisStore::connect(&server.url()).await.unwrap();
+        Rules::new(store, RuleSet::from_toml(text).unwrap())
+    };
+    let (a, b) = (process().await, process().await);
+    let check = |rules: &Rules| {
+        rules
+            .current()
+            .check(&Method::POST, "/login", None, |_| {
+                Ok::<_, std::convert::Infallible>(Some(Call::new("10.0.0.1")))
+            })
+            .unwrap()
+    };
+    clear_of_the_hour().await;
+    let first = check(&a).await.unwrap();
+    assert!(first.allowed());
+    assert!(
+        !check(&b).await.unwrap().allowed(),
+        "the unit is taken until the outcome"
+    );
+    drop(first.settle(Some(200)));
+    wait_for_remaining(&a, "login", "10.0.0.1", 1, "refunded").await;
+    assert!(
+        check(&b).await.unwrap().allowed(),
+        "a cached denial refused it"
+    );
+}

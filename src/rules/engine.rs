@@ -199,17 +199,25 @@ impl ActiveRules {
         let limiters = set
             .rules()
             .iter()
-            .map(|rule| RuleLimiters {
-                default: template.for_rule(rule.name(), rule.policy(None).clone()),
-                tiers: rule
-                    .tiers()
-                    .map(|(tier, policy)| {
-                        (
-                            tier.to_owned(),
-                            template.for_rule(rule.name(), policy.clone()),
-                        )
-                    })
-                    .collect(),
+            .map(|rule| {
+                // A rule counting by outcome gives units back all the time:
+                // a denial held in this process could refuse a request the
+                // store would admit after another request's refund.
+                let make = |policy: &Policy| {
+                    let limiter = template.for_rule(rule.name(), policy.clone());
+                    if *rule.counting() == Counting::All {
+                        limiter
+                    } else {
+                        limiter.without_deny_cache()
+                    }
+                };
+                RuleLimiters {
+                    default: make(rule.policy(None)),
+                    tiers: rule
+                        .tiers()
+                        .map(|(tier, policy)| (tier.to_owned(), make(policy)))
+                        .collect(),
+                }
             })
             .collect();
         Self { set, limiters }

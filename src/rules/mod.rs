@@ -263,6 +263,7 @@ struct RuleSpec {
     key: Option<String>,
     policy: Option<String>,
     algorithm: Option<String>,
+    execution: Option<String>,
     cost: Option<u64>,
     #[serde(default)]
     tiers: BTreeMap<String, String>,
@@ -449,12 +450,34 @@ impl Rule {
                     .map_err(|e| fault(label, "algorithm", e))
             })
             .transpose()?;
+        let execution = spec
+            .execution
+            .map(|e| {
+                e.parse::<crate::policy::Execution>().map_err(|_| {
+                    fault(
+                        label,
+                        "execution",
+                        format!("{e:?}: use \"transaction\" or \"script\""),
+                    )
+                })
+            })
+            .transpose()?;
+        if execution.is_some() && algorithm.is_some_and(|a| a != Algorithm::SlidingLog) {
+            return Err(fault(
+                label,
+                "execution",
+                "only the sliding log runs in more than one way",
+            ));
+        }
         let policy_of = |field: &str, text: &str| -> Result<Policy, RulesError> {
             let mut policy: Policy = text.parse().map_err(|e| fault(label, field, e))?;
             if let Some(algorithm) = algorithm {
                 policy = policy
                     .with_algorithm(algorithm)
                     .map_err(|e| fault(label, field, e))?;
+            }
+            if let Some(execution) = execution {
+                policy = policy.with_execution(execution);
             }
             if let Some(cost) = spec.cost {
                 policy = policy.with_cost(cost).map_err(|e| fault(label, field, e))?;
@@ -884,6 +907,21 @@ mod tests {
             e.field(),
             "name",
             "a `:` would reach into the store key layout"
+        );
+        let script = rule("execution = \"script\"\n").unwrap();
+        assert_eq!(
+            script.rules()[0].policy(None).execution(),
+            crate::policy::Execution::Script
+        );
+        assert_eq!(
+            rule("algorithm = \"gcra\"\nexecution = \"script\"\n")
+                .unwrap_err()
+                .field(),
+            "execution"
+        );
+        assert_eq!(
+            rule("execution = \"magic\"\n").unwrap_err().field(),
+            "execution"
         );
         let e = RuleSet::from_toml("tier = \"cookie\"\n").unwrap_err();
         assert_eq!((e.field(), e.rule()), ("tier", None));

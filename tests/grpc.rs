@@ -26,10 +26,10 @@ macro_rules! serve_health {
         let addr = listener.local_addr().unwrap();
         let (reporter, health) = tonic_health::server::health_reporter();
         reporter
-                            .set_serving::<tonic_health::pb::health_server::HealthServer<
-                                tonic_health::server::HealthService,
-                            >>()
-                            .await;
+                                .set_serving::<tonic_health::pb::health_server::HealthServer<
+                                    tonic_health::server::HealthService,
+                                >>()
+                                .await;
         tokio::spawn(async move {
             Server::builder()
                 .layer(layer)

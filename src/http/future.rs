@@ -200,14 +200,7 @@ fn next_step(
         Ok(verdict) => verdict,
         // The store failed under FailMode::Closed (the engine logged it).
         Err(_) => {
-            return Next::Answer(if grpc {
-                response::grpc(
-                    response::grpc_status::UNAVAILABLE,
-                    "rate limiter unavailable: its store does not answer",
-                )
-            } else {
-                response::store_unavailable()
-            });
+            return Next::Answer(response::unavailable(grpc));
         }
     };
     let (decision, source, permit) = verdict.into_parts();

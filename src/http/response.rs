@@ -404,6 +404,28 @@ pub(crate) fn store_unavailable() -> Response<Bytes> {
     )
 }
 
+/// The store failed under a closed fail mode: 503, or gRPC `UNAVAILABLE`.
+pub(crate) fn unavailable(grpc: bool) -> Response<Bytes> {
+    if grpc {
+        return self::grpc(
+            grpc_status::UNAVAILABLE,
+            "rate limiter unavailable: its store does not answer",
+        );
+    }
+    store_unavailable()
+}
+
+/// A key cannot be picked here: 500, or gRPC `INTERNAL`.
+pub(crate) fn cannot_pick_key(error: &crate::key::KeyError, grpc: bool) -> Response<Bytes> {
+    if grpc {
+        return self::grpc(
+            grpc_status::INTERNAL,
+            &format!("rate limiter misconfigured: {error}"),
+        );
+    }
+    misconfigured(error)
+}
+
 /// `403 Forbidden`: a rule lets only some keys call, and not this one.
 pub(crate) fn forbidden() -> Response<Bytes> {
     text(

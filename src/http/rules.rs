@@ -322,14 +322,7 @@ where
             Err(error) => {
                 tracing::error!(%error, "rules: cannot pick a rule's key; answering 500");
                 State::Answered {
-                    response: Some(if grpc {
-                        response::grpc(
-                            response::grpc_status::INTERNAL,
-                            &format!("rate limiter misconfigured: {error}"),
-                        )
-                    } else {
-                        response::misconfigured(&error)
-                    }),
+                    response: Some(response::cannot_pick_key(&error, grpc)),
                 }
             }
         };
@@ -406,14 +399,7 @@ where
                                 tracing::error!(%error, "rules: a check failed");
                             }
                             State::Answered {
-                                response: Some(if *this.grpc {
-                                    response::grpc(
-                                        response::grpc_status::UNAVAILABLE,
-                                        "rate limiter unavailable",
-                                    )
-                                } else {
-                                    response::store_unavailable()
-                                }),
+                                response: Some(response::unavailable(*this.grpc)),
                             }
                         }
                     };

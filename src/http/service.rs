@@ -102,14 +102,7 @@ where
             }
             Err(error) => {
                 tracing::error!(%error, "rate limiter cannot pick a key; answering 500");
-                if grpc {
-                    let message = format!("rate limiter misconfigured: {error}");
-                    return ResponseFuture::answered(response::grpc(
-                        response::grpc_status::INTERNAL,
-                        &message,
-                    ));
-                }
-                ResponseFuture::answered(response::misconfigured(&error))
+                ResponseFuture::answered(response::cannot_pick_key(&error, grpc))
             }
         }
     }

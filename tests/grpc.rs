@@ -17,6 +17,10 @@ use tonic_health::pb::health_client::HealthClient;
 use tower_redis_ratelimit::rules::{RuleSet, Rules};
 use tower_redis_ratelimit::{Policy, RateLimitLayer, RedisStore, RulesLayer, key};
 
+/// The health service's name, for `set_serving`.
+type HealthService =
+    tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>;
+
 /// A health service behind `layer`, on a free loopback port (a macro: the
 /// health service's type cannot be named).
 macro_rules! serve_health {
@@ -25,11 +29,7 @@ macro_rules! serve_health {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (reporter, health) = tonic_health::server::health_reporter();
-        reporter
-                                .set_serving::<tonic_health::pb::health_server::HealthServer<
-                                    tonic_health::server::HealthService,
-                                >>()
-                                .await;
+        reporter.set_serving::<HealthService>().await;
         tokio::spawn(async move {
             Server::builder()
                 .layer(layer)

@@ -14,6 +14,7 @@
 //! | `EXECUTION`  | `transaction`    | how Redis runs the check: `transaction` or `script`  |
 //! | `ALGORITHM`  | `sliding-log`    | `sliding-log`, `fixed-window`, `sliding-window`, `gcra` or `concurrency` |
 //! | `DENY_CACHE` | `on`             | `off`: ask the store about every request of a denied key |
+//! | `LOCAL_QUOTA` | unset           | `N/HOLD` (`100/250ms`): admit hot keys locally from batches of `N` units taken from the store, each used within `HOLD`; at most `INSTANCES × N` more admitted in a window (none more under `fixed-window`) |
 //! | `TRUSTED_PROXIES` | unset       | comma-separated addresses or CIDR blocks of your reverse proxies (`10.0.0.0/8, fd00::/8`); set: the key's address is the client's, read from `PROXY_HEADER` when the peer is one of them |
 //! | `PROXY_HEADER` | `x-forwarded-for` | with `TRUSTED_PROXIES`: `x-forwarded-for`, `forwarded` or `x-real-ip` |
 //! | `FAIL_MODE`  | `open`           | when the store fails: `open` (admit), `closed` (answer 503) or `fallback:N` (limit in process to 1/N of the policy, for N instances) |
@@ -50,8 +51,8 @@ use tokio::net::TcpListener;
 use tower_redis_ratelimit::key::ProxyHeader;
 use tower_redis_ratelimit::rules::{RuleSet, Rules};
 use tower_redis_ratelimit::{
-    Algorithm, Execution, FailMode, HeaderStyle, MemoryStore, Policy, RateLimitLayer, RedisStore,
-    RulesLayer, Store, key,
+    Algorithm, Execution, FailMode, HeaderStyle, LocalQuota, MemoryStore, Policy, RateLimitLayer,
+    RedisStore, RulesLayer, Store, key,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -123,8 +124,8 @@ async fn setup() -> Result<(TcpListener, Router), BadSetting> {
         (Some(source), Some(url)) => {
             rules_router(connect_redis(url).await?, source, &settings).await?
         }
-        (None, None) => router(MemoryStore::new(), &settings),
-        (None, Some(url)) => router(connect_redis(url).await?, &settings),
+        (None, None) => router(MemoryStore::new(), &settings)?,
+        (None, Some(url)) => router(connect_redis(url).await?, &settings)?,
     };
     let listener = TcpListener::bind(&settings.bind).await.map_err(|error| {
         BadSetting::new(
@@ -175,11 +176,11 @@ fn log_start(settings: &Settings, listener: &TcpListener) {
 }
 
 /// The app, with its limited routes counted in `store` as the settings say.
-fn router<St: Store>(store: St, settings: &Settings) -> Router {
+fn router<St: Store>(store: St, settings: &Settings) -> Result<Router, BadSetting> {
     let Some(policy) = settings.policy.clone() else {
         // `RATE_LIMIT=off`: the same routes with no layer, the baseline of
         // the benchmarks.
-        return with_health(Router::new().route("/", get(hello)));
+        return Ok(with_health(Router::new().route("/", get(hello))));
     };
     // The client's address: the peer's, or behind trusted proxies the one
     // they forwarded (never a header the client wrote itself).
@@ -259,7 +260,7 @@ async fn login(headers: http::HeaderMap) -> http::StatusCode {
 }
 
 /// `GET /`, limited by `limiter`, and `GET /health`, never limited.
-fn routes<K>(limiter: RateLimitLayer<K>, settings: &Settings) -> Router
+fn routes<K>(limiter: RateLimitLayer<K>, settings: &Settings) -> Result<Router, BadSetting>
 where
     K: key::KeyExtractor<axum::body::Body>,
 {
@@ -272,8 +273,16 @@ where
     } else {
         limiter.without_deny_cache()
     };
+    let limiter = match settings.local_quota {
+        Some(quota) => limiter
+            .with_local_quota(quota)
+            .map_err(|error| BadSetting::new("LOCAL_QUOTA", error))?,
+        None => limiter,
+    };
     // `route_layer` limits only the routes of this router...
-    with_health(Router::new().route("/", get(hello)).route_layer(limiter))
+    Ok(with_health(
+        Router::new().route("/", get(hello)).route_layer(limiter),
+    ))
 }
 
 /// ...and `/health` is added beside them, outside the limit.
@@ -322,6 +331,8 @@ struct Settings {
     policy: Option<Policy>,
     key: ClientKey,
     deny_cache: bool,
+    /// `LOCAL_QUOTA`: hot keys admitted locally.
+    local_quota: Option<LocalQuota>,
     /// `TRUSTED_PROXIES` (and `PROXY_HEADER`): the client's address behind them.
     client_ip: Option<key::ClientIp>,
     fail_mode: FailMode,
@@ -400,6 +411,25 @@ impl Settings {
                     "DENY_CACHE",
                     format!("unknown value {other:?}: use `on` or `off`"),
                 ));
+            }
+        };
+
+        let local_quota = match var("LOCAL_QUOTA")? {
+            None => None,
+            Some(text) => {
+                let quota = text
+                    .parse::<tower_redis_ratelimit::Rate>()
+                    .map_err(|error| error.to_string())
+                    .and_then(|rate| {
+                        LocalQuota::new(rate.max(), rate.window()).map_err(|e| e.to_string())
+                    })
+                    .map_err(|problem| {
+                        BadSetting::new(
+                            "LOCAL_QUOTA",
+                            format!("{problem}: write the batch and how long its units are used, as `100/250ms`"),
+                        )
+                    })?;
+                Some(quota)
             }
         };
 
@@ -485,6 +515,7 @@ impl Settings {
             policy,
             key,
             deny_cache,
+            local_quota,
             client_ip,
             fail_mode,
             fail_mode_text,

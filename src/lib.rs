@@ -21,7 +21,9 @@ pub use http::{
     ResponseBody, ResponseFuture, RuleLimit, RulesFuture, RulesLayer, X_RATELIMIT_LIMIT,
     X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
-pub use limiter::{Check, CircuitBreaker, FailMode, LimitError, Limiter, Permit, Source, Verdict};
+pub use limiter::{
+    Check, CircuitBreaker, FailMode, LimitError, Limiter, LocalQuota, Permit, Source, Verdict,
+};
 pub use policy::{
     Algorithm, DEFAULT_LEASE, Execution, MAX_COST, MAX_MAX, MAX_WINDOW, MIN_WINDOW, Policy,
     PolicyError, Rate,

@@ -151,6 +151,8 @@ fn a_bad_value_exits_with_status_2_naming_the_variable() {
         ("PROXY_HEADER", "via"),
         ("RATE_LIMIT", "3 per second"),
         ("KEY", "cookie:session"),
+        ("LOCAL_QUOTA", "100"),
+        ("LOCAL_QUOTA", "1/s"),
     ] {
         let (status, stderr) = refused(&[(name, value)]);
         assert_eq!(status, Some(2), "{name}={value}: {stderr}");
@@ -401,4 +403,29 @@ fn rules_from_a_file_pick_the_tier_and_a_bad_rules_setting_exits_2() {
     assert_eq!(code, Some(2));
     assert!(stderr.starts_with("RATE_LIMIT: "), "{stderr}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_local_quota_admits_hot_keys_locally_within_the_limit() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let server = Server::start(&[
+        ("REDIS_URL", url.as_str()),
+        ("RATE_LIMIT", "20/h"),
+        ("ALGORITHM", "fixed-window"),
+        ("LOCAL_QUOTA", "5/10s"),
+    ]);
+    let calls = redis.calls("evalsha");
+    for i in 0..20 {
+        assert_eq!(server.status(&[]), 200, "request {i}");
+    }
+    assert_eq!(server.status(&[]), 429);
+    // Four batches of 5, then the denial (a batch refused, then one
+    // request refused): 6 checks in Redis for 21 requests, and one more
+    // when the first found the script not loaded yet.
+    let checks = redis.calls("evalsha") - calls;
+    assert!((6..=7).contains(&checks), "{checks} checks in Redis");
+    let (code, stderr) = refused(&[("LOCAL_QUOTA", "5/10s"), ("ALGORITHM", "concurrency")]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.starts_with("LOCAL_QUOTA: "), "{stderr}");
 }

@@ -7,8 +7,8 @@ use tower_layer::Layer;
 
 use super::service::RateLimit;
 use super::settings::{HeaderStyle, Rejection, Shared};
-use crate::limiter::{CircuitBreaker, FailMode, Limiter};
-use crate::policy::Policy;
+use crate::limiter::{CircuitBreaker, FailMode, Limiter, LocalQuota};
+use crate::policy::{Policy, PolicyError};
 use crate::store::Store;
 
 /// Rate-limits every request of the wrapped service under the key its
@@ -126,6 +126,16 @@ impl<K> RateLimitLayer<K> {
     #[must_use]
     pub fn with_allowed_keys<S: Into<String>>(self, keys: impl IntoIterator<Item = S>) -> Self {
         self.map(|s| s.limiter = s.limiter.clone().with_allowed_keys(keys))
+    }
+
+    /// Admit hot keys locally from batches of quota taken from the store
+    /// ([`Limiter::with_local_quota`]).
+    ///
+    /// # Errors
+    /// A concurrency policy.
+    pub fn with_local_quota(self, quota: LocalQuota) -> Result<Self, PolicyError> {
+        let limiter = self.shared.limiter.clone().with_local_quota(quota)?;
+        Ok(self.map(|s| s.limiter = limiter))
     }
 
     /// Hold denials in process (see [`Limiter::with_deny_cache`]; on by

@@ -17,9 +17,11 @@ use crate::store::{BoxFuture, Command, DynStore, Store, StoreError};
 mod breaker;
 mod deny_cache;
 mod lease;
+mod local;
 
 pub use breaker::CircuitBreaker;
 pub use lease::Permit;
+pub use local::LocalQuota;
 
 use breaker::{Breaker, Gate, Ticket};
 use deny_cache::{DEFAULT_DENY_CACHE_SIZE, DenyCache};
@@ -82,6 +84,9 @@ pub enum Source {
     FailOpen,
     /// Nobody: the key is one of the allowed keys.
     AllowedKey,
+    /// A unit this process took from the store earlier
+    /// ([`Limiter::with_local_quota`]); the decision is that check's.
+    LocalQuota,
 }
 
 /// The answer of [`Limiter::check`]: admitted or not, by whom, and the
@@ -208,6 +213,8 @@ struct Inner {
     breaker: Option<Arc<Breaker>>,
     /// The policy the fallback store enforces.
     fallback_policy: Option<Arc<Policy>>,
+    /// Units of hot keys held in process (`None`: off).
+    local: Option<Arc<local::Local>>,
 }
 
 /// A check started by [`Limiter::begin`]. (Unboxed: a request's verdict
@@ -245,6 +252,7 @@ impl Limiter {
                 deny_cache: Some(Arc::new(DenyCache::new(DEFAULT_DENY_CACHE_SIZE))),
                 breaker: Some(Arc::new(Breaker::new(CircuitBreaker::default()))),
                 fallback_policy: None,
+                local: None,
             }),
         }
     }
@@ -394,6 +402,16 @@ impl Limiter {
             crate::metrics::decision(&self.inner.name, Outcome::Skipped);
             return Check::done(Ok(Verdict::unlimited(Source::AllowedKey)));
         }
+        if policy.is_none()
+            && let Some(local) = &self.inner.local
+        {
+            return local.check(self, key);
+        }
+        self.start_in_store(key, policy)
+    }
+
+    /// The check of `key` (as given) in the store (and the deny cache).
+    fn start_in_store(&self, key: String, policy: Option<Arc<Policy>>) -> Check {
         let mut key = self.store_key(key);
         match self.begin(&mut key, policy) {
             Begun::Done(verdict) => Check::done(verdict),
@@ -527,6 +545,10 @@ impl Limiter {
             if let FailMode::Fallback { instances, .. } = &s.fail_mode {
                 s.fallback_policy = Some(Arc::new(policy.shared_by(*instances)));
             }
+            s.local = s
+                .local
+                .as_ref()
+                .and_then(|l| local::Local::new(l.config(), &policy).ok().map(Arc::new));
             s.policy = Arc::new(policy);
             s.name = Arc::from(name);
             s.allowed = Arc::default();
@@ -537,6 +559,21 @@ impl Limiter {
     /// now is failed fast, or is the one probe let through.
     pub(crate) fn circuit_open(&self) -> bool {
         self.inner.breaker.as_deref().is_some_and(Breaker::is_open)
+    }
+
+    /// Admit hot keys locally ([`LocalQuota`]): a process takes a batch of
+    /// a key's quota from the store in one check and admits from it with
+    /// no round trip, at most `N × batch` more admitted in any window than
+    /// the algorithm alone admits, for `N` processes (none more under the
+    /// fixed window); see [`LocalQuota`].
+    /// Checks of another cost than the policy's ([`check_n`](Self::check_n))
+    /// go to the store as before.
+    ///
+    /// # Errors
+    /// A concurrency policy (a slot is one request in flight).
+    pub fn with_local_quota(self, quota: LocalQuota) -> Result<Self, PolicyError> {
+        let local = Arc::new(local::Local::new(quota, &self.inner.policy)?);
+        Ok(self.map(|s| s.local = Some(local)))
     }
 
     /// The denial this process holds for `key` in its deny cache, if the
@@ -823,7 +860,12 @@ pub struct Check {
 #[allow(clippy::large_enum_variant)]
 enum CheckState {
     Done(Option<Result<Verdict, LimitError>>),
-    Waiting { limiter: Limiter, waiting: Waiting },
+    Waiting {
+        limiter: Limiter,
+        waiting: Waiting,
+    },
+    /// A local quota's refill (a lock, then one or two checks).
+    Boxed(BoxFuture<Result<Verdict, LimitError>>),
 }
 
 impl Check {
@@ -833,12 +875,18 @@ impl Check {
         }
     }
 
+    fn boxed(future: BoxFuture<Result<Verdict, LimitError>>) -> Self {
+        Self {
+            state: CheckState::Boxed(future),
+        }
+    }
+
     /// The answer, taken, when the check was answered without waiting (an
     /// in-process store, the deny cache, an open circuit): no need to poll.
     pub fn now(&mut self) -> Option<Result<Verdict, LimitError>> {
         match &mut self.state {
             CheckState::Done(verdict) => verdict.take(),
-            CheckState::Waiting { .. } => None,
+            CheckState::Waiting { .. } | CheckState::Boxed(_) => None,
         }
     }
 }
@@ -847,7 +895,7 @@ impl fmt::Debug for Check {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             CheckState::Done(_) => "done",
-            CheckState::Waiting { .. } => "waiting",
+            CheckState::Waiting { .. } | CheckState::Boxed(_) => "waiting",
         };
         f.debug_struct("Check").field("state", &state).finish()
     }
@@ -866,6 +914,7 @@ impl std::future::Future for Check {
                 let (key, outcome) = std::task::ready!(waiting.future.as_mut().poll(cx));
                 Some(limiter.finish(&key, &waiting.policy, outcome, waiting.sent, waiting.ticket))
             }
+            CheckState::Boxed(future) => Some(std::task::ready!(future.as_mut().poll(cx))),
         };
         self.state = CheckState::Done(None);
         std::task::Poll::Ready(verdict.unwrap_or_else(|| {

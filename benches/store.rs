@@ -182,6 +182,115 @@ async fn store(settings: &Settings) {
         let rate = decisions_per_second(settings, store, policy).await;
         println!("RESULT {name} {rate:.0}");
     }
+    for (name, script) in PEERS {
+        let name = format!("store/{name}/connect");
+        if settings
+            .only
+            .as_ref()
+            .is_some_and(|only| !name.contains(only))
+        {
+            continue;
+        }
+        let rate = peer_decisions_per_second(settings, script).await;
+        println!("RESULT {name} {rate:.0}");
+    }
+}
+
+/// What the peers' Redis work per decision is measured against: their
+/// scripts as they run them, sent the way `RedisStore` sends its own (16
+/// multiplexed connections, 50 checks in flight over 10,000 keys).
+/// `KEYS[1]` the key; `ARGV`: the cost, the window (ms), the max, the time
+/// (µs) and a unique member.
+const PEERS: [(&str, &str); 2] = [
+    // rate-limiter-flexible 11's fixed window (RateLimiterRedis): set the
+    // key to 0 with its expiry if it is new, add the points, read the TTL.
+    (
+        "peer-rlf-fixed-window",
+        r"
+        redis.call('set', KEYS[1], 0, 'PX', ARGV[2], 'NX')
+        local consumed = redis.call('incrby', KEYS[1], ARGV[1])
+        local ttl = redis.call('pttl', KEYS[1])
+        return {consumed, ttl}
+        ",
+    ),
+    // The minimal one-rate sliding log: trim, count, add when under the
+    // max, expire.
+    (
+        "peer-minimal-sliding-log",
+        r"
+        local now = tonumber(ARGV[4])
+        local window = tonumber(ARGV[2]) * 1000
+        redis.call('zremrangebyscore', KEYS[1], '-inf', now - window)
+        if redis.call('zcard', KEYS[1]) < tonumber(ARGV[3]) then
+          redis.call('zadd', KEYS[1], now, ARGV[5])
+          redis.call('pexpire', KEYS[1], ARGV[2])
+          return 1
+        end
+        return 0
+        ",
+    ),
+];
+
+/// Decisions per second of a peer's script, as [`decisions_per_second`].
+async fn peer_decisions_per_second(settings: &Settings, script: &str) -> f64 {
+    let client = redis::Client::open(settings.url.as_str()).unwrap();
+    let mut connections = Vec::new();
+    for _ in 0..16 {
+        connections.push(client.get_multiplexed_async_connection().await.unwrap());
+    }
+    let script = Arc::new(redis::Script::new(script));
+    // Warm up: the script loaded.
+    for i in 0..200 {
+        peer_check(&mut connections[0].clone(), &script, i).await;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for task in 0..settings.concurrency {
+        let (script, stop, done) = (script.clone(), stop.clone(), done.clone());
+        let mut connection = connections[task % connections.len()].clone();
+        let keys = settings.keys;
+        tasks.push(tokio::spawn(async move {
+            let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (task as u64 + 1));
+            let mut decided = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                peer_check(&mut connection, &script, rng.next() % keys).await;
+                decided += 1;
+            }
+            done.fetch_add(decided, Ordering::Relaxed);
+        }));
+    }
+    let start = Instant::now();
+    tokio::time::sleep(settings.seconds).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// One check of key `k` by a peer's script: cost 1, a window of 1 s, a
+/// max no key reaches.
+async fn peer_check(
+    connection: &mut redis::aio::MultiplexedConnection,
+    script: &redis::Script,
+    k: u64,
+) {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros();
+    let member = format!("{now:x}{k:x}");
+    let _: redis::Value = script
+        .key(format!("peer:{{k{k}}}"))
+        .arg(1)
+        .arg(1000)
+        .arg(1_000_000)
+        .arg(now.to_string())
+        .arg(member)
+        .invoke_async(connection)
+        .await
+        .unwrap();
 }
 
 /// `settings.concurrency` tasks checking random keys of `settings.keys` for

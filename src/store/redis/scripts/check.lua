@@ -10,6 +10,6 @@ if again then
 end
 local left = block_left()
 if left then
-  return { -1, int(left) }
+  return { -1, left }
 end
 return decide(true)

@@ -127,9 +127,9 @@ local function decide(commit)
       -- Admitted once the offset has shrunk to the window.
       wait = micros_ceil(new_d - w)
     end
-    out[#out + 1] = int(remaining)
-    out[#out + 1] = int(micros_ceil(kept))
-    out[#out + 1] = int(wait)
+    out[#out + 1] = remaining
+    out[#out + 1] = micros_ceil(kept)
+    out[#out + 1] = wait
   end
   if allowed == 1 and commit then
     store(kepts)

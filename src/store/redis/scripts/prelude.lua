@@ -17,7 +17,12 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
+-- An integer as text: '%d' (a 64-bit conversion, faster) where the
+-- double holds an exact integer, '%.0f' beyond.
 local function int(x)
+  if x < 9007199254740992 and x > -9007199254740992 then
+    return string.format('%d', x)
+  end
   return string.format('%.0f', x)
 end
 

@@ -172,9 +172,9 @@ local function decide(commit)
     if remaining < 0 then
       remaining = 0
     end
-    out[#out + 1] = int(remaining)
-    out[#out + 1] = int(reset_of(indexes[i], w, cur, prev))
-    out[#out + 1] = int(wait)
+    out[#out + 1] = remaining
+    out[#out + 1] = reset_of(indexes[i], w, cur, prev)
+    out[#out + 1] = wait
   end
   if allowed == 1 and commit then
     store(indexes, currents, previouses)

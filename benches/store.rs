@@ -255,30 +255,11 @@ async fn peer_decisions_per_second(settings: &Settings, script: &str) -> f64 {
     for i in 0..200 {
         peer_check(&mut connection().await, &script, i).await;
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for task in 0..settings.concurrency {
-        let (script, stop, done) = (script.clone(), stop.clone(), done.clone());
-        let connection = connection.clone();
-        let keys = settings.keys;
-        tasks.push(tokio::spawn(async move {
-            let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (task as u64 + 1));
-            let mut decided = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                peer_check(&mut connection().await, &script, rng.next() % keys).await;
-                decided += 1;
-            }
-            done.fetch_add(decided, Ordering::Relaxed);
-        }));
-    }
-    let start = Instant::now();
-    tokio::time::sleep(settings.seconds).await;
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await.unwrap();
-    }
-    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+    run_for(settings, move |k| {
+        let (script, connection) = (script.clone(), connection.clone());
+        async move { peer_check(&mut connection().await, &script, k).await }
+    })
+    .await
 }
 
 /// One check of key `k` by a peer's script: cost 1, a window of 1 s, a
@@ -315,26 +296,42 @@ async fn decisions_per_second(settings: &Settings, store: RedisStore, policy: Po
     for i in 0..200 {
         store.check(&format!("k{i}"), &policy).await.unwrap();
     }
+    run_for(settings, move |k| {
+        let (store, policy) = (store.clone(), policy.clone());
+        async move {
+            let key = format!("k{k}");
+            let decision = store.check(&key, &policy).await.unwrap();
+            assert!(decision.allowed(), "the bench's limit was reached");
+            if let Some(lease) = decision.lease() {
+                store.release(&key, &policy, lease).await.unwrap();
+            }
+        }
+    })
+    .await
+}
+
+/// `settings.concurrency` tasks each running `check` of random keys of
+/// `settings.keys` one after another for `settings.seconds`: the checks
+/// per second.
+async fn run_for<F, Fut>(settings: &Settings, check: F) -> f64
+where
+    F: Fn(u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for task in 0..settings.concurrency {
-        let (store, policy, stop, done) =
-            (store.clone(), policy.clone(), stop.clone(), done.clone());
+        let (check, stop, done) = (check.clone(), stop.clone(), done.clone());
         let keys = settings.keys;
         tasks.push(tokio::spawn(async move {
             let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (task as u64 + 1));
-            let mut admitted = 0u64;
+            let mut checked = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                let key = format!("k{}", rng.next() % keys);
-                let decision = store.check(&key, &policy).await.unwrap();
-                assert!(decision.allowed(), "the bench's limit was reached");
-                if let Some(lease) = decision.lease() {
-                    store.release(&key, &policy, lease).await.unwrap();
-                }
-                admitted += 1;
+                check(rng.next() % keys).await;
+                checked += 1;
             }
-            done.fetch_add(admitted, Ordering::Relaxed);
+            done.fetch_add(checked, Ordering::Relaxed);
         }));
     }
     let start = Instant::now();

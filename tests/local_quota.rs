@@ -220,8 +220,13 @@ async fn local_units_are_used_locally_and_a_key_near_its_limit_is_exact() {
     let quota = LocalQuota::new(10, Duration::from_secs(60)).unwrap();
     let limiter = process(&server, &policy, quota).await;
     let mut sources = Vec::new();
-    for _ in 0..25 {
+    let mut execs = 0;
+    for i in 0..25 {
+        let before = server.calls("exec");
         let verdict = limiter.check("k").await.unwrap();
+        if i >= 20 {
+            execs += server.calls("exec") - before;
+        }
         assert!(verdict.allowed());
         sources.push(verdict.source());
     }
@@ -230,8 +235,16 @@ async fn local_units_are_used_locally_and_a_key_near_its_limit_is_exact() {
     let from_store = sources.iter().filter(|s| **s == Source::Store).count();
     let local = sources.iter().filter(|s| **s == Source::LocalQuota).count();
     assert_eq!((from_store, local), (7, 18), "{sources:?}");
+    let before = server.calls("exec");
     let denied = limiter.check("k").await.unwrap();
     assert!(!denied.allowed());
+    // Near the limit one round trip per request: a batch is asked for once
+    // (the 21st), then not again while the store cannot give one.
+    assert_eq!(
+        execs + server.calls("exec") - before,
+        7,
+        "checks in Redis for the last 6"
+    );
     assert_eq!(limiter.peek("k").await.unwrap().remaining(), 0);
     // A concurrency policy has no local quota.
     let store = RedisStore::connect(&server.url()).await.unwrap();

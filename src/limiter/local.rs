@@ -91,6 +91,9 @@ pub(crate) struct Local {
 struct Units {
     left: u64,
     until: Option<Instant>,
+    /// Until when the store could not give a whole batch: checks of one
+    /// request meanwhile, without asking for a batch first.
+    no_batch_until: Option<Instant>,
     /// The decision of the check that took them (what a local admission
     /// shows).
     decision: Option<Decision>,
@@ -201,7 +204,8 @@ impl Local {
             });
         }
         let cost = limiter.policy().cost();
-        if self.batch > cost {
+        let batch_refused = held.no_batch_until.is_some_and(|t| Instant::now() < t);
+        if self.batch > cost && !batch_refused {
             let policy = Arc::new(limiter.policy().clone().with_cost(self.batch)?);
             // Before the store decided: what the store's times are counted
             // from is later, so the units never outlive their window.
@@ -232,6 +236,10 @@ impl Local {
                 // nothing.
                 return Ok(verdict);
             }
+            // Not a whole batch until the refusal's wait ends (at most
+            // `hold`): one request at a time till then, one round trip each.
+            let wait = verdict.retry_after().min(self.config.hold);
+            held.no_batch_until = Some(sent + wait);
         }
         // Not a whole batch left: one request, exactly.
         limiter.start_in_store(key, None).await

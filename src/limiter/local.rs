@@ -20,8 +20,9 @@ use crate::policy::{Algorithm, Policy, PolicyError};
 /// counted: unused units are quota this process took and did not use.
 ///
 /// When the store cannot give a whole batch, the check falls back to an
-/// ordinary check of one request, so a key near its limit is decided
-/// exactly, request by request.
+/// ordinary check of one request, and the key's checks stay checks of one
+/// request until that refusal's wait ends (at most `hold`): a key near its
+/// limit is decided exactly, request by request, one round trip each.
 ///
 /// **The bound.** Every unit a process admits was counted in the store
 /// before it was used. With `N` processes, at most `N × batch` units are

@@ -255,3 +255,152 @@ async fn local_units_are_used_locally_and_a_key_near_its_limit_is_exact() {
     assert!(LocalQuota::new(1, Duration::from_secs(1)).is_err());
     assert!(LocalQuota::new(5, Duration::ZERO).is_err());
 }
+
+/// Under the fixed window, units are used only in the window that counted
+/// them: a batch taken just before a window's end is not used after it.
+#[tokio::test]
+async fn fixed_window_units_end_with_their_window() {
+    let server = RedisServer::start();
+    let policy = "1000/1s"
+        .parse::<Policy>()
+        .unwrap()
+        .with_algorithm(Algorithm::FixedWindow)
+        .unwrap();
+    let limiter = process(
+        &server,
+        &policy,
+        LocalQuota::new(100, Duration::from_secs(10)).unwrap(),
+    )
+    .await;
+    // 150 ms before a second ends (Redis's clock is this machine's).
+    let into_second = micros_now() % 1_000_000;
+    let until_edge = if into_second < 850_000 {
+        850_000 - into_second
+    } else {
+        1_850_000 - into_second
+    };
+    tokio::time::sleep(Duration::from_micros(until_edge)).await;
+    assert_eq!(
+        limiter.check("k").await.unwrap().source(),
+        Source::Store,
+        "the batch"
+    );
+    assert_eq!(
+        limiter.check("k").await.unwrap().source(),
+        Source::LocalQuota
+    );
+    // 100 ms into the next window: the units are gone, a new batch is taken.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(
+        limiter.check("k").await.unwrap().source(),
+        Source::Store,
+        "a unit of the last window was used"
+    );
+}
+
+#[tokio::test]
+async fn units_belong_to_one_name_and_a_block_drops_them() {
+    let server = RedisServer::start();
+    let policy: Policy = "100/h".parse().unwrap();
+    let base = process(
+        &server,
+        &policy,
+        LocalQuota::new(10, Duration::from_secs(60)).unwrap(),
+    )
+    .await;
+    let (a, b) = (base.clone().with_name("a"), base.clone().with_name("b"));
+    assert_eq!(a.check("k").await.unwrap().source(), Source::Store);
+    assert_eq!(a.check("k").await.unwrap().source(), Source::LocalQuota);
+    assert_eq!(
+        b.check("k").await.unwrap().source(),
+        Source::Store,
+        "b used a's units"
+    );
+    // A block reaches the units this process holds.
+    a.block("k", Duration::from_secs(60)).await.unwrap();
+    let blocked = a.check("k").await.unwrap();
+    assert!(!blocked.allowed(), "{:?}", blocked.source());
+}
+
+#[tokio::test]
+async fn a_cost_counts_in_whole_requests_and_impossible_quotas_are_refused() {
+    let server = RedisServer::start();
+    // Cost 2, batches of 4 requests (8 units) under 10 per hour.
+    let policy = "10/h".parse::<Policy>().unwrap().with_cost(2).unwrap();
+    let limiter = process(
+        &server,
+        &policy,
+        LocalQuota::new(4, Duration::from_secs(60)).unwrap(),
+    )
+    .await;
+    let mut sources = Vec::new();
+    for _ in 0..5 {
+        let verdict = limiter.check("k").await.unwrap();
+        assert!(verdict.allowed());
+        sources.push(verdict.source());
+    }
+    assert_eq!(
+        sources,
+        [
+            Source::Store,
+            Source::LocalQuota,
+            Source::LocalQuota,
+            Source::LocalQuota,
+            Source::Store
+        ]
+    );
+    assert!(
+        !limiter.check("k").await.unwrap().allowed(),
+        "10 units spent"
+    );
+
+    let quota = LocalQuota::new(5, Duration::from_secs(1)).unwrap();
+    let store = || async { RedisStore::connect(&server.url()).await.unwrap() };
+    // A batch that cannot hold two requests (3 per hour at a cost of 2).
+    let small = "3/h".parse::<Policy>().unwrap().with_cost(2).unwrap();
+    assert!(
+        Limiter::new(store().await, small)
+            .with_local_quota(quota)
+            .is_err()
+    );
+    // Local units would not be spaced.
+    let spaced = "10/s"
+        .parse::<Policy>()
+        .unwrap()
+        .with_min_spacing(Duration::from_millis(50))
+        .unwrap();
+    let error = Limiter::new(store().await, spaced)
+        .with_local_quota(quota)
+        .unwrap_err();
+    assert!(error.to_string().contains("spacing"), "{error}");
+    assert!(LocalQuota::new(5, Duration::MAX).is_err());
+}
+
+/// While Redis is down, the fallback store is charged one request per
+/// check, never a batch.
+#[tokio::test]
+async fn the_fallback_store_is_never_charged_a_batch() {
+    let mut server = RedisServer::start();
+    let policy: Policy = "20/h".parse().unwrap();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let limiter = tower_redis_ratelimit::Limiter::new(store, policy)
+        .with_fail_mode(tower_redis_ratelimit::FailMode::fallback(
+            tower_redis_ratelimit::MemoryStore::new(),
+            1,
+        ))
+        .with_local_quota(LocalQuota::new(5, Duration::from_secs(60)).unwrap())
+        .unwrap();
+    server.kill();
+    let mut admitted = 0;
+    for _ in 0..25 {
+        let verdict = limiter.check("k").await.unwrap();
+        if verdict.allowed() {
+            assert_eq!(verdict.source(), Source::Fallback);
+            admitted += 1;
+        }
+    }
+    assert_eq!(
+        admitted, 20,
+        "the fallback's own 20 per hour, one per check"
+    );
+}

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{Check, LimitError, Limiter, Source, Verdict};
+use super::{Check, Limiter, Source, Verdict};
 use crate::decision::Decision;
 use crate::policy::{Algorithm, Policy, PolicyError};
 
@@ -23,6 +23,13 @@ use crate::policy::{Algorithm, Policy, PolicyError};
 /// ordinary check of one request, and the key's checks stay checks of one
 /// request until that refusal's wait ends (at most `hold`): a key near its
 /// limit is decided exactly, request by request, one round trip each.
+///
+/// A local admission carries the decision of the check that took the
+/// batch. `block`, `reset` and `penalty` through the limiter drop what
+/// this process holds of the key (other processes use theirs for at most
+/// `hold`). A batch is never asked of a fallback store, nor while the
+/// circuit is open; one taken by a check cancelled before its answer is
+/// spent unused. Units are held per limiter name.
 ///
 /// **The bound.** Every unit a process admits was counted in the store
 /// before it was used. With `N` processes, at most `N × batch` units are
@@ -44,11 +51,13 @@ pub struct LocalQuota {
 }
 
 impl LocalQuota {
-    /// Take `batch` units at a time (lowered to the policy's smallest max),
-    /// each used within `hold` of being taken.
+    /// Take `batch` requests' worth of quota at a time (`batch` × the
+    /// policy's cost units, lowered to the policy's smallest max), each
+    /// used within `hold` of being taken.
     ///
     /// # Errors
-    /// A batch under 2 (nothing would be kept) or a zero `hold`.
+    /// A batch under 2 (nothing would be kept), or a `hold` of zero or
+    /// longer than [`MAX_WINDOW`](crate::MAX_WINDOW).
     pub fn new(batch: u64, hold: Duration) -> Result<Self, PolicyError> {
         if batch < 2 {
             return Err(PolicyError::Invalid {
@@ -56,10 +65,11 @@ impl LocalQuota {
                 reason: "a local quota's batch must be at least 2 units".to_owned(),
             });
         }
-        if hold.is_zero() {
+        if hold.is_zero() || hold > crate::policy::MAX_WINDOW {
             return Err(PolicyError::Invalid {
-                input: "0".to_owned(),
-                reason: "a local quota's hold must be longer than zero".to_owned(),
+                input: format!("{hold:?}"),
+                reason: "a local quota's hold must be longer than zero and at most MAX_WINDOW"
+                    .to_owned(),
             });
         }
         Ok(Self { batch, hold })
@@ -96,11 +106,18 @@ struct Units {
     /// request meanwhile, without asking for a batch first.
     no_batch_until: Option<Instant>,
     /// The decision of the check that took them (what a local admission
-    /// shows).
+    /// shows: the headers stay those of that check while its units last).
     decision: Option<Decision>,
+    /// The verdict of the batch just taken, for the check that took it.
+    batch_verdict: Option<Verdict>,
 }
 
 impl Units {
+    /// Whether the store could not give a batch lately.
+    fn batch_refused(&self) -> bool {
+        self.no_batch_until.is_some_and(|t| Instant::now() < t)
+    }
+
     /// Take one kept unit, if any is still usable.
     fn take(&mut self) -> Option<Verdict> {
         if self.left == 0 || self.until.is_none_or(|until| Instant::now() >= until) {
@@ -118,27 +135,64 @@ impl Units {
 
 impl Local {
     pub(crate) fn new(config: LocalQuota, policy: &Policy) -> Result<Self, PolicyError> {
+        let unsupported = |what| PolicyError::Unsupported {
+            algorithm: policy.algorithm(),
+            what,
+        };
         if policy.algorithm() == Algorithm::Concurrency {
-            return Err(PolicyError::Unsupported {
-                algorithm: policy.algorithm(),
-                what: "a local quota (a slot is one request in flight)",
+            return Err(unsupported(
+                "a local quota (a slot is one request in flight)",
+            ));
+        }
+        if policy.min_spacing().is_some() {
+            return Err(unsupported(
+                "a local quota with a minimum spacing (local units would not be spaced)",
+            ));
+        }
+        // Whole requests at the policy's cost, at most the smallest max.
+        let cost = policy.cost();
+        let smallest = policy.rates().iter().map(|r| r.max()).min().unwrap_or(1);
+        let requests = config
+            .batch
+            .min(smallest / cost)
+            .min(crate::policy::MAX_COST / cost);
+        if requests < 2 {
+            return Err(PolicyError::Invalid {
+                input: policy.to_string(),
+                reason: "a local quota's batch must hold at least two requests at the \
+                         policy's cost within its smallest max"
+                    .to_owned(),
             });
         }
-        let smallest = policy.rates().iter().map(|r| r.max()).min().unwrap_or(1);
-        let batch = config
-            .batch
-            .saturating_mul(policy.cost())
-            .min(smallest)
-            .min(crate::policy::MAX_COST);
         Ok(Self {
             config,
-            batch,
+            batch: requests * cost,
             keys: Mutex::new(HashMap::new()),
         })
     }
 
+    /// The same quota, holding no units (for a limiter of another name:
+    /// units are counted under a name, and only usable under it).
+    pub(crate) fn fresh(&self) -> Self {
+        Self {
+            config: self.config,
+            batch: self.batch,
+            keys: Mutex::new(HashMap::new()),
+        }
+    }
+
     pub(crate) fn config(&self) -> LocalQuota {
         self.config
+    }
+
+    /// Drop what this process holds of `key` (a command changed it in the
+    /// store: a block, a reset, a penalty).
+    pub(crate) fn forget(&self, key: &str) {
+        let mut keys = match self.keys.lock() {
+            Ok(keys) => keys,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        keys.remove(key);
     }
 
     fn units_of(&self, key: &str) -> Option<Arc<tokio::sync::Mutex<Units>>> {
@@ -150,12 +204,16 @@ impl Local {
             return Some(Arc::clone(units));
         }
         if keys.len() >= MAX_LOCAL_KEYS {
-            // Forget keys holding nothing usable; if all hold some, check
-            // this one in the store.
+            // Forget keys holding nothing usable that no check is using
+            // (a key in use must keep one set of units); if none can go,
+            // check this one in the store.
+            let now = Instant::now();
             keys.retain(|_, units| {
-                units.try_lock().map_or(true, |u| {
-                    u.left > 0 && u.until.is_some_and(|t| Instant::now() < t)
-                })
+                Arc::strong_count(units) > 1
+                    || units.try_lock().map_or(true, |u| {
+                        u.left > 0 && u.until.is_some_and(|t| now < t)
+                            || u.no_batch_until.is_some_and(|t| now < t)
+                    })
             });
             if keys.len() >= MAX_LOCAL_KEYS {
                 return None;
@@ -168,14 +226,28 @@ impl Local {
 
     /// The check of `key` (as given, not namespaced) at the policy's cost.
     pub(crate) fn check(self: &Arc<Self>, limiter: &Limiter, key: String) -> Check {
+        // A key this process holds a denial for is denied without asking.
+        if let Some(denied) = limiter.cached_denial(&key) {
+            crate::metrics::decision(limiter.name(), crate::metrics::Outcome::Limited);
+            return Check::done(Ok(Verdict {
+                decision: Some(denied),
+                source: Source::DenyCache,
+                permit: None,
+            }));
+        }
         let Some(units) = self.units_of(&key) else {
             return limiter.start_in_store(key, None);
         };
-        if let Ok(mut held) = units.try_lock()
-            && let Some(verdict) = held.take()
-        {
-            crate::metrics::decision(limiter.name(), crate::metrics::Outcome::Allowed);
-            return Check::done(Ok(verdict));
+        if let Ok(mut held) = units.try_lock() {
+            if let Some(verdict) = held.take() {
+                crate::metrics::decision(limiter.name(), crate::metrics::Outcome::Allowed);
+                return Check::done(Ok(verdict));
+            }
+            if held.batch_refused() {
+                // Near the limit: ordinary checks, side by side.
+                drop(held);
+                return limiter.start_in_store(key, None);
+            }
         }
         let (local, limiter) = (Arc::clone(self), limiter.clone());
         Check::boxed(Box::pin(async move {
@@ -185,64 +257,66 @@ impl Local {
                 crate::metrics::decision(limiter.name(), crate::metrics::Outcome::Allowed);
                 return Ok(verdict);
             }
-            local.refill(&limiter, key, &mut held).await
+            if !held.batch_refused()
+                && local.refill(&limiter, &key, &mut held).await
+                && let Some(verdict) = held.batch_verdict.take()
+            {
+                return Ok(verdict);
+            }
+            // No batch: one request, outside the lock, like any check.
+            drop(held);
+            limiter.start_in_store(key, None).await
         }))
     }
 
-    async fn refill(
-        &self,
-        limiter: &Limiter,
-        key: String,
-        held: &mut Units,
-    ) -> Result<Verdict, LimitError> {
-        // A key this process holds a denial for is denied without asking.
-        if let Some(denied) = limiter.cached_denial(&key) {
-            crate::metrics::decision(limiter.name(), crate::metrics::Outcome::Limited);
-            return Ok(Verdict {
-                decision: Some(denied),
-                source: Source::DenyCache,
-                permit: None,
-            });
+    /// Ask the store for a batch of `key`: true (its verdict in
+    /// `held.batch_verdict`) when the store gave one; false when it could
+    /// not (a denial: no batch until that denial's wait ends, at most
+    /// `hold`) or failed (the caller's check of one request then meets the
+    /// fail mode, as without a local quota).
+    async fn refill(&self, limiter: &Limiter, key: &str, held: &mut Units) -> bool {
+        if limiter.circuit_open() {
+            return false;
+        }
+        let Ok(policy) = limiter.policy().clone().with_cost(self.batch) else {
+            return false;
+        };
+        // A batch is asked for failing closed: a store failure must not
+        // charge a batch to the fallback store nor admit one unlimited.
+        let strict = limiter.clone().with_fail_mode(super::FailMode::Closed);
+        // Before the store decided: what the store's times are counted
+        // from is later, so the units never outlive their window.
+        let sent = Instant::now();
+        let Ok(verdict) = strict
+            .start_in_store(key.to_owned(), Some(Arc::new(policy)))
+            .await
+        else {
+            return false;
+        };
+        if !verdict.allowed() {
+            let wait = verdict.retry_after().min(self.config.hold);
+            held.no_batch_until = sent.checked_add(wait);
+            return false;
+        }
+        let decision = verdict.decision().cloned();
+        let mut until = sent.checked_add(self.config.hold);
+        if let Some(d) = &decision
+            && d.algorithm() == Algorithm::FixedWindow
+        {
+            // Used only in the window that counted them.
+            let window_left = d
+                .rates()
+                .iter()
+                .map(|r| r.reset())
+                .min()
+                .unwrap_or_default();
+            until = until.min(sent.checked_add(window_left));
         }
         let cost = limiter.policy().cost();
-        let batch_refused = held.no_batch_until.is_some_and(|t| Instant::now() < t);
-        if self.batch > cost && !batch_refused {
-            let policy = Arc::new(limiter.policy().clone().with_cost(self.batch)?);
-            // Before the store decided: what the store's times are counted
-            // from is later, so the units never outlive their window.
-            let sent = Instant::now();
-            let verdict = limiter.start_in_store(key.clone(), Some(policy)).await?;
-            if verdict.allowed() && verdict.source() == Source::Store {
-                let decision = verdict.decision().cloned();
-                let mut until = sent + self.config.hold;
-                if let Some(d) = &decision
-                    && d.algorithm() == Algorithm::FixedWindow
-                {
-                    // Used only in the window that counted them.
-                    let window_left = d
-                        .rates()
-                        .iter()
-                        .map(|r| r.reset())
-                        .min()
-                        .unwrap_or_default();
-                    until = until.min(sent + window_left);
-                }
-                held.left = (self.batch - cost) / cost;
-                held.until = Some(until);
-                held.decision = decision;
-                return Ok(verdict);
-            }
-            if verdict.allowed() {
-                // Admitted without the store (fail open, fallback): keep
-                // nothing.
-                return Ok(verdict);
-            }
-            // Not a whole batch until the refusal's wait ends (at most
-            // `hold`): one request at a time till then, one round trip each.
-            let wait = verdict.retry_after().min(self.config.hold);
-            held.no_batch_until = Some(sent + wait);
-        }
-        // Not a whole batch left: one request, exactly.
-        limiter.start_in_store(key, None).await
+        held.left = (self.batch - cost) / cost;
+        held.until = until;
+        held.decision = decision;
+        held.batch_verdict = Some(verdict);
+        true
     }
 }

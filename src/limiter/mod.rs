@@ -343,7 +343,11 @@ impl Limiter {
     #[must_use]
     pub fn with_name(self, name: impl Into<String>) -> Self {
         let name: String = name.into();
-        self.map(|s| s.name = Arc::from(name))
+        self.map(|s| {
+            s.name = Arc::from(name);
+            // Units taken under another name are not this name's.
+            s.local = s.local.as_ref().map(|l| Arc::new(l.fresh()));
+        })
     }
 
     /// The policy enforced.
@@ -520,6 +524,7 @@ impl Limiter {
     }
 
     async fn command(&self, key: &str, command: Command) -> Result<Decision, StoreError> {
+        let raw = key;
         let key = self.store_key(key.to_owned());
         let outcome = Arc::clone(&self.inner.store)
             .command_owned(key.clone(), Arc::clone(&self.inner.policy), command)
@@ -531,6 +536,16 @@ impl Limiter {
             && let Some(cache) = &self.inner.deny_cache
         {
             cache.remove(&key);
+        }
+        // Units held here would admit past a block, or past a penalty's
+        // count: drop them (other processes hold theirs for at most their
+        // hold).
+        if matches!(
+            command,
+            Command::Block(_) | Command::Penalty(_) | Command::Reset
+        ) && let Some(local) = &self.inner.local
+        {
+            local.forget(raw);
         }
         outcome
     }
@@ -826,6 +841,10 @@ impl fmt::Debug for Limiter {
             .field("fail_mode", &self.inner.fail_mode)
             .field("breaker", &self.inner.breaker.is_some())
             .field("deny_cache", &self.inner.deny_cache.is_some())
+            .field(
+                "local_quota",
+                &self.inner.local.as_ref().map(|l| l.config()),
+            )
             .finish_non_exhaustive()
     }
 }

@@ -82,12 +82,6 @@ struct Settings {
     problem_json: bool,
 }
 
-impl fmt::Debug for Settings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Settings").finish_non_exhaustive()
-    }
-}
-
 impl RulesLayer {
     /// Limit requests by `rules` (which may be replaced at runtime).
     pub fn new(rules: Rules) -> Self {

@@ -226,15 +226,6 @@ impl Local {
 
     /// The check of `key` (as given, not namespaced) at the policy's cost.
     pub(crate) fn check(self: &Arc<Self>, limiter: &Limiter, key: String) -> Check {
-        // A key this process holds a denial for is denied without asking.
-        if let Some(denied) = limiter.cached_denial(&key) {
-            crate::metrics::decision(limiter.name(), crate::metrics::Outcome::Limited);
-            return Check::done(Ok(Verdict {
-                decision: Some(denied),
-                source: Source::DenyCache,
-                permit: None,
-            }));
-        }
         let Some(units) = self.units_of(&key) else {
             return limiter.start_in_store(key, None);
         };
@@ -244,10 +235,23 @@ impl Local {
                 return Check::done(Ok(verdict));
             }
             if held.batch_refused() {
-                // Near the limit: ordinary checks, side by side.
+                // Near the limit: ordinary checks, side by side (the deny
+                // cache answers them there).
                 drop(held);
                 return limiter.start_in_store(key, None);
             }
+        }
+        // Before waiting for a refill: a key this process holds a denial
+        // for is denied without asking. (After the units: a key holding
+        // units has no denial here, and a local admission allocates
+        // nothing.)
+        if let Some(denied) = limiter.cached_denial(&key) {
+            crate::metrics::decision(limiter.name(), crate::metrics::Outcome::Limited);
+            return Check::done(Ok(Verdict {
+                decision: Some(denied),
+                source: Source::DenyCache,
+                permit: None,
+            }));
         }
         let (local, limiter) = (Arc::clone(self), limiter.clone());
         Check::boxed(Box::pin(async move {

@@ -14,7 +14,8 @@
 //!
 //! Settings (environment): `BENCH_REDIS_URL` (required), `BENCH_SECONDS`
 //! (each measurement, default 5), `BENCH_CONCURRENCY` (checks in flight,
-//! default 50), `BENCH_KEYS` (distinct keys, default 10,000), `BENCH_ONLY`
+//! default 50), `BENCH_KEYS` (distinct keys, default 10,000), `BENCH_BATCHES`
+//! (batches in flight per algorithm, `RedisStore::with_batches`), `BENCH_ONLY`
 //! (run only the store measurements whose name contains it).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -145,7 +146,13 @@ async fn connection_manager(url: &str) -> RedisStore {
 /// sliding log's transaction.
 async fn store(settings: &Settings) {
     let mut runs: Vec<(String, RedisStore, Policy)> = Vec::new();
-    let default = RedisStore::connect(&settings.url).await.unwrap();
+    let mut default = RedisStore::connect(&settings.url).await.unwrap();
+    if let Some(batches) = std::env::var("BENCH_BATCHES")
+        .ok()
+        .filter(|v| !v.is_empty())
+    {
+        default = default.with_batches(batches.parse().expect("BENCH_BATCHES"));
+    }
     for (name, policy) in policies() {
         runs.push((format!("store/{name}/connect"), default.clone(), policy));
     }

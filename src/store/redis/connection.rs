@@ -219,6 +219,15 @@ impl Source {
         }
     }
 
+    /// Whether this is a Redis Cluster connection (keys on several nodes).
+    pub(super) fn is_cluster(&self) -> bool {
+        match self {
+            #[cfg(feature = "cluster")]
+            Self::Cluster(_) => true,
+            _ => false,
+        }
+    }
+
     /// The pool's state, if there is a pool.
     pub(super) fn state(&self) -> Option<bb8::State> {
         match self {

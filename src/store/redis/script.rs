@@ -46,6 +46,18 @@ macro_rules! command_script {
     };
 }
 
+/// A batch script: the algorithm's file bound to each checked key in turn.
+macro_rules! batch_script {
+    ($file:literal) => {
+        concat!(
+            "local ARG0 = 0\n",
+            include_str!("scripts/prelude.lua"),
+            include_str!($file),
+            include_str!("scripts/batch.lua"),
+        )
+    };
+}
+
 /// The Lua source of the sliding log's `Script` execution (public so
 /// benchmarks can feed the same script to `redis-benchmark`). `KEYS` are
 /// the key's sorted set and its block; `ARGV` the cost, the minimum spacing
@@ -85,17 +97,34 @@ pub const GCRA_COMMAND_SCRIPT: &str = command_script!("scripts/gcra.lua");
 /// [`SLIDING_LOG_COMMAND_SCRIPT`]'s, then [`CONCURRENCY_SCRIPT`]'s).
 pub const CONCURRENCY_COMMAND_SCRIPT: &str = command_script!("scripts/concurrency.lua");
 
-/// The check script and the command script of one algorithm.
+/// The batch of checks of [`Algorithm::FixedWindow`]: `KEYS` are the
+/// checked keys' hashes, then their blocks in the same order; `ARGV` the
+/// number of distinct policies, each policy as its number of arguments and
+/// [`FIXED_WINDOW_SCRIPT`]'s arguments, then (with more than one policy)
+/// each check's policy, from 1. Replies with each check's reply.
+pub const FIXED_WINDOW_BATCH_SCRIPT: &str = batch_script!("scripts/fixed_window.lua");
+/// The batch of checks of [`Algorithm::SlidingWindow`] (as
+/// [`FIXED_WINDOW_BATCH_SCRIPT`], with [`SLIDING_WINDOW_SCRIPT`]'s
+/// arguments).
+pub const SLIDING_WINDOW_BATCH_SCRIPT: &str = batch_script!("scripts/sliding_window.lua");
+/// The batch of checks of [`Algorithm::Gcra`] (as
+/// [`FIXED_WINDOW_BATCH_SCRIPT`], with [`GCRA_SCRIPT`]'s arguments).
+pub const GCRA_BATCH_SCRIPT: &str = batch_script!("scripts/gcra.lua");
+
+/// The check script, the command script and (for the algorithms checked in
+/// batches) the batch script of one algorithm.
 struct Scripts {
     check: redis::Script,
     command: redis::Script,
+    batch: Option<redis::Script>,
 }
 
 impl Scripts {
-    fn new(check: &str, command: &str) -> Self {
+    fn new(check: &str, command: &str, batch: Option<&str>) -> Self {
         Self {
             check: redis::Script::new(check),
             command: redis::Script::new(command),
+            batch: batch.map(redis::Script::new),
         }
     }
 }
@@ -103,13 +132,27 @@ impl Scripts {
 /// Every algorithm's scripts, in [`Algorithm::index`] order.
 static SCRIPTS: std::sync::LazyLock<[Scripts; 5]> = std::sync::LazyLock::new(|| {
     [
-        Scripts::new(SLIDING_LOG_SCRIPT, SLIDING_LOG_COMMAND_SCRIPT),
-        Scripts::new(FIXED_WINDOW_SCRIPT, FIXED_WINDOW_COMMAND_SCRIPT),
-        Scripts::new(SLIDING_WINDOW_SCRIPT, SLIDING_WINDOW_COMMAND_SCRIPT),
-        Scripts::new(GCRA_SCRIPT, GCRA_COMMAND_SCRIPT),
-        Scripts::new(CONCURRENCY_SCRIPT, CONCURRENCY_COMMAND_SCRIPT),
+        Scripts::new(SLIDING_LOG_SCRIPT, SLIDING_LOG_COMMAND_SCRIPT, None),
+        Scripts::new(
+            FIXED_WINDOW_SCRIPT,
+            FIXED_WINDOW_COMMAND_SCRIPT,
+            Some(FIXED_WINDOW_BATCH_SCRIPT),
+        ),
+        Scripts::new(
+            SLIDING_WINDOW_SCRIPT,
+            SLIDING_WINDOW_COMMAND_SCRIPT,
+            Some(SLIDING_WINDOW_BATCH_SCRIPT),
+        ),
+        Scripts::new(GCRA_SCRIPT, GCRA_COMMAND_SCRIPT, Some(GCRA_BATCH_SCRIPT)),
+        Scripts::new(CONCURRENCY_SCRIPT, CONCURRENCY_COMMAND_SCRIPT, None),
     ]
 });
+
+/// Whether checks of `algorithm` can be decided in batches: the window
+/// counters and GCRA, whose state is one hash per key.
+pub(super) fn batched(algorithm: Algorithm) -> bool {
+    scripts(algorithm).batch.is_some()
+}
 
 fn scripts(algorithm: Algorithm) -> &'static Scripts {
     &SCRIPTS[algorithm.index()]
@@ -210,6 +253,99 @@ pub(super) async fn check<C: ConnectionLike>(
             decision
         },
     )
+}
+
+/// One check in a batch: its keys and policy.
+pub(super) struct BatchItem<'a> {
+    pub(super) keys: Keys<'a>,
+    pub(super) policy: &'a Policy,
+}
+
+/// The `EVALSHA` of a batch of checks of `algorithm` (one that is
+/// [`batched`]), all on a single Redis: the keys, each distinct policy's
+/// arguments once, and each check's policy when there are several.
+pub(super) fn batch_command(algorithm: Algorithm, items: &[BatchItem<'_>]) -> redis::Cmd {
+    let script = scripts(algorithm)
+        .batch
+        .as_ref()
+        .unwrap_or(&scripts(algorithm).check);
+    let key_bytes: usize = items
+        .iter()
+        .map(|item| item.keys.state.len() + item.keys.block.len())
+        .sum();
+    let mut cmd = redis::Cmd::with_capacity(8 + 3 * items.len(), 64 + key_bytes);
+    cmd.arg("EVALSHA")
+        .arg(script.get_hash())
+        .arg(2 * items.len());
+    for item in items {
+        cmd.arg(item.keys.state);
+    }
+    for item in items {
+        cmd.arg(item.keys.block);
+    }
+    // Distinct policies, in order of first use: a batch usually holds one.
+    let mut policies: Vec<&Policy> = Vec::with_capacity(1);
+    let mut which: Vec<usize> = Vec::with_capacity(items.len());
+    for item in items {
+        let index = match policies.iter().position(|p| *p == item.policy) {
+            Some(index) => index,
+            None => {
+                policies.push(item.policy);
+                policies.len() - 1
+            }
+        };
+        which.push(index + 1);
+    }
+    cmd.arg(policies.len());
+    for policy in &policies {
+        // The window counters' and GCRA's arguments: the cost, then each
+        // rate's max and window.
+        cmd.arg(1 + 2 * policy.rates().len()).arg(policy.cost());
+        for rate in policy.rates() {
+            cmd.arg(rate.max()).arg(rate.window_micros());
+        }
+    }
+    if policies.len() > 1 {
+        for index in which {
+            cmd.arg(index);
+        }
+    }
+    cmd
+}
+
+/// Send a batch's `EVALSHA` (reloading the script after `NOSCRIPT`): the
+/// reply of each check, in order.
+pub(super) async fn run_batch<C: ConnectionLike>(
+    conn: &mut C,
+    algorithm: Algorithm,
+    cmd: &redis::Cmd,
+) -> Result<Vec<Value>, StoreError> {
+    let script = scripts(algorithm)
+        .batch
+        .as_ref()
+        .unwrap_or(&scripts(algorithm).check);
+    Ok(run(conn, script, cmd).await?)
+}
+
+/// The decision of one check's reply in a batch: as [`decode`], and
+/// `{-2, message}` for an error of that check alone.
+pub(super) fn decode_batched(reply: Value, policy: &Policy) -> Result<Decision, StoreError> {
+    let Value::Array(values) = reply else {
+        return Err(StoreError::UnexpectedReply(format!(
+            "{} batch script: a check's reply is not an array: {reply:?}",
+            policy.algorithm()
+        )));
+    };
+    if let [first, message] = &values[..]
+        && matches!(first, Value::Int(-2))
+    {
+        let message = match message {
+            Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+            other => format!("{other:?}"),
+        };
+        return Err(StoreError::UnexpectedReply(message));
+    }
+    decode(&values, policy)
 }
 
 /// Run an operator's command: one `EVALSHA` of the algorithm's command

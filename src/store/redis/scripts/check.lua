@@ -4,6 +4,7 @@
 -- {-1, time left µs}); otherwise the algorithm decides and counts an
 -- admitted request. Every check replies
 -- {allowed (1/0), spacing wait µs, then per rate: remaining, reset µs, wait µs}.
+bind(KEYS[1])
 local again = retried()
 if again then
   return again

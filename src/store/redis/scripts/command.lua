@@ -6,6 +6,7 @@
 --          refund: the id of the check given back (its members)
 -- Replies as a check (counting nothing): the decision a request of the
 -- policy's cost would get after the command.
+bind(KEYS[1])
 local command = ARGV[1]
 local amount = tonumber(ARGV[2])
 if command == 'reset' then

@@ -16,70 +16,98 @@
 -- Numbers are Lua doubles, exact for integers up to 2^53: now (µs since the
 -- epoch) is about 2^51, windows are at most ten years (about 2^48), counts
 -- at most 2^53, so every value below is exact.
-local key = KEYS[1]
-local cost = num(1)
-local nrates = (nargs - 1) / 2
+-- The limited key and its policy, set by bind(): each policy's arguments
+-- are read, and its windows placed on the clock, once per script call,
+-- however many keys it checks.
+local key, cost, nrates, names, maxes, indexes, finishes
+local bound = {}
 
-local names = {}
-for i = 1, nrates do
-  names[i] = arg(2 * i + 1)
+local function bind(k)
+  key = k
+  local policy = bound[ARG0]
+  if not policy then
+    local n = (nargs - 1) / 2
+    local ns, ms, is, fs = {}, {}, {}, {}
+    for i = 1, n do
+      ns[i] = arg(2 * i + 1)
+      ms[i] = num(2 * i)
+      local w = tonumber(ns[i])
+      is[i] = window_index(w)
+      fs[i] = (is[i] + 1) * w
+    end
+    policy = { num(1), n, ns, ms, is, fs }
+    bound[ARG0] = policy
+  end
+  cost, nrates, names, maxes, indexes, finishes = unpack(policy)
 end
 
--- Every rate's window index and count in that window.
+-- Every rate's count in its current window, and whether every rate's field
+-- was last written in the current window (then the key's expiry already
+-- covers it).
 local function counters()
-  local stored = redis.call('HMGET', key, unpack(names))
-  local indexes, counts = {}, {}
+  local stored
+  if nrates == 1 then
+    stored = redis.call('HMGET', key, names[1])
+  else
+    stored = redis.call('HMGET', key, unpack(names))
+  end
+  local counts = {}
+  local covered = true
   for i = 1, nrates do
-    local index = window_index(tonumber(names[i]))
     local count = 0
-    if stored[i] then
-      local si, sc = string.match(stored[i], '^(%d+):(%d+)$')
-      if si and tonumber(si) == index then
+    local s = stored[i]
+    if s then
+      local si, sc = string.match(s, '^(%d+):(%d+)$')
+      if si and tonumber(si) == indexes[i] then
         count = tonumber(sc)
+      else
+        covered = false
       end
+    else
+      covered = false
     end
-    indexes[i] = index
     counts[i] = count
   end
-  return indexes, counts
+  return counts, covered
 end
 
 -- Write every rate's count (a zero count removes its field). The key
 -- disappears once the longest current window has ended; never shorten it:
 -- fields of windows another policy counts on this key may need longer.
-local function store(indexes, counts)
+-- `covered`: the expiry is known to be long enough already.
+local function store(counts, covered)
   local fields, gone = {}, {}
   local expires_at = 0
   for i = 1, nrates do
     if counts[i] > 0 then
       fields[#fields + 1] = names[i]
-      fields[#fields + 1] = int(indexes[i]) .. ':' .. int(counts[i])
-      local finish = (indexes[i] + 1) * tonumber(names[i])
-      if finish > expires_at then
-        expires_at = finish
+      -- Indexes and counts are integers below 2^53: '%d' is exact.
+      fields[#fields + 1] = string.format('%d:%d', indexes[i], counts[i])
+      if finishes[i] > expires_at then
+        expires_at = finishes[i]
       end
     else
       gone[#gone + 1] = names[i]
     end
   end
-  write_fields(key, fields, gone, expires_at)
+  write_fields(key, fields, gone, expires_at, covered)
 end
 
 -- Decide one request; `commit`: count it if admitted.
 local function decide(commit)
-  local indexes, counts = counters()
+  local counts, covered = counters()
   local allowed = 1
   for i = 1, nrates do
     -- count + cost <= max, without forming a sum above 2^53 (cost <= max).
-    if counts[i] > num(2 * i) - cost then
+    if counts[i] > maxes[i] - cost then
       allowed = 0
     end
   end
   local out = { allowed, 0 }
+  local o = 2
   for i = 1, nrates do
-    local max = num(2 * i)
-    local w = tonumber(names[i])
-    local finish = (indexes[i] + 1) * w
+    local max = maxes[i]
+    local finish = finishes[i]
     local count = counts[i]
     local wait = 0
     if allowed == 1 then
@@ -97,28 +125,35 @@ local function decide(commit)
     if remaining < 0 then
       remaining = 0
     end
-    out[#out + 1] = remaining
-    out[#out + 1] = reset
-    out[#out + 1] = wait
+    out[o + 1] = remaining
+    out[o + 2] = reset
+    out[o + 3] = wait
+    o = o + 3
   end
   if allowed == 1 and commit then
-    store(indexes, counts)
+    -- An admitted count is positive: no field is removed, and a field
+    -- counted in the current window already has the expiry it needs.
+    if covered and nrates == 1 then
+      redis.call('HSET', key, names[1], string.format('%d:%d', indexes[1], counts[1]))
+    else
+      store(counts, covered)
+    end
   end
   return out
 end
 
 local function penalty(units)
-  local indexes, counts = counters()
+  local counts = counters()
   for i = 1, nrates do
     counts[i] = math.min(counts[i] + units, MAX_COUNT)
   end
-  store(indexes, counts)
+  store(counts)
 end
 
 local function reward(units)
-  local indexes, counts = counters()
+  local counts = counters()
   for i = 1, nrates do
     counts[i] = math.max(counts[i] - units, 0)
   end
-  store(indexes, counts)
+  store(counts)
 end

@@ -6,26 +6,48 @@
 --
 -- KEYS[1]  a hash of one limited key: field = window µs (decimal), value =
 --          "<TAT whole µs> <TAT fraction>" (the fraction written with %.17g
---          so it reads back as the same double)
+--          so it reads back as the same double); field 'e' = the key's
+--          expiry (ms since the epoch) as a check last set it
 -- ARGV     cost of the request (tokens it takes from every rate); then max
 --          and window (µs) of each rate, in pairs
 --
 -- All-or-nothing: an admitted request moves every TAT; a denied one writes
 -- nothing. A penalty of u units moves every offset d to max(d, 0) + u·T
 -- (at most twice the longest window, 20 years), a reward to
--- max(d, 0) − u·T (at least 0). The key expires once every TAT is in the
--- past.
+-- max(d, 0) − u·T (at least 0). The key expires at most one longest
+-- window after its last TAT (exactly then after a command).
 local EPSILON = 1e-9
 -- Twice the longest window (src/algorithm/gcra.rs).
 local MAX_OFFSET = 632448000000000
 
-local key = KEYS[1]
-local cost = num(1)
-local nrates = (nargs - 1) / 2
+-- The limited key and its policy, set by bind(): the arguments of each
+-- policy are read once per script call, however many keys it checks.
+-- `reads` are the rates' fields and 'e'; each rate's max, window w (µs)
+-- and emission interval T = w / max; `longest` the longest window (µs).
+local key, cost, nrates, fields, reads, maxes, windows, intervals, longest
+local bound = {}
 
-local fields = {}
-for i = 1, nrates do
-  fields[i] = arg(1 + 2 * i)
+local function bind(k)
+  key = k
+  local policy = bound[ARG0]
+  if not policy then
+    local n = (nargs - 1) / 2
+    local fs, rs, ms, ws, ts, l = {}, {}, {}, {}, {}, 0
+    for i = 1, n do
+      fs[i] = arg(1 + 2 * i)
+      rs[i] = fs[i]
+      ms[i] = num(2 * i)
+      ws[i] = num(1 + 2 * i)
+      ts[i] = ws[i] / ms[i]
+      if ws[i] > l then
+        l = ws[i]
+      end
+    end
+    rs[n + 1] = 'e'
+    policy = { num(1), n, fs, rs, ms, ws, ts, l }
+    bound[ARG0] = policy
+  end
+  cost, nrates, fields, reads, maxes, windows, intervals, longest = unpack(policy)
 end
 
 -- Round a positive number of µs up; zero otherwise.
@@ -36,15 +58,13 @@ local function micros_ceil(us)
   return 0
 end
 
--- Every rate's {max, w, T, d}: d is the TAT's offset from now, at least 0.
--- nil and an error reply for an unreadable TAT.
+-- Every rate's d, the TAT's offset from now, at least 0; and the key's
+-- expiry (ms) as its field 'e' records it (nil: unknown). nil and an error
+-- reply for an unreadable TAT.
 local function offsets()
-  local stored = redis.call('HMGET', key, unpack(fields))
-  local plans = {}
+  local stored = redis.call('HMGET', key, unpack(reads))
+  local ds = {}
   for i = 1, nrates do
-    local max = num(2 * i)
-    local w = num(1 + 2 * i)
-    local interval = w / max
     local offset = 0
     if stored[i] then
       local whole, frac = string.match(stored[i], '^(%d+) (%S+)$')
@@ -59,9 +79,9 @@ local function offsets()
     if d < 0 then
       d = 0
     end
-    plans[i] = { max, w, interval, d }
+    ds[i] = d
   end
-  return plans
+  return ds, nil, tonumber(stored[nrates + 1] or '')
 end
 
 -- The hash becomes exactly these offsets still ahead of now.
@@ -79,6 +99,7 @@ local function store(kepts)
       end
     end
   end
+  -- (DEL also drops 'e': the expiry set below is exact, not recorded.)
   redis.call('DEL', key)
   if latest ~= nil then
     redis.call('HSET', key, unpack(writes))
@@ -90,15 +111,45 @@ local function store(kepts)
   end
 end
 
+-- Write an admitted request's TATs (every offset positive) and keep the
+-- key alive past the latest: the expiry is set one longest window beyond
+-- what is needed, and recorded in the field 'e', so that only about one
+-- admission per window and key sets it (the key outlives its last TAT by
+-- at most one window). Fields of windows not in this policy are left:
+-- offsets behind now read as zero.
+local function admit(kepts, expiry)
+  local writes = {}
+  local latest = 0
+  for i = 1, nrates do
+    local kept = kepts[i]
+    local whole = math.floor(kept)
+    writes[#writes + 1] = fields[i]
+    writes[#writes + 1] = string.format('%.0f', now + whole) .. ' ' .. string.format('%.17g', kept - whole)
+    if kept > latest then
+      latest = kept
+    end
+  end
+  local needed = math.ceil((now + latest) / 1000)
+  if expiry == nil or expiry < needed then
+    local at = needed + math.ceil(longest / 1000)
+    writes[#writes + 1] = 'e'
+    writes[#writes + 1] = int(at)
+    redis.call('HSET', key, unpack(writes))
+    redis.call('PEXPIREAT', key, int(at))
+  else
+    redis.call('HSET', key, unpack(writes))
+  end
+end
+
 -- Decide one request; `commit`: count it if admitted.
 local function decide(commit)
-  local plans, failure = offsets()
-  if plans == nil then
+  local ds, failure, expiry = offsets()
+  if ds == nil then
     return failure
   end
   local allowed = 1
   for i = 1, nrates do
-    local w, interval, d = plans[i][2], plans[i][3], plans[i][4]
+    local w, interval, d = windows[i], intervals[i], ds[i]
     local new_d = d + cost * interval
     if not (new_d <= w * (1 + EPSILON)) then
       allowed = 0
@@ -107,7 +158,7 @@ local function decide(commit)
   local out = { allowed, 0 }
   local kepts = {}
   for i = 1, nrates do
-    local max, w, interval, d = unpack(plans[i])
+    local max, w, interval, d = maxes[i], windows[i], intervals[i], ds[i]
     local new_d = d + cost * interval
     local kept = d
     if allowed == 1 then
@@ -132,7 +183,7 @@ local function decide(commit)
     out[#out + 1] = wait
   end
   if allowed == 1 and commit then
-    store(kepts)
+    admit(kepts, expiry)
   end
   return out
 end
@@ -140,13 +191,13 @@ end
 -- Move every rate's offset by `units` emission intervals (`sign` 1: a
 -- penalty, up to MAX_OFFSET; -1: a reward, down to 0).
 local function adjust(units, sign)
-  local plans, failure = offsets()
-  if plans == nil then
+  local ds = offsets()
+  if ds == nil then
     return
   end
   local kepts = {}
   for i = 1, nrates do
-    local kept = plans[i][4] + sign * units * plans[i][3]
+    local kept = ds[i] + sign * units * intervals[i]
     if kept > MAX_OFFSET then
       kept = MAX_OFFSET
     elseif kept < 0 then

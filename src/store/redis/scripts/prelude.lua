@@ -59,6 +59,14 @@ local function block_left()
   return nil
 end
 
+-- Point the algorithm at one limited key and at its policy's arguments
+-- (ARG0, nargs): a check or a command binds KEYS[1]; a batch of checks
+-- (batch.lua) binds each of its keys in turn. The window counters and GCRA
+-- define it; the sliding log and the concurrency limit read KEYS[1] and
+-- their arguments once and need nothing.
+local function bind()
+end
+
 -- Whether this check is a retry of a request that already counted (its
 -- reply was lost): its reply, or nil. The default, for algorithms where
 -- nothing identifies a request (a retry counts again); the sliding log and
@@ -75,12 +83,18 @@ local refund = nil
 -- Set the hash `key`'s `fields` (name, value, ...) and delete its `gone`
 -- fields; make the key live until `expires_at` (µs) at least: never shorten
 -- it, since fields another policy counts on this key may need longer.
-local function write_fields(key, fields, gone, expires_at)
+-- `covered`: the caller knows the key already lives that long (every field
+-- it writes was last written for the same windows, with this expiry), so
+-- neither its TTL is read nor its expiry set: one command instead of three.
+local function write_fields(key, fields, gone, expires_at, covered)
   if #gone > 0 then
     redis.call('HDEL', key, unpack(gone))
   end
   if #fields > 0 then
     redis.call('HSET', key, unpack(fields))
+    if covered then
+      return
+    end
     local at = math.ceil(expires_at / 1000)
     local ttl = redis.call('PTTL', key)
     if ttl < 0 or math.floor(now / 1000) + ttl < at then

@@ -26,9 +26,29 @@
 -- the exact boundary, the wait by one microsecond, and remaining by a
 -- request or two (out of a max near 2^53). A rate's own count (no previous
 -- window) is always compared exactly.
-local key = KEYS[1]
-local cost = num(1)
-local nrates = (nargs - 1) / 2
+-- The limited key and its policy, set by bind(): each policy's arguments
+-- are read, and its windows placed on the clock, once per script call,
+-- however many keys it checks.
+local key, cost, nrates, names, maxes, windows, indexes
+local bound = {}
+
+local function bind(k)
+  key = k
+  local policy = bound[ARG0]
+  if not policy then
+    local n = (nargs - 1) / 2
+    local ns, ms, ws, is = {}, {}, {}, {}
+    for i = 1, n do
+      ns[i] = arg(2 * i + 1)
+      ms[i] = num(2 * i)
+      ws[i] = tonumber(ns[i])
+      is[i] = window_index(ws[i])
+    end
+    policy = { num(1), n, ns, ms, ws, is }
+    bound[ARG0] = policy
+  end
+  cost, nrates, names, maxes, windows, indexes = unpack(policy)
+end
 
 -- Whether `c` more fits at `elapsed` into the window.
 local function fits(prev, cur, elapsed, w, c, max)
@@ -71,19 +91,17 @@ local function wait_for(prev, cur, elapsed, w, c, max)
   return (w - elapsed) + elapsed_needed(cur, w, max - c)
 end
 
-local names = {}
-for i = 1, nrates do
-  names[i] = arg(2 * i + 1)
-end
-
 -- Every rate's counters rolled forward to the window holding now:
--- indexes, currents, previouses, elapseds.
+-- indexes, currents, previouses, elapseds; and whether every rate's field
+-- was last written in the current window with a current count (then the
+-- key's expiry, the end of the next window, already covers it).
 local function counters()
   local stored = redis.call('HMGET', key, unpack(names))
-  local indexes, currents, previouses, elapseds = {}, {}, {}, {}
+  local currents, previouses, elapseds = {}, {}, {}
+  local covered = true
   for i = 1, nrates do
-    local w = tonumber(names[i])
-    local index = window_index(w)
+    local w = windows[i]
+    local index = indexes[i]
     local cur, prev = 0, 0
     if stored[i] then
       local si, sc, sp = string.match(stored[i], '^(%d+):(%d+):(%d+)$')
@@ -96,12 +114,14 @@ local function counters()
         end
       end
     end
-    indexes[i] = index
+    if cur == 0 then
+      covered = false
+    end
     currents[i] = cur
     previouses[i] = prev
     elapseds[i] = now - index * w
   end
-  return indexes, currents, previouses, elapseds
+  return indexes, currents, previouses, elapseds, covered
 end
 
 -- µs until the estimate is back to zero: when both counted windows have
@@ -119,16 +139,17 @@ end
 -- Write every rate's counters (none left removes its field). The key
 -- disappears once both counted windows of every rate have slid out; never
 -- shorten it: fields of windows another policy counts on this key may need
--- longer.
-local function store(indexes, currents, previouses)
+-- longer. `covered`: the expiry is known to be long enough already.
+local function store(indexes, currents, previouses, covered)
   local fields, gone = {}, {}
   local expires_at = 0
   for i = 1, nrates do
     local cur, prev = currents[i], previouses[i]
     if cur > 0 or prev > 0 then
       fields[#fields + 1] = names[i]
-      fields[#fields + 1] = int(indexes[i]) .. ':' .. int(cur) .. ':' .. int(prev)
-      local at = now + reset_of(indexes[i], tonumber(names[i]), cur, prev)
+      -- Indexes and counts are integers below 2^53: '%d' is exact.
+      fields[#fields + 1] = string.format('%d:%d:%d', indexes[i], cur, prev)
+      local at = now + reset_of(indexes[i], windows[i], cur, prev)
       if at > expires_at then
         expires_at = at
       end
@@ -136,22 +157,22 @@ local function store(indexes, currents, previouses)
       gone[#gone + 1] = names[i]
     end
   end
-  write_fields(key, fields, gone, expires_at)
+  write_fields(key, fields, gone, expires_at, covered)
 end
 
 -- Decide one request; `commit`: count it if admitted.
 local function decide(commit)
-  local indexes, currents, previouses, elapseds = counters()
+  local indexes, currents, previouses, elapseds, covered = counters()
   local allowed = 1
   for i = 1, nrates do
-    if not fits(previouses[i], currents[i], elapseds[i], tonumber(names[i]), cost, num(2 * i)) then
+    if not fits(previouses[i], currents[i], elapseds[i], windows[i], cost, maxes[i]) then
       allowed = 0
     end
   end
   local out = { allowed, 0 }
   for i = 1, nrates do
-    local max = num(2 * i)
-    local w = tonumber(names[i])
+    local max = maxes[i]
+    local w = windows[i]
     local cur, prev, elapsed = currents[i], previouses[i], elapseds[i]
     local wait = 0
     if allowed == 0 and not fits(prev, cur, elapsed, w, cost, max) then
@@ -177,7 +198,7 @@ local function decide(commit)
     out[#out + 1] = wait
   end
   if allowed == 1 and commit then
-    store(indexes, currents, previouses)
+    store(indexes, currents, previouses, covered)
   end
   return out
 end

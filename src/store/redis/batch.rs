@@ -1,0 +1,241 @@
+//! Checks decided in batches: the concurrent checks of one algorithm (the
+//! window counters and GCRA) on a single Redis go out as one `EVALSHA`
+//! that decides each in turn, on one reading of Redis's clock.
+//!
+//! A check joins a queue. While fewer than the store's limit of batches are
+//! in flight for the algorithm, it starts one at once (a lone check waits
+//! for nothing); otherwise it waits, and the next batch to go takes every
+//! check queued meanwhile (up to [`MAX_BATCH`]). Under load the cost of an
+//! `EVALSHA`, the script's set-up and Redis's socket work is shared by the
+//! checks of a batch; each check's own work is one `HMGET` and, admitted,
+//! one `HSET`.
+//!
+//! Exactness is the single check's: the script runs atomically, each check
+//! against the state the checks before it left. A failure is each check's
+//! own (its caller's fail mode decides): a batch that may have run is never
+//! sent again (the counters would count twice); one that Redis refused
+//! before running it is, as a single check would be. A check whose caller
+//! gave up (its timeout) before its batch went is not sent at all.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use redis::Value;
+use tokio::sync::oneshot;
+
+use super::connection::{Source, is_connection_error};
+use super::script::{self, BatchItem, Keys};
+use super::{MAX_REDIRECTS, REDIRECT_PAUSE, not_run};
+use crate::decision::Decision;
+use crate::policy::{Algorithm, Policy};
+use crate::store::StoreError;
+
+/// The most checks one batch decides (one `EVALSHA`).
+pub(super) const MAX_BATCH: usize = 128;
+
+/// One check waiting for its batch.
+pub(super) struct Waiting {
+    pub(super) state: String,
+    pub(super) block: String,
+    pub(super) policy: Policy,
+    pub(super) reply: oneshot::Sender<Result<Decision, StoreError>>,
+}
+
+/// The queue and the batches in flight of one algorithm.
+pub(super) struct Batcher {
+    algorithm: Algorithm,
+    in_flight: usize,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    queue: Vec<Waiting>,
+    /// Batches in flight (each a task sending one batch after another
+    /// while checks are queued).
+    running: usize,
+}
+
+impl Batcher {
+    /// A batcher of `algorithm`'s checks with at most `in_flight` (≥ 1)
+    /// batches in flight.
+    pub(super) fn new(algorithm: Algorithm, in_flight: usize) -> Self {
+        Self {
+            algorithm,
+            in_flight: in_flight.max(1),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// Queue a check; start a batch when fewer than the limit are in flight.
+    pub(super) fn submit(self: &Arc<Self>, source: &Source, timeout: Duration, waiting: Waiting) {
+        let start = {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            state.queue.push(waiting);
+            if state.running < self.in_flight {
+                state.running += 1;
+                true
+            } else {
+                false
+            }
+        };
+        if start {
+            tokio::spawn(Arc::clone(self).send_while_queued(source.clone(), timeout));
+        }
+    }
+
+    /// Send batches while checks are queued; then stop (in the same lock as
+    /// the queue is found empty, so a check queued later starts another).
+    async fn send_while_queued(self: Arc<Self>, source: Source, timeout: Duration) {
+        let mut guard = Running {
+            batcher: &self,
+            armed: true,
+        };
+        loop {
+            let batch: Vec<Waiting> = {
+                let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+                if state.queue.is_empty() {
+                    state.running -= 1;
+                    guard.armed = false;
+                    return;
+                }
+                let take = state.queue.len().min(MAX_BATCH);
+                state.queue.drain(..take).collect()
+            };
+            self.decide(&source, timeout, batch).await;
+        }
+    }
+
+    /// Send one batch and answer each of its checks.
+    async fn decide(&self, source: &Source, timeout: Duration, batch: Vec<Waiting>) {
+        // A check whose caller gave up is not sent: it would count an
+        // admission nobody is told of.
+        let batch: Vec<Waiting> = batch
+            .into_iter()
+            .filter(|waiting| !waiting.reply.is_closed())
+            .collect();
+        if batch.is_empty() {
+            return;
+        }
+        let sent = tokio::time::timeout(timeout, self.send(source, &batch))
+            .await
+            .unwrap_or(Err(StoreError::Timeout(timeout)));
+        match sent {
+            Ok(replies) if replies.len() == batch.len() => {
+                for (waiting, reply) in batch.into_iter().zip(replies) {
+                    let decision = script::decode_batched(reply, &waiting.policy);
+                    // A caller that gave up meanwhile drops its answer.
+                    let _ = waiting.reply.send(decision);
+                }
+            }
+            Ok(replies) => {
+                let error = StoreError::UnexpectedReply(format!(
+                    "{} batch script: {} replies for {} checks",
+                    self.algorithm,
+                    replies.len(),
+                    batch.len()
+                ));
+                answer_all(batch, &error);
+            }
+            Err(error) => answer_all(batch, &error),
+        }
+    }
+
+    /// One `EVALSHA` for the batch, sent again only when Redis refused it
+    /// before running it.
+    async fn send(&self, source: &Source, batch: &[Waiting]) -> Result<Vec<Value>, StoreError> {
+        let items: Vec<BatchItem<'_>> = batch
+            .iter()
+            .map(|waiting| BatchItem {
+                keys: Keys {
+                    state: &waiting.state,
+                    block: &waiting.block,
+                },
+                policy: &waiting.policy,
+            })
+            .collect();
+        let cmd = script::batch_command(self.algorithm, &items);
+        let mut redirects = 0;
+        loop {
+            let mut conn = source.get().await?;
+            match script::run_batch(conn.get(), self.algorithm, &cmd).await {
+                Err(error) if not_run(&error) && redirects < MAX_REDIRECTS => {
+                    redirects += 1;
+                    tracing::debug!(%error, "redis did not run the batch; sending it again");
+                    tokio::time::sleep(REDIRECT_PAUSE * redirects).await;
+                }
+                Err(error) => {
+                    if is_connection_error(&error) {
+                        conn.mark_broken();
+                    }
+                    return Err(error);
+                }
+                Ok(replies) => return Ok(replies),
+            }
+        }
+    }
+}
+
+/// Gives a batch's slot back if its task ends without finding the queue
+/// empty (a panic).
+struct Running<'a> {
+    batcher: &'a Batcher,
+    armed: bool,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut state = self
+                .batcher
+                .state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            state.running -= 1;
+        }
+    }
+}
+
+/// Fail every check of a batch with `error`.
+fn answer_all(batch: Vec<Waiting>, error: &StoreError) {
+    for waiting in batch {
+        let _ = waiting.reply.send(Err(duplicate(error)));
+    }
+}
+
+/// The same error again, for each check of a failed batch.
+fn duplicate(error: &StoreError) -> StoreError {
+    match error {
+        StoreError::Timeout(after) => StoreError::Timeout(*after),
+        StoreError::CircuitOpen => StoreError::CircuitOpen,
+        StoreError::PoolTimeout => StoreError::PoolTimeout,
+        StoreError::UnexpectedReply(what) => StoreError::UnexpectedReply(what.clone()),
+        StoreError::Unsupported(what) => StoreError::Unsupported(what),
+        StoreError::Backend { .. } => match error.backend_error::<redis::RedisError>() {
+            Some(redis_error) => StoreError::from(redis_error.clone()),
+            None => StoreError::UnexpectedReply(error.to_string()),
+        },
+    }
+}
+
+/// The batchers of a store: one per batched algorithm.
+pub(super) struct Batchers {
+    by_algorithm: [Option<Arc<Batcher>>; 5],
+}
+
+impl Batchers {
+    /// Batchers of every batched algorithm with at most `in_flight`
+    /// batches in flight each.
+    pub(super) fn new(in_flight: usize) -> Self {
+        let by_algorithm = std::array::from_fn(|index| {
+            let algorithm = Algorithm::ALL[index];
+            script::batched(algorithm).then(|| Arc::new(Batcher::new(algorithm, in_flight)))
+        });
+        Self { by_algorithm }
+    }
+
+    /// The batcher of `algorithm`, if its checks are batched.
+    pub(super) fn get(&self, algorithm: Algorithm) -> Option<&Arc<Batcher>> {
+        self.by_algorithm[algorithm.index()].as_ref()
+    }
+}

@@ -1,0 +1,43 @@
+
+-- The entry point of a batch of checks of one algorithm (the window
+-- counters and GCRA, on a single Redis, not a cluster: the keys need not
+-- share a slot), decided on one reading of Redis's clock:
+-- KEYS     the state of each checked key, then the block of each, in the
+--          same order (n of each)
+-- ARGV[1]  P, the number of distinct policies; then each policy as its
+--          number of arguments and the algorithm's arguments (as a single
+--          check's); then, when P > 1, each check's policy (1 to P)
+-- Replies with each check's reply, in order, as check.lua would: its
+-- decision, or {-1, time left µs} for a blocked key; an error of one check
+-- (an unreadable state) is {-2, message}, so that it fails only that check.
+local n = #KEYS / 2
+local blocks = redis.call('MGET', unpack(KEYS, n + 1, 2 * n))
+local starts, lengths = {}, {}
+local a = 2
+for p = 1, tonumber(ARGV[1]) do
+  starts[p] = a
+  lengths[p] = tonumber(ARGV[a])
+  a = a + lengths[p] + 1
+end
+local several = #starts > 1
+local out = {}
+for d = 1, n do
+  local p = 1
+  if several then
+    p = tonumber(ARGV[a - 1 + d])
+  end
+  ARG0, nargs = starts[p], lengths[p]
+  bind(KEYS[d])
+  local ends = tonumber(blocks[d] or '')
+  local reply
+  if ends ~= nil and ends > now then
+    reply = { -1, ends - now }
+  else
+    reply = decide(true)
+    if reply.err then
+      reply = { -2, reply.err }
+    end
+  end
+  out[d] = reply
+end
+return out

@@ -198,7 +198,7 @@ async fn store(settings: &Settings) {
         {
             continue;
         }
-        let rate = peer_decisions_per_second(settings, script).await;
+        let rate = peer_decisions_per_second(settings, &name, script).await;
         println!("RESULT {name} {rate:.0}");
     }
 }
@@ -241,7 +241,7 @@ const PEERS: [(&str, &str); 2] = [
 ];
 
 /// Decisions per second of a peer's script, as [`decisions_per_second`].
-async fn peer_decisions_per_second(settings: &Settings, script: &str) -> f64 {
+async fn peer_decisions_per_second(settings: &Settings, name: &str, script: &str) -> f64 {
     let manager = bb8_redis::RedisConnectionManager::new(settings.url.as_str()).unwrap();
     let pool = Pool::builder()
         .max_size(16)
@@ -260,20 +260,23 @@ async fn peer_decisions_per_second(settings: &Settings, script: &str) -> f64 {
     let script = Arc::new(redis::Script::new(script));
     // Warm up: the script loaded.
     for i in 0..200 {
-        peer_check(&mut connection().await, &script, i).await;
+        peer_check(&mut connection().await, &script, name, i).await;
     }
+    let name: Arc<str> = Arc::from(name);
     run_for(settings, move |k| {
-        let (script, connection) = (script.clone(), connection.clone());
-        async move { peer_check(&mut connection().await, &script, k).await }
+        let (script, connection, name) = (script.clone(), connection.clone(), name.clone());
+        async move { peer_check(&mut connection().await, &script, &name, k).await }
     })
     .await
 }
 
 /// One check of key `k` by a peer's script: cost 1, a window of 1 s, a
-/// max no key reaches.
+/// max no key reaches. Each peer case has keys of its own (`name`): the
+/// peers keep different types under them.
 async fn peer_check(
     connection: &mut redis::aio::MultiplexedConnection,
     script: &redis::Script,
+    name: &str,
     k: u64,
 ) {
     let now = SystemTime::now()
@@ -282,7 +285,7 @@ async fn peer_check(
         .as_micros();
     let member = format!("{now:x}{k:x}");
     let _: redis::Value = script
-        .key(format!("peer:{{k{k}}}"))
+        .key(format!("peer:{name}:{{k{k}}}"))
         .arg(1)
         .arg(1000)
         .arg(1_000_000)

@@ -14,6 +14,7 @@
 //! | `EXECUTION`  | `transaction`    | how Redis runs the check: `transaction` or `script`  |
 //! | `ALGORITHM`  | `sliding-log`    | `sliding-log`, `fixed-window`, `sliding-window`, `gcra` or `concurrency` |
 //! | `DENY_CACHE` | `on`             | `off`: ask the store about every request of a denied key |
+//! | `BATCHES`    | `2`              | with `REDIS_URL`: batches of checks in flight per algorithm (`RedisStore::with_batches`); `0`: one script per check |
 //! | `LOCAL_QUOTA` | unset           | `N/HOLD` (`100/250ms`): admit hot keys locally from batches of `N` units taken from the store, each used within `HOLD`; at most `INSTANCES × N` more admitted in a window (none more under `fixed-window`) |
 //! | `TRUSTED_PROXIES` | unset       | comma-separated addresses or CIDR blocks of your reverse proxies (`10.0.0.0/8, fd00::/8`); set: the key's address is the client's, read from `PROXY_HEADER` when the peer is one of them |
 //! | `PROXY_HEADER` | `x-forwarded-for` | with `TRUSTED_PROXIES`: `x-forwarded-for`, `forwarded` or `x-real-ip` |
@@ -299,10 +300,17 @@ async fn health() -> &'static str {
 }
 
 async fn connect_redis(url: &str) -> Result<RedisStore, BadSetting> {
-    RedisStore::connect(url).await.map_err(|error| {
+    let batches = match var("BATCHES")? {
+        None => RedisStore::DEFAULT_BATCHES_IN_FLIGHT,
+        Some(text) => text.trim().parse().map_err(|_| {
+            BadSetting::new("BATCHES", format!("{text:?} is not a number of batches"))
+        })?,
+    };
+    let store = RedisStore::connect(url).await.map_err(|error| {
         let url = without_password(url);
         BadSetting::new("REDIS_URL", format!("cannot use Redis at {url}: {error}"))
-    })
+    })?;
+    Ok(store.with_batches(batches))
 }
 
 /// `url` without the password, for logs: `redis://user:secret@host` →

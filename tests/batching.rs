@@ -226,3 +226,84 @@ async fn a_batched_decision_is_the_single_checks() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_of_another_type_fails_only_its_own_check() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .with_batches(1)
+        .with_timeout(Duration::from_secs(5));
+    for algorithm in BATCHED {
+        let limit = policy(algorithm, "100/60s");
+        let tag = match algorithm {
+            "fixed-window" => "fixed",
+            "sliding-window" => "swc",
+            _ => "gcra",
+        };
+        // Something else under the prefix: a string where a hash belongs.
+        let foreign = store.redis_key(tag, "foreign");
+        server.command(&["SET", &foreign, "not a hash"]);
+        let mut checks = Vec::new();
+        for i in 0..60 {
+            checks.push(("foreign".to_owned(), limit.clone()));
+            checks.push((format!("{algorithm}-fine-{i}"), limit.clone()));
+        }
+        let before = server.calls("evalsha");
+        let decisions = all_at_once(&store, checks.clone()).await;
+        for ((key, _), decision) in checks.iter().zip(&decisions) {
+            if key == "foreign" {
+                let error = decision.as_ref().unwrap_err();
+                assert!(error.to_string().contains("WRONGTYPE"), "{error}");
+            } else {
+                assert!(*decision.as_ref().unwrap(), "{algorithm} {key}");
+            }
+        }
+        assert!(
+            server.calls("evalsha") - before < 90,
+            "{algorithm}: not batched"
+        );
+        // Every other check counted exactly once (a peek answers as a
+        // request would be: 100 - the one counted - its own).
+        let fine = store
+            .command(&format!("{algorithm}-fine-0"), &limit, Command::Peek)
+            .await
+            .unwrap();
+        assert_eq!(fine.rates()[0].remaining(), 98, "{algorithm}");
+    }
+}
+
+#[tokio::test]
+async fn a_gcra_check_never_shortens_the_expiry_another_policy_needs() {
+    // Two GCRA policies on one Redis key (the same name): a penalty under
+    // the hour-long one sets the key's expiry an hour ahead, exactly (no
+    // recorded expiry); a check under the one-second policy must not bring
+    // it down to about a second, or the hour's debt would vanish with the
+    // key. Batched and one by one.
+    let server = RedisServer::start();
+    for batches in [1, 0] {
+        let store = RedisStore::connect(&server.url())
+            .await
+            .unwrap()
+            .with_batches(batches);
+        let hourly = policy("gcra", "5/1h");
+        let fast = policy("gcra", "10/1s");
+        let key = format!("shared-{batches}");
+        store
+            .command(&key, &hourly, Command::Penalty(5))
+            .await
+            .unwrap();
+        assert!(store.check(&key, &fast).await.unwrap().allowed());
+        let redis_key = store.redis_key("gcra", &key);
+        let pttl: i64 = server
+            .command(&["PTTL", &redis_key])
+            .trim()
+            .trim_start_matches(':')
+            .parse()
+            .unwrap();
+        assert!(pttl > 3_500_000, "batches {batches}: PTTL {pttl} ms");
+        // The hour's debt is still there.
+        assert!(!store.check(&key, &hourly).await.unwrap().allowed());
+    }
+}

@@ -80,17 +80,27 @@ impl Batcher {
             }
         };
         if start {
-            tokio::spawn(Arc::clone(self).send_while_queued(source.clone(), timeout));
+            // The slot is given back by the guard if the task ends without
+            // finding the queue empty (a panic, or dropped unpolled at a
+            // runtime's shutdown).
+            let guard = Running {
+                batcher: Arc::clone(self),
+                armed: true,
+            };
+            tokio::spawn(Arc::clone(self).send_while_queued(source.clone(), timeout, guard));
         }
     }
 
     /// Send batches while checks are queued; then stop (in the same lock as
     /// the queue is found empty, so a check queued later starts another).
-    async fn send_while_queued(self: Arc<Self>, source: Source, timeout: Duration) {
-        let mut guard = Running {
-            batcher: &self,
-            armed: true,
-        };
+    /// (The batch's own timeout is that of the store clone that started the
+    /// task; every check also waits within its own store's timeout.)
+    async fn send_while_queued(
+        self: Arc<Self>,
+        source: Source,
+        timeout: Duration,
+        mut guard: Running,
+    ) {
         loop {
             let batch: Vec<Waiting> = {
                 let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -177,13 +187,14 @@ impl Batcher {
 }
 
 /// Gives a batch's slot back if its task ends without finding the queue
-/// empty (a panic).
-struct Running<'a> {
-    batcher: &'a Batcher,
+/// empty (a panic, or the task dropped before it ran). Checks still queued
+/// then go with the next check's batch, or time out.
+struct Running {
+    batcher: Arc<Batcher>,
     armed: bool,
 }
 
-impl Drop for Running<'_> {
+impl Drop for Running {
     fn drop(&mut self) {
         if self.armed {
             let mut state = self

@@ -60,8 +60,9 @@ pub(crate) const DEFAULT_BATCHES_IN_FLIGHT: usize = 2;
 /// key of one limited key lands in one slot. A key longer than
 /// [`MAX_RAW_KEY_LEN`](crate::MAX_RAW_KEY_LEN) bytes, or holding `{`, `}` or a leading `#`, is stored
 /// as `#` and its SHA-1 instead, so a client-chosen key cannot break the
-/// layout. Every Redis key expires on its own once its longest window has
-/// passed. A key an operator blocked ([`Command::Block`]) also has
+/// layout. Every Redis key expires on its own once its state no longer
+/// matters (a GCRA key up to one longest window after its last TAT, so that
+/// most checks need not set its expiry). A key an operator blocked ([`Command::Block`]) also has
 /// `{prefix}:block:{{key}}` (the same hash tag) until the block ends; every
 /// check reads it in the same script or transaction that decides.
 ///
@@ -339,14 +340,20 @@ impl RedisStore {
     /// unless set; 0 turns batching off: one script per check).
     ///
     /// A check goes out at once while fewer batches are in flight;
-    /// otherwise it waits for one to come back, and goes out with every
-    /// check queued meanwhile (at most 128) in one `EVALSHA` that decides
-    /// each in turn, atomically, on one reading of Redis's clock. A batch
-    /// costs Redis a fraction of what its checks cost one by one (see
-    /// BENCHMARKS.md): fewer batches in flight make larger batches, and less
-    /// Redis work per check, for a little more latency under load. Results
-    /// are a single check's, and so is a failure: each check of a failed
-    /// batch fails, to its caller's fail mode.
+    /// otherwise it waits for one to come back, and goes out with the
+    /// checks queued meanwhile (128 at most per batch; the rest go in the
+    /// next) in one `EVALSHA` that decides each in turn, atomically, on one
+    /// reading of Redis's clock. A batch costs Redis a fraction of what its
+    /// checks cost one by one (see BENCHMARKS.md): fewer batches in flight
+    /// make larger batches, and less Redis work per check, for a little more
+    /// latency under load. Each decision is the one the check would get
+    /// alone. A check's own failure (its key holds something unreadable)
+    /// fails that check alone. A failure of the call (a lost connection, a
+    /// timeout) fails every check of the batch, each to its caller's fail
+    /// mode, exactly as it would fail each of them sent alone: the checks
+    /// Redis decided before the connection broke may have counted, and the
+    /// batch is not sent again (that would count them twice). Batches add
+    /// `MGET` (of the blocks) to the commands an ACL user needs.
     ///
     /// Not for a cluster (whose keys are spread over slots and nodes): its
     /// checks always go one by one, and this setting is ignored. The sliding

@@ -9,7 +9,8 @@
 --          check's); then, when P > 1, each check's policy (1 to P)
 -- Replies with each check's reply, in order, as check.lua would: its
 -- decision, or {-1, time left µs} for a blocked key; an error of one check
--- (an unreadable state) is {-2, message}, so that it fails only that check.
+-- (an unreadable state, a key of another type) is {-2, message}, so that it
+-- fails only that check.
 local n = #KEYS / 2
 local blocks = redis.call('MGET', unpack(KEYS, n + 1, 2 * n))
 local starts, lengths = {}, {}
@@ -33,9 +34,18 @@ for d = 1, n do
   if ends ~= nil and ends > now then
     reply = { -1, ends - now }
   else
-    reply = decide(true)
-    if reply.err then
-      reply = { -2, reply.err }
+    -- A failing command (a key of another type under the prefix) fails
+    -- this check alone: decide reads before it writes, so it wrote nothing.
+    local ok, result = pcall(decide, true)
+    if not ok then
+      if type(result) == 'table' and result.err then
+        result = result.err
+      end
+      reply = { -2, tostring(result) }
+    elseif result.err then
+      reply = { -2, result.err }
+    else
+      reply = result
     end
   end
   out[d] = reply

@@ -14,8 +14,9 @@
 -- All-or-nothing: an admitted request moves every TAT; a denied one writes
 -- nothing. A penalty of u units moves every offset d to max(d, 0) + u·T
 -- (at most twice the longest window, 20 years), a reward to
--- max(d, 0) − u·T (at least 0). The key expires at most one longest
--- window after its last TAT (exactly then after a command).
+-- max(d, 0) − u·T (at least 0). A check sets the key's expiry one longest
+-- window after its latest TAT (so that the next checks need not), never
+-- shortening it; a command sets it to the latest TAT exactly.
 local EPSILON = 1e-9
 -- Twice the longest window (src/algorithm/gcra.rs).
 local MAX_OFFSET = 632448000000000
@@ -134,6 +135,15 @@ local function admit(kepts, expiry)
   local needed = math.ceil((now + latest) / 1000)
   if expiry == nil or expiry < needed then
     local at = needed + math.ceil(longest / 1000)
+    if expiry == nil then
+      -- Not recorded (a command's exact expiry, or a key of an older
+      -- version): never shorten what another policy's TATs on this key
+      -- may need.
+      local ttl = redis.call('PTTL', key)
+      if ttl > 0 and math.floor(now / 1000) + ttl > at then
+        at = math.floor(now / 1000) + ttl
+      end
+    end
     writes[#writes + 1] = 'e'
     writes[#writes + 1] = int(at)
     redis.call('HSET', key, unpack(writes))

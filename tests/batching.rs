@@ -26,6 +26,16 @@ fn policy(algorithm: &str, text: &str) -> Policy {
 
 const BATCHED: [&str; 3] = ["fixed-window", "sliding-window", "gcra"];
 
+/// A store with one batch in flight per algorithm: concurrent checks queue
+/// behind it and go out together.
+async fn one_batch_in_flight(server: &RedisServer) -> RedisStore {
+    RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .with_batches(1)
+        .with_timeout(Duration::from_secs(5))
+}
+
 /// `n` checks at once of `(key, policy)` pairs; the decisions in order.
 async fn all_at_once(
     store: &RedisStore,
@@ -54,12 +64,7 @@ async fn all_at_once(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_key_many_times_in_a_batch_admits_exactly_the_limit() {
     let server = RedisServer::start();
-    // One batch in flight: checks queue behind it and go out together.
-    let store = RedisStore::connect(&server.url())
-        .await
-        .unwrap()
-        .with_batches(1)
-        .with_timeout(Duration::from_secs(5));
+    let store = one_batch_in_flight(&server).await;
     for algorithm in BATCHED {
         let before = server.calls("evalsha");
         let limit = policy(algorithm, "37/60s");
@@ -80,11 +85,7 @@ async fn one_key_many_times_in_a_batch_admits_exactly_the_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn policies_and_keys_mixed_in_batches_keep_their_own_limits() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url())
-        .await
-        .unwrap()
-        .with_batches(1)
-        .with_timeout(Duration::from_secs(5));
+    let store = one_batch_in_flight(&server).await;
     for algorithm in BATCHED {
         // Three policies (one with two rates, one with a cost) over six keys.
         let policies = [
@@ -124,11 +125,7 @@ async fn policies_and_keys_mixed_in_batches_keep_their_own_limits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_blocked_key_in_a_batch_is_denied_and_the_others_are_not() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url())
-        .await
-        .unwrap()
-        .with_batches(1)
-        .with_timeout(Duration::from_secs(5));
+    let store = one_batch_in_flight(&server).await;
     for algorithm in BATCHED {
         let limit = policy(algorithm, "100/60s");
         let blocked = format!("blocked-{algorithm}");
@@ -153,11 +150,7 @@ async fn a_blocked_key_in_a_batch_is_denied_and_the_others_are_not() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unreadable_key_fails_only_its_own_check() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url())
-        .await
-        .unwrap()
-        .with_batches(1)
-        .with_timeout(Duration::from_secs(5));
+    let store = one_batch_in_flight(&server).await;
     let limit = policy("gcra", "100/60s");
     let broken = store.redis_key("gcra", "broken");
     server.command(&["HSET", &broken, "60000000", "not a TAT"]);
@@ -230,11 +223,7 @@ async fn a_batched_decision_is_the_single_checks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_key_of_another_type_fails_only_its_own_check() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url())
-        .await
-        .unwrap()
-        .with_batches(1)
-        .with_timeout(Duration::from_secs(5));
+    let store = one_batch_in_flight(&server).await;
     for algorithm in BATCHED {
         let limit = policy(algorithm, "100/60s");
         let tag = match algorithm {

@@ -16,29 +16,26 @@
 -- Numbers are Lua doubles, exact for integers up to 2^53: now (µs since the
 -- epoch) is about 2^51, windows are at most ten years (about 2^48), counts
 -- at most 2^53, so every value below is exact.
--- The limited key and its policy, set by bind(): each policy's arguments
--- are read, and its windows placed on the clock, once per script call,
--- however many keys it checks.
+-- The limited key and its policy, set by bind(): each policy's windows
+-- are placed on the clock once per script call, however many keys it
+-- checks.
 local key, cost, nrates, names, maxes, indexes, finishes
-local bound = {}
+
+-- Each rate's current window index and its end (µs).
+local function place(policy)
+  local windows, is, fs = policy[5], {}, {}
+  for i = 1, policy[2] do
+    is[i] = window_index(windows[i])
+    fs[i] = (is[i] + 1) * windows[i]
+  end
+  policy[6], policy[7] = is, fs
+end
 
 local function bind(k)
   key = k
-  local policy = bound[ARG0]
-  if not policy then
-    local n = (nargs - 1) / 2
-    local ns, ms, is, fs = {}, {}, {}, {}
-    for i = 1, n do
-      ns[i] = arg(2 * i + 1)
-      ms[i] = num(2 * i)
-      local w = tonumber(ns[i])
-      is[i] = window_index(w)
-      fs[i] = (is[i] + 1) * w
-    end
-    policy = { num(1), n, ns, ms, is, fs }
-    bound[ARG0] = policy
-  end
-  cost, nrates, names, maxes, indexes, finishes = unpack(policy)
+  local policy = policy_at(place)
+  cost, nrates, names, maxes = policy[1], policy[2], policy[3], policy[4]
+  indexes, finishes = policy[6], policy[7]
 end
 
 -- Every rate's count in its current window, and whether every rate's field

@@ -21,34 +21,30 @@ local EPSILON = 1e-9
 -- Twice the longest window (src/algorithm/gcra.rs).
 local MAX_OFFSET = 632448000000000
 
--- The limited key and its policy, set by bind(): the arguments of each
--- policy are read once per script call, however many keys it checks.
--- `reads` are the rates' fields and 'e'; each rate's max, window w (µs)
--- and emission interval T = w / max; `longest` the longest window (µs).
+-- The limited key and its policy, set by bind(): `reads` are the rates'
+-- fields and 'e', `intervals` each rate's emission interval T = w / max,
+-- `longest` the longest window (µs); derived once per script call.
 local key, cost, nrates, fields, reads, maxes, windows, intervals, longest
-local bound = {}
+
+local function derive(policy)
+  local names, ms, ws = policy[3], policy[4], policy[5]
+  local rs, ts, l = {}, {}, 0
+  for i = 1, policy[2] do
+    rs[i] = names[i]
+    ts[i] = ws[i] / ms[i]
+    if ws[i] > l then
+      l = ws[i]
+    end
+  end
+  rs[policy[2] + 1] = 'e'
+  policy[6], policy[7], policy[8] = rs, ts, l
+end
 
 local function bind(k)
   key = k
-  local policy = bound[ARG0]
-  if not policy then
-    local n = (nargs - 1) / 2
-    local fs, rs, ms, ws, ts, l = {}, {}, {}, {}, {}, 0
-    for i = 1, n do
-      fs[i] = arg(1 + 2 * i)
-      rs[i] = fs[i]
-      ms[i] = num(2 * i)
-      ws[i] = num(1 + 2 * i)
-      ts[i] = ws[i] / ms[i]
-      if ws[i] > l then
-        l = ws[i]
-      end
-    end
-    rs[n + 1] = 'e'
-    policy = { num(1), n, fs, rs, ms, ws, ts, l }
-    bound[ARG0] = policy
-  end
-  cost, nrates, fields, reads, maxes, windows, intervals, longest = unpack(policy)
+  local policy = policy_at(derive)
+  cost, nrates, fields, maxes, windows = policy[1], policy[2], policy[3], policy[4], policy[5]
+  reads, intervals, longest = policy[6], policy[7], policy[8]
 end
 
 -- Round a positive number of µs up; zero otherwise.

@@ -59,6 +59,28 @@ local function block_left()
   return nil
 end
 
+-- The window counters' and GCRA's policy at ARG0 (cost, then each rate's
+-- max and window µs), read once per script call however many keys it
+-- checks: { cost, number of rates, field names (the windows as text),
+-- maxes, windows }, then what `derive(policy)` adds for the algorithm.
+local policies = {}
+local function policy_at(derive)
+  local policy = policies[ARG0]
+  if not policy then
+    local n = (nargs - 1) / 2
+    local names, maxes, windows = {}, {}, {}
+    for i = 1, n do
+      names[i] = arg(2 * i + 1)
+      maxes[i] = num(2 * i)
+      windows[i] = tonumber(names[i])
+    end
+    policy = { num(1), n, names, maxes, windows }
+    derive(policy)
+    policies[ARG0] = policy
+  end
+  return policy
+end
+
 -- Point the algorithm at one limited key and at its policy's arguments
 -- (ARG0, nargs): a check or a command binds KEYS[1]; a batch of checks
 -- (batch.lua) binds each of its keys in turn. The window counters and GCRA

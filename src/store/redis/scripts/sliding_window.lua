@@ -26,28 +26,25 @@
 -- the exact boundary, the wait by one microsecond, and remaining by a
 -- request or two (out of a max near 2^53). A rate's own count (no previous
 -- window) is always compared exactly.
--- The limited key and its policy, set by bind(): each policy's arguments
--- are read, and its windows placed on the clock, once per script call,
--- however many keys it checks.
+-- The limited key and its policy, set by bind(): each policy's windows
+-- are placed on the clock once per script call, however many keys it
+-- checks.
 local key, cost, nrates, names, maxes, windows, indexes
-local bound = {}
+
+-- Each rate's current window index.
+local function place(policy)
+  local is = {}
+  for i = 1, policy[2] do
+    is[i] = window_index(policy[5][i])
+  end
+  policy[6] = is
+end
 
 local function bind(k)
   key = k
-  local policy = bound[ARG0]
-  if not policy then
-    local n = (nargs - 1) / 2
-    local ns, ms, ws, is = {}, {}, {}, {}
-    for i = 1, n do
-      ns[i] = arg(2 * i + 1)
-      ms[i] = num(2 * i)
-      ws[i] = tonumber(ns[i])
-      is[i] = window_index(ws[i])
-    end
-    policy = { num(1), n, ns, ms, ws, is }
-    bound[ARG0] = policy
-  end
-  cost, nrates, names, maxes, windows, indexes = unpack(policy)
+  local policy = policy_at(place)
+  cost, nrates, names, maxes, windows = policy[1], policy[2], policy[3], policy[4], policy[5]
+  indexes = policy[6]
 end
 
 -- Whether `c` more fits at `elapsed` into the window.

@@ -49,9 +49,13 @@ impl Harness {
         }
     }
 
+    /// RedisStore (`connect`'s pool) on a fresh server, connected as a user
+    /// with the least privilege the store documents
+    /// ([`RedisStore::acl_rules`]): every suite on this harness shows that
+    /// those rules are enough.
     pub async fn redis(execution: Execution) -> Self {
         let server = RedisServer::start();
-        let store = RedisStore::connect(&server.url())
+        let store = RedisStore::connect(&server.least_privileged_url("rl"))
             .await
             .expect("connecting to the test redis-server");
         Self::Redis {

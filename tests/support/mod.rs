@@ -97,6 +97,25 @@ impl RedisServer {
         assert!(status.success(), "kill -{signal} failed");
     }
 
+    /// Create the user `ratelimit` (password `least-privilege`) with only
+    /// the ACL rules [`RedisStore::acl_rules`](tower_redis_ratelimit::RedisStore::acl_rules)
+    /// gives for `prefix`, and return a URL that connects as it.
+    pub fn least_privileged_url(&self, prefix: &str) -> String {
+        let rules = tower_redis_ratelimit::RedisStore::acl_rules(prefix);
+        let mut args = vec![
+            "ACL",
+            "SETUSER",
+            "ratelimit",
+            "reset",
+            "on",
+            ">least-privilege",
+        ];
+        args.extend(rules.split_whitespace());
+        let reply = self.command(&args);
+        assert!(reply.starts_with("+OK"), "ACL SETUSER: {reply}");
+        format!("redis://ratelimit:least-privilege@127.0.0.1:{}", self.port)
+    }
+
     /// Run a command over plain RESP and return the raw reply.
     pub fn command(&self, args: &[&str]) -> String {
         raw_command(self.port, args)

@@ -334,6 +334,27 @@ impl RedisStore {
         self
     }
 
+    /// The smallest Redis ACL a store with key prefix `prefix` needs, as
+    /// the rules of `ACL SETUSER` (after the user's name, `on` and its
+    /// password): only the store's keys (`~{prefix}:*`) and only the
+    /// commands it sends, directly or from its scripts, for every algorithm
+    /// and execution, the operator commands and batches, on a single Redis:
+    ///
+    /// ```text
+    /// ACL SETUSER ratelimit on >password <RedisStore::acl_rules("rl")>
+    /// ```
+    ///
+    /// The tests run the conformance suite as such a user and show that
+    /// Redis refuses it another command or a key outside the prefix.
+    /// Rule sets in Redis (`rules::publish`, `Rules::follow_redis`) need
+    /// more (their key, its channel, `SUBSCRIBE`, `EVAL`).
+    pub fn acl_rules(prefix: &str) -> String {
+        format!(
+            "resetkeys ~{prefix}:* resetchannels -@all {}",
+            ACL_COMMANDS.join(" ")
+        )
+    }
+
     /// Decide concurrent checks of the fixed window, the sliding window and
     /// GCRA in batches, with at most `in_flight` batches of one algorithm in
     /// flight at once ([`DEFAULT_BATCHES_IN_FLIGHT`](Self::DEFAULT_BATCHES_IN_FLIGHT)
@@ -668,6 +689,36 @@ impl RedisStore {
         .await
     }
 }
+
+/// Every command a store sends, directly or from its scripts (see
+/// [`RedisStore::acl_rules`]).
+const ACL_COMMANDS: &[&str] = &[
+    "+ping",
+    "+evalsha",
+    "+script|load",
+    "+multi",
+    "+exec",
+    "+time",
+    "+get",
+    "+mget",
+    "+set",
+    "+del",
+    "+hset",
+    "+hmget",
+    "+hdel",
+    "+pexpire",
+    "+pexpireat",
+    "+pttl",
+    "+zadd",
+    "+zrem",
+    "+zscore",
+    "+zcard",
+    "+zcount",
+    "+zrange",
+    "+zrevrange",
+    "+zremrangebyscore",
+    "+zremrangebyrank",
+];
 
 /// How many times a check Redis refused before running it is sent again.
 const MAX_REDIRECTS: u32 = 3;

@@ -44,6 +44,7 @@ pub(super) struct Waiting {
 /// The queue and the batches in flight of one algorithm.
 pub(super) struct Batcher {
     algorithm: Algorithm,
+    script: &'static redis::Script,
     in_flight: usize,
     state: Mutex<State>,
 }
@@ -57,11 +58,12 @@ struct State {
 }
 
 impl Batcher {
-    /// A batcher of `algorithm`'s checks with at most `in_flight` (≥ 1)
-    /// batches in flight.
-    pub(super) fn new(algorithm: Algorithm, in_flight: usize) -> Self {
+    /// A batcher of `algorithm`'s checks, sent as `script`, with at most
+    /// `in_flight` (≥ 1) batches in flight.
+    fn new(algorithm: Algorithm, script: &'static redis::Script, in_flight: usize) -> Self {
         Self {
             algorithm,
+            script,
             in_flight: in_flight.max(1),
             state: Mutex::new(State::default()),
         }
@@ -164,11 +166,11 @@ impl Batcher {
                 policy: &waiting.policy,
             })
             .collect();
-        let cmd = script::batch_command(self.algorithm, &items);
+        let cmd = script::batch_command(self.script, &items);
         let mut redirects = 0;
         loop {
             let mut conn = source.get().await?;
-            match script::run_batch(conn.get(), self.algorithm, &cmd).await {
+            match script::run_batch(conn.get(), self.script, &cmd).await {
                 Err(error) if not_run(&error) && redirects < MAX_REDIRECTS => {
                     redirects += 1;
                     tracing::debug!(%error, "redis did not run the batch; sending it again");
@@ -240,7 +242,8 @@ impl Batchers {
     pub(super) fn new(in_flight: usize) -> Self {
         let by_algorithm = std::array::from_fn(|index| {
             let algorithm = Algorithm::ALL[index];
-            script::batched(algorithm).then(|| Arc::new(Batcher::new(algorithm, in_flight)))
+            script::batch_script(algorithm)
+                .map(|script| Arc::new(Batcher::new(algorithm, script, in_flight)))
         });
         Self { by_algorithm }
     }

@@ -148,10 +148,10 @@ static SCRIPTS: std::sync::LazyLock<[Scripts; 5]> = std::sync::LazyLock::new(|| 
     ]
 });
 
-/// Whether checks of `algorithm` can be decided in batches: the window
-/// counters and GCRA, whose state is one hash per key.
-pub(super) fn batched(algorithm: Algorithm) -> bool {
-    scripts(algorithm).batch.is_some()
+/// The batch script of `algorithm`, if its checks can be decided in
+/// batches: the window counters and GCRA, whose state is one hash per key.
+pub(super) fn batch_script(algorithm: Algorithm) -> Option<&'static redis::Script> {
+    scripts(algorithm).batch.as_ref()
 }
 
 fn scripts(algorithm: Algorithm) -> &'static Scripts {
@@ -261,14 +261,10 @@ pub(super) struct BatchItem<'a> {
     pub(super) policy: &'a Policy,
 }
 
-/// The `EVALSHA` of a batch of checks of `algorithm` (one that is
-/// [`batched`]), all on a single Redis: the keys, each distinct policy's
-/// arguments once, and each check's policy when there are several.
-pub(super) fn batch_command(algorithm: Algorithm, items: &[BatchItem<'_>]) -> redis::Cmd {
-    let script = scripts(algorithm)
-        .batch
-        .as_ref()
-        .unwrap_or(&scripts(algorithm).check);
+/// The `EVALSHA` of `script` (a [`batch_script`]) for a batch of checks,
+/// all on a single Redis: the keys, each distinct policy's arguments once,
+/// and each check's policy when there are several.
+pub(super) fn batch_command(script: &redis::Script, items: &[BatchItem<'_>]) -> redis::Cmd {
     let key_bytes: usize = items
         .iter()
         .map(|item| item.keys.state.len() + item.keys.block.len())
@@ -313,17 +309,13 @@ pub(super) fn batch_command(algorithm: Algorithm, items: &[BatchItem<'_>]) -> re
     cmd
 }
 
-/// Send a batch's `EVALSHA` (reloading the script after `NOSCRIPT`): the
-/// reply of each check, in order.
+/// Send a batch's `EVALSHA` of `script` (reloading it after `NOSCRIPT`):
+/// the reply of each check, in order.
 pub(super) async fn run_batch<C: ConnectionLike>(
     conn: &mut C,
-    algorithm: Algorithm,
+    script: &redis::Script,
     cmd: &redis::Cmd,
 ) -> Result<Vec<Value>, StoreError> {
-    let script = scripts(algorithm)
-        .batch
-        .as_ref()
-        .unwrap_or(&scripts(algorithm).check);
     Ok(run(conn, script, cmd).await?)
 }
 

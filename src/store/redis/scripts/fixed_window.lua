@@ -42,12 +42,7 @@ end
 -- was last written in the current window (then the key's expiry already
 -- covers it).
 local function counters()
-  local stored
-  if nrates == 1 then
-    stored = redis.call('HMGET', key, names[1])
-  else
-    stored = redis.call('HMGET', key, unpack(names))
-  end
+  local stored = redis.call('HMGET', key, unpack(names))
   local counts = {}
   local covered = true
   for i = 1, nrates do
@@ -130,11 +125,7 @@ local function decide(commit)
   if allowed == 1 and commit then
     -- An admitted count is positive: no field is removed, and a field
     -- counted in the current window already has the expiry it needs.
-    if covered and nrates == 1 then
-      redis.call('HSET', key, names[1], string.format('%d:%d', indexes[1], counts[1]))
-    else
-      store(counts, covered)
-    end
+    store(counts, covered)
   end
   return out
 end

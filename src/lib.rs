@@ -30,7 +30,7 @@ pub use policy::{
 };
 pub use store::memory::MemoryStore;
 pub use store::redis::RedisStore;
-pub use store::redis::{TrackedConnection, TrackedManager};
+pub use store::redis::{RedisStoreBuilder, TrackedConnection, TrackedManager};
 pub use store::{Command, MAX_RAW_KEY_LEN, Store, StoreError};
 
 /// The Lua scripts `RedisStore` runs, as sent to Redis (for the crate's

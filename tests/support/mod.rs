@@ -11,6 +11,8 @@ pub mod harness;
 pub mod http;
 pub mod proxy;
 pub mod rng;
+pub mod sentinel;
+pub mod tls;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -86,6 +88,11 @@ impl RedisServer {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's directory (its config and files).
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Send a signal (`STOP`, `CONT`, ...) to the server.
@@ -337,7 +344,7 @@ fn spawn_ready(port: u16, extra: &[&str], dir: &Path) -> Result<Child, String> {
     ))
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

@@ -23,7 +23,7 @@ use std::time::Duration;
 use redis::Value;
 use tokio::sync::oneshot;
 
-use super::connection::{Source, is_connection_error};
+use super::connection::{Source, is_connection_error, is_demoted};
 use super::script::{self, BatchItem, Keys};
 use super::{MAX_REDIRECTS, REDIRECT_PAUSE, not_run};
 use crate::decision::Decision;
@@ -172,12 +172,15 @@ impl Batcher {
             let mut conn = source.get().await?;
             match script::run_batch(conn.get(), self.script, &cmd).await {
                 Err(error) if not_run(&error) && redirects < MAX_REDIRECTS => {
+                    if is_demoted(&error) {
+                        conn.mark_broken();
+                    }
                     redirects += 1;
                     tracing::debug!(%error, "redis did not run the batch; sending it again");
                     tokio::time::sleep(REDIRECT_PAUSE * redirects).await;
                 }
                 Err(error) => {
-                    if is_connection_error(&error) {
+                    if is_connection_error(&error) || is_demoted(&error) {
                         conn.mark_broken();
                     }
                     return Err(error);

@@ -31,10 +31,36 @@ use crate::store::StoreError;
 ///
 /// Connections have no response timeout of their own (redis-rs's default is
 /// 500 ms): the store's timeout bounds every call.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct TrackedManager {
-    client: redis::Client,
+    target: Target,
     epoch: Arc<AtomicU64>,
+}
+
+/// Where a [`TrackedManager`] opens its connections.
+#[derive(Clone)]
+enum Target {
+    /// One Redis (plain or TLS).
+    Client(Box<redis::Client>),
+    /// The primary that Redis Sentinel names at each new connection: after a
+    /// failover, connections opened after the old primary's failed go to
+    /// the new one.
+    #[cfg(feature = "sentinel")]
+    Sentinel(Arc<tokio::sync::Mutex<redis::sentinel::SentinelClient>>),
+}
+
+impl fmt::Debug for TrackedManager {
+    /// The kind of target only: a connection address can hold credentials.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let target = match &self.target {
+            Target::Client(_) => "redis",
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel(_) => "sentinel",
+        };
+        f.debug_struct("TrackedManager")
+            .field("target", &target)
+            .finish_non_exhaustive()
+    }
 }
 
 /// How RedisStore opens connections: no response timeout of redis-rs's own.
@@ -43,15 +69,61 @@ pub(super) fn connection_config() -> redis::AsyncConnectionConfig {
 }
 
 impl TrackedManager {
-    /// A manager for the Redis at `info`.
+    /// A manager for the Redis at `info` (`redis://`, `rediss://` with the
+    /// `tls` feature, `unix://`).
     ///
     /// # Errors
     /// A malformed connection address.
     pub fn new<T: IntoConnectionInfo>(info: T) -> Result<Self, RedisError> {
-        Ok(Self {
-            client: redis::Client::open(info.into_connection_info()?)?,
+        Ok(Self::from_client(redis::Client::open(
+            info.into_connection_info()?,
+        )?))
+    }
+
+    /// A manager for the Redis a [`redis::Client`] you built points to: e.g.
+    /// one from [`Client::build_with_tls`](redis::Client::build_with_tls)
+    /// with your own root or client certificates (`tls` feature).
+    #[must_use]
+    pub fn from_client(client: redis::Client) -> Self {
+        Self {
+            target: Target::Client(Box::new(client)),
             epoch: Arc::new(AtomicU64::new(0)),
-        })
+        }
+    }
+
+    /// A manager that asks Redis Sentinel for the current primary at every
+    /// new connection (`sentinel` feature). Build the client with
+    /// [`SentinelServerType::Master`](redis::sentinel::SentinelServerType):
+    /// checks write. After a failover, the connections to the old primary
+    /// fail (or are refused writes, `READONLY`), the pool drops them, and
+    /// the next ones go to the primary Sentinel promoted.
+    #[cfg(feature = "sentinel")]
+    #[must_use]
+    pub fn from_sentinel(client: redis::sentinel::SentinelClient) -> Self {
+        Self {
+            target: Target::Sentinel(Arc::new(tokio::sync::Mutex::new(client))),
+            epoch: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Open one connection to the target (the current primary, for
+    /// Sentinel).
+    pub(super) async fn open(&self) -> Result<MultiplexedConnection, RedisError> {
+        match &self.target {
+            Target::Client(client) => {
+                client
+                    .get_multiplexed_async_connection_with_config(&connection_config())
+                    .await
+            }
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel(client) => {
+                client
+                    .lock()
+                    .await
+                    .get_async_connection_with_config(&connection_config())
+                    .await
+            }
+        }
     }
 }
 
@@ -97,10 +169,7 @@ impl ManageConnection for TrackedManager {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<Self::Connection, Self::Error> {
-        let conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&connection_config())
-            .await?;
+        let conn = self.open().await?;
         Ok(TrackedConnection::new(conn, &self.epoch))
     }
 
@@ -390,6 +459,16 @@ impl Conn {
             epoch.fetch_max(generation + 1, Ordering::AcqRel);
         }
     }
+}
+
+/// Whether `error` says the connection leads to a replica: a primary
+/// demoted by a Sentinel failover refuses writes with `READONLY` (before
+/// running them). Such a connection is retired like a broken one, so that
+/// the next goes to the new primary.
+pub(super) fn is_demoted(error: &StoreError) -> bool {
+    error
+        .backend_error::<RedisError>()
+        .is_some_and(|e| e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly))
 }
 
 /// Whether `error` means the connection itself is unusable. A timeout does

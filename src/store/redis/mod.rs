@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bb8_redis::RedisConnectionManager;
-use bb8_redis::bb8::{self, Pool};
+use bb8_redis::bb8::Pool;
 
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
@@ -17,6 +17,7 @@ use crate::policy::{Algorithm, Execution, Policy};
 use crate::store::{Command, Store, StoreError, bounded_key};
 
 mod batch;
+mod builder;
 mod cleanup;
 mod clock_sync;
 mod connection;
@@ -24,6 +25,7 @@ mod reply;
 mod script;
 mod sliding_log;
 
+pub use builder::RedisStoreBuilder;
 pub use connection::{TrackedConnection, TrackedManager};
 pub use script::{
     CONCURRENCY_COMMAND_SCRIPT, CONCURRENCY_SCRIPT, FIXED_WINDOW_BATCH_SCRIPT,
@@ -35,7 +37,7 @@ pub use script::{
 use batch::{Batchers, Waiting};
 use cleanup::Cleanup;
 use clock_sync::ClockSync;
-use connection::{Source, is_connection_error};
+use connection::{Source, is_connection_error, is_demoted};
 use reply::member;
 
 /// The default bound on every Redis call (pool checkout included).
@@ -120,47 +122,74 @@ impl RedisStore {
     /// unless [`with_batches`](Self::with_batches) says otherwise (2).
     pub const DEFAULT_BATCHES_IN_FLIGHT: usize = DEFAULT_BATCHES_IN_FLIGHT;
 
+    /// Settings to connect with: pool size, TLS certificates, Sentinel
+    /// credentials. [`connect`](Self::connect) is `builder().connect(url)`.
+    pub fn builder() -> RedisStoreBuilder {
+        RedisStoreBuilder::default()
+    }
+
     /// Connect to the Redis at `url` (`redis://[user:password@]host:port[/db]`;
-    /// `rediss://` needs one of redis-rs's TLS features enabled in your
-    /// Cargo.toml) through a bb8 pool of at most [`DEFAULT_POOL_SIZE`](Self::DEFAULT_POOL_SIZE)
+    /// `rediss://` with the `tls` feature; `redis+sentinel://` with the
+    /// `sentinel` feature, see [`RedisStoreBuilder::connect`]) through a
+    /// bb8 pool of at most [`DEFAULT_POOL_SIZE`](Self::DEFAULT_POOL_SIZE)
     /// connections, check that it answers, and measure the offset to its
-    /// clock.
+    /// clock. [`builder`](Self::builder) sets the pool size and TLS
+    /// certificates.
     ///
     /// # Errors
-    /// A malformed URL, a refused connection or failed authentication, or a
-    /// Redis that does not answer within [`CONNECT_TIMEOUT`](Self::CONNECT_TIMEOUT).
+    /// A malformed URL, a refused connection, a failed TLS handshake or
+    /// authentication, or a Redis that does not answer within
+    /// [`CONNECT_TIMEOUT`](Self::CONNECT_TIMEOUT).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let manager = TrackedManager::new(url)?;
-        let adopt = manager.clone();
-        // One direct connection first, so a refused connection or a wrong
-        // password is reported as such (the pool would only say it timed
-        // out); it then joins the pool.
-        let client = redis::Client::open(url)?;
-        let mut conn = tokio::time::timeout(CONNECT_TIMEOUT, async {
-            let mut conn = client
-                .get_multiplexed_async_connection_with_config(&connection::connection_config())
-                .await?;
-            redis::cmd("PING").query_async::<()>(&mut conn).await?;
-            Ok::<_, StoreError>(conn)
-        })
-        .await
-        .unwrap_or(Err(StoreError::Timeout(CONNECT_TIMEOUT)))?;
-        let pool = bb8::Pool::builder()
-            .max_size(DEFAULT_POOL_SIZE)
-            // Broken connections are dropped by the manager: no PING on
-            // every checkout. The store's timeout bounds the wait.
-            .test_on_check_out(false)
-            .connection_timeout(CONNECT_TIMEOUT)
-            .build_unchecked(manager);
-        let store = Self::from_tracked_pool(pool);
-        store
-            .with_timeout_do(store.clock.measure(&mut conn))
-            .await?;
-        if let Source::Tracked(pool, _) = &store.source {
-            // Fails only when the pool is full, and it is empty.
-            let _ = pool.add(adopt.adopt(conn));
-        }
-        Ok(store)
+        Self::builder().connect(url).await
+    }
+
+    /// Connect to the primary of `service` that the Redis Sentinels at
+    /// `sentinels` (`host:port` each) name, and follow it across failovers
+    /// (`sentinel` feature): every new connection asks a Sentinel for the
+    /// current primary, and a connection that fails, or that a demoted
+    /// primary answers with `READONLY`, is retired, so after Sentinel
+    /// promotes a replica the next checks go to it, without a restart.
+    ///
+    /// During a failover checks fail (until Sentinel has promoted a
+    /// replica, a few seconds past its `down-after-milliseconds`), and each
+    /// limiter applies its [`FailMode`](crate::FailMode). Counts written to
+    /// the old primary after its last replication are lost with it: for at
+    /// most one window, a key may admit up to that many more requests than
+    /// its limit. The README's "Deployments" section has the measured
+    /// figures.
+    ///
+    /// For credentials, a database or TLS on the Redis side, pass a
+    /// `redis+sentinel://[user:password@]host:port[,host:port…]/service[/db]`
+    /// URL to [`connect`](Self::connect) (`rediss+sentinel://` for TLS).
+    ///
+    /// ```no_run
+    /// use tower_redis_ratelimit::RedisStore;
+    ///
+    /// # async fn run() -> Result<(), tower_redis_ratelimit::StoreError> {
+    /// let store = RedisStore::connect_sentinel(
+    ///     &["10.0.0.1:26379", "10.0.0.2:26379", "10.0.0.3:26379"],
+    ///     "mymaster",
+    /// )
+    /// .await?;
+    /// // The same, as one URL:
+    /// let store = RedisStore::connect(
+    ///     "redis+sentinel://10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379/mymaster",
+    /// )
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// No Sentinel given, a malformed address, no Sentinel that knows a
+    /// healthy primary for `service`, or the errors of
+    /// [`connect`](Self::connect).
+    #[cfg(feature = "sentinel")]
+    pub async fn connect_sentinel<T: AsRef<str>>(
+        sentinels: &[T],
+        service: &str,
+    ) -> Result<Self, StoreError> {
+        Self::builder().connect_sentinel(sentinels, service).await
     }
 
     /// Use a bb8-redis pool you already have; its settings apply. Keep bb8's
@@ -272,27 +301,7 @@ impl RedisStore {
     /// [`CONNECT_TIMEOUT`](Self::CONNECT_TIMEOUT).
     #[cfg(feature = "cluster")]
     pub async fn connect_cluster<T: AsRef<str>>(nodes: &[T]) -> Result<Self, StoreError> {
-        let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
-        let client = redis::cluster::ClusterClient::builder(nodes)
-            // The store's timeout bounds every call (retries included).
-            .connection_timeout(CONNECT_TIMEOUT)
-            .overall_response_timeout(None)
-            // The store retries what may be repeated (see above).
-            .retries(0)
-            .build()?;
-        let conn = tokio::time::timeout(CONNECT_TIMEOUT, async {
-            let mut conn = client.get_async_connection().await?;
-            connection::ping_every_master(&mut conn).await?;
-            Ok::<_, StoreError>(conn)
-        })
-        .await
-        .unwrap_or(Err(StoreError::Timeout(CONNECT_TIMEOUT)))?;
-        let mut measuring = conn.clone();
-        let store = Self::from_cluster_connection(conn);
-        store
-            .with_timeout_do(store.clock.measure(&mut measuring))
-            .await?;
-        Ok(store)
+        Self::builder().connect_cluster(nodes).await
     }
 
     /// Use a Redis Cluster connection you opened yourself (with your own
@@ -579,12 +588,15 @@ impl Store for RedisStore {
                         // loading or failing over): any check may be sent
                         // again, a few times.
                         Err(error) if not_run(&error) && redirects < MAX_REDIRECTS => {
+                            if is_demoted(&error) {
+                                conn.mark_broken();
+                            }
                             redirects += 1;
                             tracing::debug!(%error, "redis did not run the check; sending it again");
                             tokio::time::sleep(REDIRECT_PAUSE * redirects).await;
                         }
                         Err(error) => {
-                            if is_connection_error(&error) {
+                            if is_connection_error(&error) || is_demoted(&error) {
                                 conn.mark_broken();
                             }
                             return Err(error);
@@ -651,12 +663,15 @@ impl RedisStore {
                         tracing::debug!(%error, "redis connection failed; sending the command again on a fresh one");
                     }
                     Err(error) if not_run(&error) && redirects < MAX_REDIRECTS => {
+                        if is_demoted(&error) {
+                            conn.mark_broken();
+                        }
                         redirects += 1;
                         tracing::debug!(%error, "redis did not run the command; sending it again");
                         tokio::time::sleep(REDIRECT_PAUSE * redirects).await;
                     }
                     Err(error) => {
-                        if is_connection_error(&error) {
+                        if is_connection_error(&error) || is_demoted(&error) {
                             conn.mark_broken();
                         }
                         return Err(error);

@@ -1,0 +1,447 @@
+//! [`RedisStoreBuilder`]: how a [`RedisStore`] connects (pool size, TLS
+//! certificates, Redis Sentinel).
+
+use std::fmt;
+
+use bb8_redis::bb8;
+#[cfg(any(feature = "tls", feature = "sentinel"))]
+use redis::IntoConnectionInfo;
+use redis::{ErrorKind, RedisError};
+
+use super::connection::{Source, TrackedManager};
+use super::{CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, RedisStore};
+use crate::store::StoreError;
+
+/// How a [`RedisStore`] connects: the settings that must be known before
+/// the first connection. Start from [`RedisStore::builder`]; the settings of
+/// a connected store (prefix, timeout, batches) are its own `with_*`
+/// methods.
+///
+/// ```no_run
+/// use tower_redis_ratelimit::RedisStore;
+///
+/// # async fn run() -> Result<(), tower_redis_ratelimit::StoreError> {
+/// let store = RedisStore::builder()
+///     .pool_size(32)
+///     .connect("redis://127.0.0.1:6379")
+///     .await?
+///     .with_prefix("myapp:rl");
+/// # Ok(()) }
+/// ```
+///
+/// With the `tls` feature, `rediss://` URLs connect over TLS (rustls):
+/// the server's certificate is checked against the system's roots, or only
+/// against [`root_certificate`](Self::root_certificate); a server whose
+/// certificate does not match its host name, or is signed by no trusted
+/// root, is refused. [`client_certificate`](Self::client_certificate)
+/// presents a certificate to a Redis that asks for one (mutual TLS,
+/// `tls-auth-clients yes`).
+#[derive(Clone)]
+#[must_use]
+pub struct RedisStoreBuilder {
+    pool_size: u32,
+    #[cfg(feature = "tls")]
+    root_certificate: Option<Vec<u8>>,
+    #[cfg(feature = "tls")]
+    client_certificate: Option<redis::ClientTlsConfig>,
+    #[cfg(feature = "sentinel")]
+    sentinel_credentials: Option<(Option<String>, String)>,
+}
+
+impl Default for RedisStoreBuilder {
+    fn default() -> Self {
+        Self {
+            pool_size: DEFAULT_POOL_SIZE,
+            #[cfg(feature = "tls")]
+            root_certificate: None,
+            #[cfg(feature = "tls")]
+            client_certificate: None,
+            #[cfg(feature = "sentinel")]
+            sentinel_credentials: None,
+        }
+    }
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    /// Whether certificates and credentials are set, never their contents.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = f.debug_struct("RedisStoreBuilder");
+        out.field("pool_size", &self.pool_size);
+        #[cfg(feature = "tls")]
+        out.field("root_certificate", &self.root_certificate.is_some())
+            .field("client_certificate", &self.client_certificate.is_some());
+        #[cfg(feature = "sentinel")]
+        out.field("sentinel_credentials", &self.sentinel_credentials.is_some());
+        out.finish()
+    }
+}
+
+impl RedisStoreBuilder {
+    /// The most connections the store's pool opens (default
+    /// [`RedisStore::DEFAULT_POOL_SIZE`]). Checks are multiplexed: this is
+    /// the number of sockets they are spread over, not a bound on checks in
+    /// flight. `0` is refused by `connect`.
+    pub fn pool_size(mut self, connections: u32) -> Self {
+        self.pool_size = connections;
+        self
+    }
+
+    /// Trust only this CA (PEM: one or more certificates) for `rediss://`
+    /// servers, instead of the system's roots: e.g. a private CA that signs
+    /// your Redis servers' certificates. Applies to the Redis nodes and, in
+    /// a `rediss+sentinel://` deployment, the Sentinels.
+    #[cfg(feature = "tls")]
+    pub fn root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_certificate = Some(pem.into());
+        self
+    }
+
+    /// Present this certificate (PEM) and its private key (PEM, PKCS#8 or
+    /// RSA or SEC1) to `rediss://` servers that ask for one: mutual TLS.
+    #[cfg(feature = "tls")]
+    pub fn client_certificate(
+        mut self,
+        certificate_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.client_certificate = Some(redis::ClientTlsConfig {
+            client_cert: certificate_pem.into(),
+            client_key: key_pem.into(),
+        });
+        self
+    }
+
+    /// Authenticate to the Sentinels (not to Redis: the Redis primary's
+    /// credentials come from the `redis+sentinel://` URL) with this user
+    /// (`None`: the default user) and password, for Sentinels configured
+    /// with `requirepass` or an ACL.
+    #[cfg(feature = "sentinel")]
+    pub fn sentinel_credentials(mut self, username: Option<&str>, password: &str) -> Self {
+        self.sentinel_credentials = Some((username.map(str::to_owned), password.to_owned()));
+        self
+    }
+
+    /// The certificates set on this builder, if any.
+    #[cfg(feature = "tls")]
+    fn certificates(&self) -> Option<redis::TlsCertificates> {
+        (self.root_certificate.is_some() || self.client_certificate.is_some()).then(|| {
+            redis::TlsCertificates {
+                client_tls: self.client_certificate.clone(),
+                root_cert: self.root_certificate.clone(),
+            }
+        })
+    }
+
+    /// A client for one Redis, with this builder's certificates.
+    fn client(&self, url: &str) -> Result<redis::Client, RedisError> {
+        #[cfg(feature = "tls")]
+        if let Some(certificates) = self.certificates() {
+            let info = url.into_connection_info()?;
+            if !matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
+                return Err(config_error(
+                    "TLS certificates are set but the URL is not rediss://",
+                ));
+            }
+            return redis::Client::build_with_tls(info, certificates);
+        }
+        redis::Client::open(url)
+    }
+
+    /// Connect to the Redis at `url`, as [`RedisStore::connect`] does, with
+    /// this builder's settings. URLs:
+    /// - `redis://[user:password@]host:port[/db]`, `unix:///path/to.sock`;
+    /// - `rediss://…`: TLS (`tls` feature);
+    /// - `redis+sentinel://[user:password@]host:port[,host:port…]/service[/db]`
+    ///   (`sentinel` feature): the primary of `service`, as the Sentinels
+    ///   at those addresses name it; see [`connect_sentinel`](Self::connect_sentinel).
+    ///   `rediss+sentinel://` speaks TLS to the Sentinels and to Redis.
+    ///
+    /// # Errors
+    /// A malformed URL, a pool size of 0, TLS certificates with a URL that
+    /// is not `rediss://`, a refused connection, a failed TLS handshake (a
+    /// certificate that does not match), failed authentication, or no
+    /// answer within [`RedisStore::CONNECT_TIMEOUT`].
+    pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
+        #[cfg(feature = "sentinel")]
+        if let Some(sentinel) = sentinel_url(url) {
+            return self.connect_sentinel_url(sentinel).await;
+        }
+        #[cfg(not(feature = "sentinel"))]
+        if url.starts_with("redis+sentinel://") || url.starts_with("rediss+sentinel://") {
+            return Err(config_error(
+                "a redis+sentinel:// URL needs the crate's `sentinel` feature",
+            )
+            .into());
+        }
+        let manager = TrackedManager::from_client(self.client(url)?);
+        self.pooled(manager).await
+    }
+
+    /// A pool of `manager`'s connections, opened and checked: one direct
+    /// connection first, so a refused connection, a failed handshake or a
+    /// wrong password is reported as such (the pool would only say it timed
+    /// out); it then joins the pool.
+    async fn pooled(self, manager: TrackedManager) -> Result<RedisStore, StoreError> {
+        if self.pool_size == 0 {
+            return Err(config_error("the pool size must be at least 1").into());
+        }
+        let mut conn = tokio::time::timeout(CONNECT_TIMEOUT, async {
+            let mut conn = manager.open().await?;
+            redis::cmd("PING").query_async::<()>(&mut conn).await?;
+            Ok::<_, StoreError>(conn)
+        })
+        .await
+        .unwrap_or(Err(StoreError::Timeout(CONNECT_TIMEOUT)))?;
+        let adopt = manager.clone();
+        let pool = bb8::Pool::builder()
+            .max_size(self.pool_size)
+            // Broken connections are dropped by the manager: no PING on
+            // every checkout. The store's timeout bounds the wait.
+            .test_on_check_out(false)
+            .connection_timeout(CONNECT_TIMEOUT)
+            .build_unchecked(manager);
+        let store = RedisStore::from_tracked_pool(pool);
+        store
+            .with_timeout_do(store.clock.measure(&mut conn))
+            .await?;
+        if let Source::Tracked(pool, _) = &store.source {
+            // Fails only when the pool is full, and it is empty.
+            let _ = pool.add(adopt.adopt(conn));
+        }
+        Ok(store)
+    }
+
+    /// Connect to a Redis Cluster, as [`RedisStore::connect_cluster`] does,
+    /// with this builder's certificates (`rediss://` seeds: TLS to every
+    /// node). The pool size does not apply: the cluster client holds one
+    /// multiplexed connection per node.
+    ///
+    /// # Errors
+    /// As [`RedisStore::connect_cluster`], and TLS certificates with seeds
+    /// that are not `rediss://`.
+    #[cfg(feature = "cluster")]
+    pub async fn connect_cluster<T: AsRef<str>>(
+        self,
+        nodes: &[T],
+    ) -> Result<RedisStore, StoreError> {
+        let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
+        #[allow(unused_mut)]
+        let mut builder = redis::cluster::ClusterClient::builder(nodes.iter().copied())
+            // The store's timeout bounds every call (retries included).
+            .connection_timeout(CONNECT_TIMEOUT)
+            .overall_response_timeout(None)
+            // The store retries what may be repeated (see connect_cluster).
+            .retries(0);
+        #[cfg(feature = "tls")]
+        if let Some(certificates) = self.certificates() {
+            if !nodes.iter().all(|node| node.starts_with("rediss://")) {
+                return Err(config_error(
+                    "TLS certificates are set but a cluster seed URL is not rediss://",
+                )
+                .into());
+            }
+            builder = builder.certs(certificates);
+        }
+        let client = builder.build()?;
+        let conn = tokio::time::timeout(CONNECT_TIMEOUT, async {
+            let mut conn = client.get_async_connection().await?;
+            super::connection::ping_every_master(&mut conn).await?;
+            Ok::<_, StoreError>(conn)
+        })
+        .await
+        .unwrap_or(Err(StoreError::Timeout(CONNECT_TIMEOUT)))?;
+        let mut measuring = conn.clone();
+        let store = RedisStore::from_cluster_connection(conn);
+        store
+            .with_timeout_do(store.clock.measure(&mut measuring))
+            .await?;
+        Ok(store)
+    }
+
+    /// Connect to the primary of `service`, as the Sentinels at `sentinels`
+    /// (`host:port` each, e.g. `["10.0.0.1:26379", "10.0.0.2:26379"]`)
+    /// name it, as [`RedisStore::connect_sentinel`] does, with this
+    /// builder's settings. For credentials, a database or TLS on the Redis
+    /// side, use a `redis+sentinel://` URL with [`connect`](Self::connect).
+    ///
+    /// # Errors
+    /// No Sentinel given, a malformed address, no Sentinel that knows a
+    /// healthy primary for `service`, or the errors of
+    /// [`connect`](Self::connect).
+    #[cfg(feature = "sentinel")]
+    pub async fn connect_sentinel<T: AsRef<str>>(
+        self,
+        sentinels: &[T],
+        service: &str,
+    ) -> Result<RedisStore, StoreError> {
+        let hosts: Vec<&str> = sentinels.iter().map(AsRef::as_ref).collect();
+        let url = format!("{}/{service}", hosts.join(","));
+        self.connect_sentinel_url(SentinelUrl {
+            tls: false,
+            rest: &url,
+        })
+        .await
+    }
+
+    #[cfg(feature = "sentinel")]
+    async fn connect_sentinel_url(self, url: SentinelUrl<'_>) -> Result<RedisStore, StoreError> {
+        use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+
+        let parsed = parse_sentinel_url(url)?;
+        let mut builder = SentinelClientBuilder::new(
+            parsed.sentinels,
+            &parsed.service,
+            SentinelServerType::Master,
+        )?;
+        if url.tls {
+            builder = builder.set_client_to_redis_tls_mode(redis::TlsMode::Secure);
+        }
+        if let Some(username) = &parsed.username {
+            builder = builder.set_client_to_redis_username(username);
+        }
+        if let Some(password) = &parsed.password {
+            builder = builder.set_client_to_redis_password(password);
+        }
+        if parsed.db != 0 {
+            builder = builder.set_client_to_redis_db(parsed.db);
+        }
+        if let Some((username, password)) = &self.sentinel_credentials {
+            if let Some(username) = username {
+                builder = builder.set_client_to_sentinel_username(username);
+            }
+            builder = builder.set_client_to_sentinel_password(password);
+        }
+        #[cfg(feature = "tls")]
+        if let Some(certificates) = self.certificates() {
+            if !url.tls {
+                return Err(config_error(
+                    "TLS certificates are set but the URL is not rediss+sentinel://",
+                )
+                .into());
+            }
+            builder = builder
+                .set_client_to_redis_certificates(certificates.clone())
+                .set_client_to_sentinel_certificates(certificates);
+        }
+        let manager = TrackedManager::from_sentinel(builder.build()?);
+        self.pooled(manager).await
+    }
+}
+
+/// A `redis+sentinel://` or `rediss+sentinel://` URL, without its scheme.
+#[cfg(feature = "sentinel")]
+#[derive(Clone, Copy)]
+struct SentinelUrl<'a> {
+    tls: bool,
+    rest: &'a str,
+}
+
+#[cfg(feature = "sentinel")]
+fn sentinel_url(url: &str) -> Option<SentinelUrl<'_>> {
+    if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+        Some(SentinelUrl { tls: false, rest })
+    } else {
+        url.strip_prefix("rediss+sentinel://")
+            .map(|rest| SentinelUrl { tls: true, rest })
+    }
+}
+
+/// What a Sentinel URL says.
+#[cfg(feature = "sentinel")]
+struct ParsedSentinel {
+    sentinels: Vec<redis::ConnectionAddr>,
+    service: String,
+    username: Option<String>,
+    password: Option<String>,
+    db: i64,
+}
+
+/// `[user:password@]host:port[,host:port…]/service[/db]`, each part read
+/// by redis-rs's own URL parser (percent-decoding, IPv6 in brackets).
+#[cfg(feature = "sentinel")]
+fn parse_sentinel_url(url: SentinelUrl<'_>) -> Result<ParsedSentinel, RedisError> {
+    let (authority, path) = url.rest.split_once('/').unwrap_or((url.rest, ""));
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => (Some(userinfo), hosts),
+        None => (None, authority),
+    };
+    let mut parts = path.split('/').filter(|part| !part.is_empty());
+    let service = parts
+        .next()
+        .ok_or_else(|| config_error("a Sentinel URL names its service: .../service[/db]"))?
+        .to_owned();
+    let db = parts.next().unwrap_or("0");
+    if parts.next().is_some() {
+        return Err(config_error(
+            "a Sentinel URL's path is /service or /service/db",
+        ));
+    }
+    let scheme = if url.tls { "rediss" } else { "redis" };
+    let mut sentinels = Vec::new();
+    for host in hosts.split(',').filter(|host| !host.is_empty()) {
+        let info = format!("{scheme}://{host}").into_connection_info()?;
+        sentinels.push(info.addr().clone());
+    }
+    let Some(first) = hosts.split(',').find(|host| !host.is_empty()) else {
+        return Err(config_error("a Sentinel URL lists at least one host:port"));
+    };
+    // The credentials and the database, decoded as redis-rs decodes them.
+    let userinfo = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
+    let node = format!("{scheme}://{userinfo}{first}/{db}").into_connection_info()?;
+    let settings = node.redis_settings();
+    Ok(ParsedSentinel {
+        sentinels,
+        service,
+        username: settings.username().map(str::to_owned),
+        password: settings.password().map(str::to_owned),
+        db: settings.db(),
+    })
+}
+
+fn config_error(message: &'static str) -> RedisError {
+    RedisError::from((ErrorKind::InvalidClientConfig, message))
+}
+
+#[cfg(all(test, feature = "sentinel"))]
+#[allow(clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn parse(url: &str) -> Result<ParsedSentinel, RedisError> {
+        parse_sentinel_url(sentinel_url(url).expect("a sentinel URL"))
+    }
+
+    #[test]
+    fn sentinel_urls_are_read_with_their_credentials_and_database() {
+        let parsed = parse("redis+sentinel://app:p%40ss@10.0.0.1:26379,[::1]:26380/mymaster/3")
+            .expect("a valid URL");
+        assert_eq!(parsed.service, "mymaster");
+        assert_eq!(parsed.db, 3);
+        assert_eq!(parsed.username.as_deref(), Some("app"));
+        assert_eq!(parsed.password.as_deref(), Some("p@ss"));
+        assert_eq!(
+            parsed.sentinels,
+            vec![
+                redis::ConnectionAddr::Tcp("10.0.0.1".into(), 26379),
+                redis::ConnectionAddr::Tcp("::1".into(), 26380),
+            ]
+        );
+        let plain = parse("redis+sentinel://127.0.0.1:26379/cache").expect("a valid URL");
+        assert_eq!((plain.db, plain.username, plain.password), (0, None, None));
+    }
+
+    #[test]
+    fn bad_sentinel_urls_are_refused_with_the_reason() {
+        for (url, reason) in [
+            ("redis+sentinel://127.0.0.1:26379", "names its service"),
+            ("redis+sentinel://127.0.0.1:26379/", "names its service"),
+            ("redis+sentinel:///mymaster", "at least one host"),
+            ("redis+sentinel://h:1/a/0/extra", "/service or /service/db"),
+        ] {
+            let error = parse(url).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(error.contains(reason), "{url}: {error}");
+        }
+        assert!(parse("redis+sentinel://h:1/svc/notanumber").is_err());
+        assert!(parse("redis+sentinel://h:notaport/svc").is_err());
+    }
+}

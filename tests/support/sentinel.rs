@@ -1,0 +1,1 @@
+//! Redis Sentinel (filled below).

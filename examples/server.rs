@@ -3,12 +3,19 @@
 //! ```sh
 //! cargo run --example server                                  # in-memory store
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run --example server  # shared through Redis
+//! # TLS, and a primary found through Redis Sentinel (crate features):
+//! REDIS_URL=rediss://redis.internal:6380 REDIS_CA_CERT=ca.pem \
+//!   cargo run --example server --features tls
+//! REDIS_URL=redis+sentinel://10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379/mymaster \
+//!   cargo run --example server --features sentinel
 //! ```
 //!
 //! | variable     | default          | meaning                                              |
 //! |--------------|------------------|------------------------------------------------------|
 //! | `BIND`       | `127.0.0.1:3000` | address to listen on                                 |
-//! | `REDIS_URL`  | unset            | unset: limits held in this process; set: in Redis    |
+//! | `REDIS_URL`  | unset            | unset: limits held in this process; set: in Redis: `redis://[user:password@]host:port[/db]`, `rediss://…` (TLS, `--features tls`), `redis+sentinel://[user:password@]host:port[,host:port…]/service[/db]` (`--features sentinel`; `rediss+sentinel://` with both) |
+//! | `REDIS_CA_CERT` | unset         | with a TLS URL: a PEM file of the CA(s) to trust instead of the system's roots |
+//! | `REDIS_CLIENT_CERT`, `REDIS_CLIENT_KEY` | unset | with a TLS URL: PEM files of a client certificate and its key (mutual TLS) |
 //! | `RATE_LIMIT` | `5/10s`          | the policy, such as `3/s, 20/min`; `off`: no limit (for benchmarks) |
 //! | `KEY`        | `ip`             | `ip` (the peer address) or `header:NAME`             |
 //! | `EXECUTION`  | `transaction`    | how Redis runs the check: `transaction` or `script`  |
@@ -228,8 +235,7 @@ async fn rules_router<St: Store>(
             let Some(url) = &settings.redis_url else {
                 return Err(BadSetting::new("RULES", "`redis` needs REDIS_URL"));
             };
-            let client = redis::Client::open(url.as_str())
-                .map_err(|error| BadSetting::new("REDIS_URL", error))?;
+            let client = rules_client(url)?;
             // The pub/sub message brings a change at once; the version
             // check every second is the backstop.
             rules
@@ -306,11 +312,102 @@ async fn connect_redis(url: &str) -> Result<RedisStore, BadSetting> {
             BadSetting::new("BATCHES", format!("{text:?} is not a number of batches"))
         })?,
     };
-    let store = RedisStore::connect(url).await.map_err(|error| {
+    let store = redis_builder()?.connect(url).await.map_err(|error| {
+        let hint = if url.starts_with("rediss") && !cfg!(feature = "tls") {
+            " (TLS needs the tls feature: cargo run --example server --features tls)"
+        } else {
+            ""
+        };
         let url = without_password(url);
-        BadSetting::new("REDIS_URL", format!("cannot use Redis at {url}: {error}"))
+        BadSetting::new(
+            "REDIS_URL",
+            format!("cannot use Redis at {url}: {error}{hint}"),
+        )
     })?;
     Ok(store.with_batches(batches))
+}
+
+/// A client for the rule set's Redis (`RULES=redis`), with the TLS
+/// certificates of `REDIS_CA_CERT`, `REDIS_CLIENT_CERT`, `REDIS_CLIENT_KEY`.
+fn rules_client(url: &str) -> Result<redis::Client, BadSetting> {
+    if url.contains("+sentinel://") {
+        return Err(BadSetting::new(
+            "RULES",
+            "`redis` with a Sentinel URL is not supported (the rule set's pub/sub would not follow a failover): use a rules file",
+        ));
+    }
+    #[cfg(feature = "tls")]
+    if url.starts_with("rediss://") {
+        let read = |name: &'static str| -> Result<Option<Vec<u8>>, BadSetting> {
+            var(name)?
+                .map(|path| {
+                    std::fs::read(&path)
+                        .map_err(|error| BadSetting::new(name, format!("{path}: {error}")))
+                })
+                .transpose()
+        };
+        let client_tls = match (read("REDIS_CLIENT_CERT")?, read("REDIS_CLIENT_KEY")?) {
+            (Some(client_cert), Some(client_key)) => Some(redis::ClientTlsConfig {
+                client_cert,
+                client_key,
+            }),
+            _ => None,
+        };
+        let certificates = redis::TlsCertificates {
+            client_tls,
+            root_cert: read("REDIS_CA_CERT")?,
+        };
+        return redis::Client::build_with_tls(url, certificates)
+            .map_err(|error| BadSetting::new("REDIS_URL", error));
+    }
+    redis::Client::open(url).map_err(|error| BadSetting::new("REDIS_URL", error))
+}
+
+/// The connection settings: TLS certificates from `REDIS_CA_CERT`,
+/// `REDIS_CLIENT_CERT` and `REDIS_CLIENT_KEY` (PEM files).
+fn redis_builder() -> Result<tower_redis_ratelimit::RedisStoreBuilder, BadSetting> {
+    #[allow(unused_mut)]
+    let mut builder = RedisStore::builder();
+    let ca = var("REDIS_CA_CERT")?;
+    let client = (var("REDIS_CLIENT_CERT")?, var("REDIS_CLIENT_KEY")?);
+    #[cfg(feature = "tls")]
+    {
+        let read = |name: &'static str, path: &str| {
+            std::fs::read(path).map_err(|error| BadSetting::new(name, format!("{path}: {error}")))
+        };
+        if let Some(path) = ca {
+            builder = builder.root_certificate(read("REDIS_CA_CERT", &path)?);
+        }
+        match client {
+            (Some(cert), Some(key)) => {
+                builder = builder.client_certificate(
+                    read("REDIS_CLIENT_CERT", &cert)?,
+                    read("REDIS_CLIENT_KEY", &key)?,
+                );
+            }
+            (None, None) => {}
+            (Some(_), None) => {
+                return Err(BadSetting::new(
+                    "REDIS_CLIENT_KEY",
+                    "REDIS_CLIENT_CERT needs its key",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(BadSetting::new(
+                    "REDIS_CLIENT_CERT",
+                    "REDIS_CLIENT_KEY needs its certificate",
+                ));
+            }
+        }
+    }
+    #[cfg(not(feature = "tls"))]
+    if ca.is_some() || client.0.is_some() || client.1.is_some() {
+        return Err(BadSetting::new(
+            "REDIS_CA_CERT",
+            "TLS certificates need the tls feature: cargo run --example server --features tls",
+        ));
+    }
+    Ok(builder)
 }
 
 /// `url` without the password, for logs: `redis://user:secret@host` →

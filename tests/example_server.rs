@@ -430,3 +430,70 @@ fn a_local_quota_admits_hot_keys_locally_within_the_limit() {
     assert_eq!(code, Some(2));
     assert!(stderr.starts_with("LOCAL_QUOTA: "), "{stderr}");
 }
+
+/// `REDIS_URL=rediss://…` with the CA and a client certificate from files
+/// (mutual TLS), and `redis+sentinel://…`: the server limits through them,
+/// and every server sees the other's counts.
+#[cfg(all(feature = "tls", feature = "sentinel"))]
+#[test]
+fn tls_and_sentinel_urls_are_accepted() {
+    use support::sentinel::Deployment;
+    use support::tls::{Ca, TlsRedis, tempdir};
+
+    let ca = Ca::new("example CA");
+    let redis = TlsRedis::start(&ca, &["localhost"], true);
+    let dir = tempdir::Dir::new("example-tls");
+    let client = ca.client("example");
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let (ca_file, cert_file, key_file) = (
+        write("ca.pem", &ca.pem()),
+        write("client.pem", &client.cert),
+        write("client.key", &client.key),
+    );
+    let url = redis.url("localhost");
+    let tls_vars = [
+        ("RATE_LIMIT", "2/min"),
+        ("REDIS_URL", url.as_str()),
+        ("REDIS_CA_CERT", ca_file.as_str()),
+        ("REDIS_CLIENT_CERT", cert_file.as_str()),
+        ("REDIS_CLIENT_KEY", key_file.as_str()),
+    ];
+    let a = Server::start(&tls_vars);
+    let b = Server::start(&tls_vars);
+    assert_eq!(a.status(&[]), 200);
+    assert_eq!(b.status(&[]), 200);
+    assert_eq!(
+        a.status(&[]),
+        429,
+        "the two servers share the count over TLS"
+    );
+    assert!(redis.tls_clients() >= 2);
+
+    // Without the client certificate Redis refuses the handshake: exit 2.
+    let (code, stderr) = refused(&tls_vars[..3]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("REDIS_URL: cannot use Redis at rediss://"),
+        "{stderr}"
+    );
+    // A key without its certificate is a bad setting.
+    let (code, stderr) = refused(&[tls_vars[0], tls_vars[1], tls_vars[4]]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("REDIS_CLIENT_CERT"), "{stderr}");
+
+    let deployment = Deployment::start();
+    let sentinel_url = deployment.url();
+    let server = Server::start(&[("RATE_LIMIT", "2/min"), ("REDIS_URL", &sentinel_url)]);
+    assert_eq!(server.status(&[]), 200);
+    assert_eq!(server.status(&[]), 200);
+    assert_eq!(server.status(&[]), 429);
+    assert_ne!(deployment.primary.command(&["DBSIZE"]).trim(), ":0");
+    // RULES=redis does not follow a failover: refused, with the reason.
+    let (code, stderr) = refused(&[("REDIS_URL", &sentinel_url), ("RULES", "redis")]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("Sentinel URL is not supported"), "{stderr}");
+}

@@ -10,7 +10,7 @@ mod support;
 
 use bb8_redis::bb8::Pool;
 use support::RedisServer;
-use support::tls::{Ca, TlsRedis, tls_args};
+use support::tls::{Ca, TlsRedis};
 use tower_redis_ratelimit::{Execution, Policy, RedisStore, Store, StoreError, TrackedManager};
 
 /// Every algorithm admits 3 of 4 checks of one key through `store`.
@@ -187,6 +187,8 @@ async fn a_tracked_pool_and_a_connection_manager_speak_tls() {
 #[tokio::test]
 async fn the_cluster_speaks_tls() {
     use std::time::{Duration, Instant};
+
+    use support::tls::tls_args;
 
     let ca = Ca::new("test CA");
     let client_pair = ca.client("app");

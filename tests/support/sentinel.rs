@@ -1,1 +1,185 @@
-//! Redis Sentinel (filled below).
+//! A Redis Sentinel deployment on loopback: one primary, one replica and
+//! three Sentinels (`redis-server --sentinel`, from the same package), all
+//! killed on drop.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::proxy::FaultProxy;
+use super::{INSTALL_HINT, RedisServer, free_port, ping, raw_command};
+
+/// The service name the Sentinels monitor.
+pub const SERVICE: &str = "mymaster";
+
+/// How long a Sentinel waits for an unanswered primary before it calls it
+/// down (`down-after-milliseconds`).
+pub const DOWN_AFTER: Duration = Duration::from_millis(1000);
+
+/// One `redis-server --sentinel`.
+pub struct Sentinel {
+    child: Child,
+    port: u16,
+    dir: super::tls::tempdir::Dir,
+}
+
+impl Sentinel {
+    fn start(primary_port: u16) -> Self {
+        let mut last = String::new();
+        for _ in 0..5 {
+            let port = free_port();
+            let dir = super::tls::tempdir::Dir::new("sentinel");
+            let config: PathBuf = dir.path().join("sentinel.conf");
+            // Sentinel rewrites its configuration file: it must be its own.
+            std::fs::write(
+                &config,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\n\
+                     sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 2\n\
+                     sentinel down-after-milliseconds {SERVICE} {down}\n\
+                     sentinel failover-timeout {SERVICE} 10000\n\
+                     sentinel parallel-syncs {SERVICE} 1\n",
+                    dir = dir.path().display(),
+                    down = DOWN_AFTER.as_millis(),
+                ),
+            )
+            .unwrap();
+            let child = match Command::new("redis-server")
+                .arg(&config)
+                .arg("--sentinel")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+            {
+                Ok(child) => child,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
+                Err(e) => panic!("spawning redis-server --sentinel: {e}"),
+            };
+            let mut sentinel = Self { child, port, dir };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(status)) = sentinel.child.try_wait() {
+                    last = format!("sentinel on port {port} exited: {status}");
+                    break;
+                }
+                if ping(port) {
+                    return sentinel;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = sentinel.child.kill();
+            let _ = sentinel.child.wait();
+            let _ = &sentinel.dir;
+        }
+        panic!("could not start a Sentinel: {last}");
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn command(&self, args: &[&str]) -> String {
+        raw_command(self.port, args)
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A primary, its replica and three Sentinels that agree on them.
+pub struct Deployment {
+    pub primary: RedisServer,
+    pub replica: RedisServer,
+    /// Between the replica and the primary, when asked for: the replication
+    /// stream can be held back to lose writes on purpose.
+    pub link: Option<FaultProxy>,
+    pub sentinels: Vec<Sentinel>,
+}
+
+impl Deployment {
+    /// Start it and wait until every Sentinel knows the replica and the
+    /// other two Sentinels (so a failover can happen).
+    pub fn start() -> Self {
+        Self::start_inner(false)
+    }
+
+    /// As [`start`](Self::start), with the replica replicating through a
+    /// [`FaultProxy`] ([`link`](Self::link)).
+    pub fn start_with_link() -> Self {
+        Self::start_inner(true)
+    }
+
+    fn start_inner(proxied: bool) -> Self {
+        let primary = RedisServer::start();
+        let link = proxied.then(|| FaultProxy::start(primary.port()));
+        let upstream = link.as_ref().map_or(primary.port(), FaultProxy::port);
+        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &upstream.to_string()]);
+        wait_for("the replica to sync", Duration::from_secs(20), || {
+            replica
+                .command(&["INFO", "replication"])
+                .contains("master_link_status:up")
+        });
+        let sentinels: Vec<Sentinel> = (0..3).map(|_| Sentinel::start(primary.port())).collect();
+        wait_for(
+            "the Sentinels to know the replica and each other",
+            Duration::from_secs(30),
+            || {
+                sentinels.iter().all(|s| {
+                    let master = s.command(&["SENTINEL", "MASTER", SERVICE]);
+                    field(&master, "num-slaves") == Some(1)
+                        && field(&master, "num-other-sentinels") == Some(2)
+                })
+            },
+        );
+        Self {
+            primary,
+            replica,
+            link,
+            sentinels,
+        }
+    }
+
+    /// `127.0.0.1:port` of each Sentinel.
+    pub fn sentinel_addresses(&self) -> Vec<String> {
+        self.sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port()))
+            .collect()
+    }
+
+    /// `redis+sentinel://127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3/mymaster`.
+    pub fn url(&self) -> String {
+        format!(
+            "redis+sentinel://{}/{SERVICE}",
+            self.sentinel_addresses().join(",")
+        )
+    }
+
+    /// The port of the primary the first Sentinel names.
+    pub fn named_primary(&self) -> Option<u16> {
+        let reply = self.sentinels[0].command(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE]);
+        // *2 $9 127.0.0.1 $5 port
+        reply.lines().nth(4).and_then(|p| p.trim().parse().ok())
+    }
+}
+
+/// The integer after `name` in a flat RESP array of field, value pairs.
+fn field(reply: &str, name: &str) -> Option<u64> {
+    let lines: Vec<&str> = reply.lines().collect();
+    let at = lines.iter().position(|line| *line == name)?;
+    lines.get(at + 2)?.trim().parse().ok()
+}
+
+/// Wait until `done`, or panic saying what did not happen.
+pub fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "waited {limit:?} for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

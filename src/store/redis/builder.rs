@@ -323,7 +323,7 @@ impl RedisStoreBuilder {
                 .set_client_to_redis_certificates(certificates.clone())
                 .set_client_to_sentinel_certificates(certificates);
         }
-        let manager = TrackedManager::from_sentinel(builder.build()?);
+        let manager = TrackedManager::from_sentinel(builder.build()?, &parsed.service);
         self.pooled(manager).await
     }
 }

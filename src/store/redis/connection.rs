@@ -46,8 +46,29 @@ enum Target {
     /// failover, connections opened after the old primary's failed go to
     /// the new one.
     #[cfg(feature = "sentinel")]
-    Sentinel(Arc<tokio::sync::Mutex<redis::sentinel::SentinelClient>>),
+    Sentinel(Arc<SentinelTarget>),
 }
+
+/// A primary found through Redis Sentinel, and watched: a primary that was
+/// cut off and comes back still answers the connections opened to it, and
+/// takes writes until the Sentinels demote it (about ten seconds), which
+/// then discards them. Every [`SENTINEL_WATCH`] a task asks a Sentinel
+/// which primary it names; when that is no longer the one the newest
+/// connection went to, every connection opened before is retired.
+#[cfg(feature = "sentinel")]
+pub(super) struct SentinelTarget {
+    client: tokio::sync::Mutex<redis::sentinel::SentinelClient>,
+    service: String,
+    /// The primary the newest connection went to (host, port).
+    primary: Mutex<Option<(String, u16)>>,
+    /// Whether the watching task runs.
+    watching: AtomicBool,
+}
+
+/// How often the primary a Sentinel names is compared with the one the
+/// pool's connections go to.
+#[cfg(feature = "sentinel")]
+pub(super) const SENTINEL_WATCH: Duration = Duration::from_millis(500);
 
 impl fmt::Debug for TrackedManager {
     /// The kind of target only: a connection address can hold credentials.
@@ -97,11 +118,23 @@ impl TrackedManager {
     /// checks write. After a failover, the connections to the old primary
     /// fail (or are refused writes, `READONLY`), the pool drops them, and
     /// the next ones go to the primary Sentinel promoted.
+    ///
+    /// `service` is the name the client was built with. Every half second
+    /// a task (started with the first connection) asks a Sentinel which
+    /// primary it names for `service`; when that changed, the connections
+    /// opened before are retired, so that a primary that was cut off and
+    /// comes back does not take checks (that its demotion would discard)
+    /// until the Sentinels demote it.
     #[cfg(feature = "sentinel")]
     #[must_use]
-    pub fn from_sentinel(client: redis::sentinel::SentinelClient) -> Self {
+    pub fn from_sentinel(client: redis::sentinel::SentinelClient, service: &str) -> Self {
         Self {
-            target: Target::Sentinel(Arc::new(tokio::sync::Mutex::new(client))),
+            target: Target::Sentinel(Arc::new(SentinelTarget {
+                client: tokio::sync::Mutex::new(client),
+                service: service.to_owned(),
+                primary: Mutex::new(None),
+                watching: AtomicBool::new(false),
+            })),
             epoch: Arc::new(AtomicU64::new(0)),
         }
     }
@@ -116,15 +149,105 @@ impl TrackedManager {
                     .await
             }
             #[cfg(feature = "sentinel")]
-            Target::Sentinel(client) => {
-                client
+            Target::Sentinel(target) => {
+                if !target.watching.swap(true, Ordering::AcqRel) {
+                    watch_sentinel(Arc::clone(target), Arc::downgrade(&self.epoch));
+                }
+                let client = target.client.lock().await.async_get_client().await?;
+                let primary = match client.get_connection_info().addr() {
+                    redis::ConnectionAddr::Tcp(host, port)
+                    | redis::ConnectionAddr::TcpTls { host, port, .. } => {
+                        Some((host.clone(), *port))
+                    }
+                    _ => None,
+                };
+                let conn = client
+                    .get_multiplexed_async_connection_with_config(&connection_config())
+                    .await?;
+                *target
+                    .primary
                     .lock()
-                    .await
-                    .get_async_connection_with_config(&connection_config())
-                    .await
+                    .unwrap_or_else(PoisonError::into_inner) = primary;
+                Ok(conn)
             }
         }
     }
+}
+
+/// Compare, every [`SENTINEL_WATCH`], the primary a Sentinel names with the
+/// one the newest connection went to, and retire every connection when it
+/// changed (see [`SentinelTarget`]). Ends when the pool is gone.
+#[cfg(feature = "sentinel")]
+fn watch_sentinel(target: Arc<SentinelTarget>, epoch: std::sync::Weak<AtomicU64>) {
+    tokio::spawn(async move {
+        let mut sentinel: Option<MultiplexedConnection> = None;
+        loop {
+            tokio::time::sleep(SENTINEL_WATCH).await;
+            let Some(epoch) = epoch.upgrade() else {
+                return;
+            };
+            let named = tokio::time::timeout(SENTINEL_WATCH, named_primary(&target, &mut sentinel))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(RedisError::from((
+                        redis::ErrorKind::Io,
+                        "no answer from the Sentinel",
+                    )))
+                });
+            match named {
+                Ok(Some(named)) => {
+                    let mut primary = target
+                        .primary
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner);
+                    if primary.as_ref().is_some_and(|current| *current != named) {
+                        tracing::info!(
+                            service = target.service,
+                            primary = format!("{}:{}", named.0, named.1),
+                            "redis sentinel names another primary: retiring the connections to the old one"
+                        );
+                        epoch.fetch_add(1, Ordering::AcqRel);
+                        *primary = Some(named);
+                    }
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    sentinel = None;
+                    tracing::debug!(%error, "redis sentinel: could not ask which primary it names");
+                }
+            }
+        }
+    });
+}
+
+/// The primary a Sentinel names for the service (`SENTINEL
+/// GET-MASTER-ADDR-BY-NAME`), on a connection kept between calls.
+#[cfg(feature = "sentinel")]
+async fn named_primary(
+    target: &SentinelTarget,
+    sentinel: &mut Option<MultiplexedConnection>,
+) -> Result<Option<(String, u16)>, RedisError> {
+    if sentinel.is_none() {
+        let client = target
+            .client
+            .lock()
+            .await
+            .async_get_sentinel_client()
+            .await?;
+        *sentinel = Some(
+            client
+                .get_multiplexed_async_connection_with_config(&connection_config())
+                .await?,
+        );
+    }
+    let Some(conn) = sentinel.as_mut() else {
+        return Ok(None);
+    };
+    redis::cmd("SENTINEL")
+        .arg("GET-MASTER-ADDR-BY-NAME")
+        .arg(&target.service)
+        .query_async(conn)
+        .await
 }
 
 /// A pooled multiplexed connection and whether it has failed.

@@ -1,0 +1,372 @@
+//! Redis Sentinel (`sentinel` feature), with real processes on loopback:
+//! one primary, one replica, three Sentinels. A store built from the
+//! Sentinels follows a failover without a restart, under every fail mode;
+//! a primary demoted to a replica (`READONLY`) is left for the new one; and
+//! counts the old primary never replicated are lost, which over-admits a
+//! key by at most those counts, at most one window's limit.
+//!
+//! Each test prints its figures (`--nocapture`): the README's
+//! "Deployments" section quotes them.
+#![cfg(feature = "sentinel")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::proxy::Direction;
+use support::sentinel::{Deployment, SERVICE, wait_for};
+use tower_redis_ratelimit::{
+    Execution, FailMode, LimitError, Limiter, MemoryStore, Policy, RedisStore, Source, Store,
+};
+
+/// What a stream of checks saw from the primary's death until limiting
+/// worked again.
+#[derive(Debug, Default)]
+struct Outage {
+    /// From the kill to the first decision by the store.
+    until_store: Duration,
+    /// From the kill until the Sentinels named the new primary (as first
+    /// seen between two checks).
+    until_named: Option<Duration>,
+    /// Verdicts meanwhile, by who gave them.
+    fail_open: u32,
+    fallback: u32,
+    errors: u32,
+    /// Decisions by the store after the kill that went to the dead primary
+    /// (none: they fail).
+    store_before_failover: u32,
+}
+
+/// Kill the primary while checking a key every 10 ms through `limiter`;
+/// return what the checks saw until the store decided again.
+async fn failover_under(limiter: &Limiter, deployment: &mut Deployment, key: &str) -> Outage {
+    // Limiting works, on the primary.
+    for _ in 0..5 {
+        let verdict = limiter.check(key).await.unwrap();
+        assert_eq!(verdict.source(), Source::Store);
+    }
+    let old = deployment.primary.port();
+    assert_eq!(deployment.named_primary(), Some(old));
+    let killed = Instant::now();
+    deployment.primary.kill();
+    let mut outage = Outage::default();
+    loop {
+        let result = limiter.check(key).await;
+        let failed_over = deployment.named_primary() != Some(old);
+        if failed_over && outage.until_named.is_none() {
+            outage.until_named = Some(killed.elapsed());
+        }
+        match result {
+            Ok(verdict) => match verdict.source() {
+                Source::Store if failed_over => {
+                    outage.until_store = killed.elapsed();
+                    break;
+                }
+                Source::Store => outage.store_before_failover += 1,
+                Source::FailOpen => outage.fail_open += 1,
+                Source::Fallback => outage.fallback += 1,
+                other => panic!("unexpected verdict source {other:?}"),
+            },
+            Err(LimitError::Store(_)) => outage.errors += 1,
+            Err(other) => panic!("unexpected error {other}"),
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(60),
+            "limiting did not work again within 60 s: {outage:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    outage
+}
+
+async fn follows_a_failover(fail_mode: FailMode, name: &str) {
+    let mut deployment = Deployment::start();
+    // Any process would: connect through the Sentinels, with the URL form.
+    let store = RedisStore::connect(&deployment.url()).await.unwrap();
+    let policy: Policy = "100000/60s".parse().unwrap();
+    let limiter = Limiter::new(store.clone(), policy.clone()).with_fail_mode(fail_mode);
+    let key = format!("failover-{name}");
+    let outage = failover_under(&limiter, &mut deployment, &key).await;
+    eprintln!("FIGURE sentinel failover, fail mode {name}: {outage:?}");
+
+    // The new primary is the old replica, and the checks count there: the
+    // store was not rebuilt.
+    let new = deployment.replica.port();
+    assert_eq!(deployment.named_primary(), Some(new));
+    assert!(
+        deployment
+            .replica
+            .command(&["INFO", "replication"])
+            .contains("role:master")
+    );
+    let before = deployment.replica.command(&["DBSIZE"]);
+    for i in 0..3 {
+        let verdict = limiter.check(&format!("{key}-after-{i}")).await.unwrap();
+        assert_eq!(verdict.source(), Source::Store);
+    }
+    let after = deployment.replica.command(&["DBSIZE"]);
+    assert_ne!(before, after, "checks did not reach the new primary");
+    assert_eq!(outage.store_before_failover, 0, "{outage:?}");
+    match name {
+        "open" => assert!(outage.fail_open > 0 && outage.errors == 0, "{outage:?}"),
+        "closed" => assert!(outage.errors > 0 && outage.fail_open == 0, "{outage:?}"),
+        _ => assert!(outage.fallback > 0 && outage.errors == 0, "{outage:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_a_failover_fail_open() {
+    follows_a_failover(FailMode::Open, "open").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_a_failover_fail_closed() {
+    follows_a_failover(FailMode::Closed, "closed").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_a_failover_with_a_fallback() {
+    follows_a_failover(FailMode::fallback(MemoryStore::new(), 2), "fallback").await;
+}
+
+/// One limit of 5 a day, for every algorithm: the fixed and sliding
+/// windows are aligned to the day, so a test that must not cross a window
+/// boundary first waits out the last minute of a UTC day.
+fn every_algorithm() -> Vec<(&'static str, Policy)> {
+    let base: Policy = "5/86400s".parse().unwrap();
+    vec![
+        (
+            "log-transaction",
+            base.clone().with_execution(Execution::Transaction),
+        ),
+        ("log-script", base.clone().with_execution(Execution::Script)),
+        ("fixed", base.clone().fixed_window().unwrap()),
+        ("sliding", base.clone().sliding_window().unwrap()),
+        ("gcra", base.gcra().unwrap()),
+    ]
+}
+
+/// Counts written to the primary after its last replication die with it:
+/// on the new primary a key admits that many more, never more than its
+/// limit again (at most 2 × max in the window of the failover), and the
+/// next window is exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreplicated_counts_are_lost_with_the_primary_and_over_admit_by_them_only() {
+    let into_day = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        % 86_400;
+    if into_day > 86_400 - 60 {
+        tokio::time::sleep(Duration::from_secs(86_400 - into_day + 1)).await;
+    }
+    let mut deployment = Deployment::start_with_link();
+    let store = RedisStore::connect_sentinel(&deployment.sentinel_addresses(), SERVICE)
+        .await
+        .unwrap();
+    // 2 of 5 counted and replicated.
+    for (name, policy) in every_algorithm() {
+        for _ in 0..2 {
+            assert!(
+                store.check(name, &policy).await.unwrap().allowed(),
+                "{name}"
+            );
+        }
+    }
+    wait_for("the counts to replicate", Duration::from_secs(10), || {
+        let primary = deployment.primary.command(&["INFO", "replication"]);
+        let replica = deployment.replica.command(&["INFO", "replication"]);
+        offset(&primary, "master_repl_offset") == offset(&replica, "slave_repl_offset")
+    });
+    // The replication stream is held from now on: 3 more counted on the
+    // primary only.
+    let link = deployment.link.take().unwrap();
+    link.stall(Direction::ToClient, Duration::from_secs(600));
+    for (name, policy) in every_algorithm() {
+        for _ in 0..3 {
+            assert!(
+                store.check(name, &policy).await.unwrap().allowed(),
+                "{name}"
+            );
+        }
+        assert!(
+            !store.check(name, &policy).await.unwrap().allowed(),
+            "{name}"
+        );
+    }
+    // The primary dies with them; the held bytes never arrive.
+    let killed = Instant::now();
+    deployment.primary.kill();
+    link.refuse();
+    link.cut_all();
+    let mut failed_checks = 0;
+    let probe: Policy = "100000/60s".parse().unwrap();
+    while store.check("probe", &probe).await.is_err() {
+        failed_checks += 1;
+        assert!(killed.elapsed() < Duration::from_secs(60), "no failover");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let recovered = killed.elapsed();
+    assert_eq!(deployment.named_primary(), Some(deployment.replica.port()));
+    let mut over = Vec::new();
+    for (name, policy) in every_algorithm() {
+        let mut admitted = 0;
+        for _ in 0..10 {
+            if store.check(name, &policy).await.unwrap().allowed() {
+                admitted += 1;
+            }
+        }
+        // Exactly the 3 lost counts come back: 5 + 3 in this window, within
+        // one limit of 5 over it.
+        assert_eq!(admitted, 3, "{name}");
+        over.push((name, admitted));
+    }
+    eprintln!(
+        "FIGURE sentinel loss: store back after {recovered:?} ({failed_checks} failed checks); \
+         admitted again on the new primary (of 3 unreplicated, limit 5): {over:?}"
+    );
+}
+
+/// A primary frozen past the failover and then resumed is demoted by the
+/// Sentinels to a replica of the new primary, about ten seconds later.
+/// Meanwhile it would take every check sent on the connections the pool
+/// holds to it (a split brain, discarded by its demotion): the store's
+/// Sentinel watch retires them within a second. After the demotion its
+/// `READONLY` answers would retire them too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demoted_primary_is_left_for_the_new_one() {
+    let deployment = Deployment::start();
+    let store = RedisStore::connect(&deployment.url())
+        .await
+        .unwrap()
+        .with_timeout(Duration::from_millis(100));
+    let policy: Policy = "100000/60s".parse().unwrap();
+    for (name, policy) in every_algorithm() {
+        store.check(name, &policy).await.unwrap();
+    }
+    let old = deployment.primary.port();
+    deployment.primary.signal("STOP");
+    let stopped = Instant::now();
+    wait_for("the failover", Duration::from_secs(60), || {
+        deployment.named_primary() == Some(deployment.replica.port())
+    });
+    deployment.primary.signal("CONT");
+    // The Sentinels demote the old primary when they see it again; until
+    // then it takes writes on the connections the pool still holds to it
+    // (a split brain), which its demotion discards.
+    let resumed = Instant::now();
+    let mut split = 0;
+    // Admitted once the store's Sentinel watch (every 0.5 s) has had time
+    // to retire the connections to the old primary: these must all count
+    // on the new one.
+    const SETTLED: Duration = Duration::from_millis(1500);
+    let mut late = 0;
+    while !deployment
+        .primary
+        .command(&["INFO", "replication"])
+        .contains("role:slave")
+    {
+        if store
+            .check("split", &policy)
+            .await
+            .is_ok_and(|d| d.allowed())
+        {
+            split += 1;
+            if resumed.elapsed() > SETTLED {
+                late += 1;
+            }
+        }
+        assert!(
+            resumed.elapsed() < Duration::from_secs(30),
+            "the old primary was not demoted within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let since_resumed = resumed.elapsed();
+    let demoted = stopped.elapsed();
+    let split_key = store.redis_key("log", "split");
+    let kept: u64 = deployment
+        .replica
+        .command(&["ZCARD", &split_key])
+        .trim()
+        .trim_start_matches(':')
+        .parse()
+        .unwrap();
+    assert!(late > 0, "no check after the watch settled: {split} in all");
+    assert!(
+        kept >= late,
+        "the old primary took checks {SETTLED:?} after it came back: \
+         {kept} of {split} counted on the new primary, {late} of them late"
+    );
+    // Every check now counts on the new primary, whatever connections the
+    // pool held to the old one.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut failed = 0;
+    let mut ok_in_a_row = 0;
+    while ok_in_a_row < 50 {
+        match store.check("after-demotion", &policy).await {
+            Ok(decision) => {
+                assert!(decision.allowed());
+                ok_in_a_row += 1;
+            }
+            Err(error) => {
+                failed += 1;
+                ok_in_a_row = 0;
+                eprintln!("after demotion: {error}");
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "checks still fail after the demotion"
+        );
+    }
+    for (name, policy) in every_algorithm() {
+        store.check(name, &policy).await.unwrap();
+    }
+    let redis_key = store.redis_key("log", "after-demotion");
+    let on_new: u64 = deployment
+        .replica
+        .command(&["ZCARD", &redis_key])
+        .trim()
+        .trim_start_matches(':')
+        .parse()
+        .unwrap();
+    assert!(on_new >= 50, "{on_new} counted on the new primary");
+    assert_ne!(deployment.named_primary(), Some(old));
+    eprintln!(
+        "FIGURE sentinel demotion: demoted {demoted:?} after the freeze, {since_resumed:?} after it \
+         resumed; admitted meanwhile {split}, of which the new primary kept {kept}; \
+         {failed} checks failed after the demotion"
+    );
+}
+
+/// `master_repl_offset` or `slave_repl_offset` from `INFO replication`.
+fn offset(info: &str, name: &str) -> Option<u64> {
+    info.lines()
+        .find_map(|line| line.strip_prefix(&format!("{name}:")))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Without any Sentinel that knows the service, connecting fails and says so.
+#[tokio::test]
+async fn an_unknown_service_is_refused() {
+    let deployment = Deployment::start();
+    let error = RedisStore::connect_sentinel(&deployment.sentinel_addresses(), "no-such-service")
+        .await
+        .expect_err("connected to a service no Sentinel knows");
+    eprintln!("{error}");
+    assert!(
+        error.to_string().to_lowercase().contains("master"),
+        "{error}"
+    );
+    // A `Store` still works for the right one.
+    let store = RedisStore::connect_sentinel(&deployment.sentinel_addresses(), SERVICE)
+        .await
+        .unwrap();
+    store.ping().await.unwrap();
+    let _ = store
+        .check("k", &"1/1s".parse::<Policy>().unwrap())
+        .await
+        .unwrap();
+}

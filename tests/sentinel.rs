@@ -370,3 +370,63 @@ async fn an_unknown_service_is_refused() {
         .await
         .unwrap();
 }
+
+/// `rediss+sentinel://`: TLS to the Sentinels and to Redis, with the
+/// builder's root certificate, through a failover.
+#[cfg(feature = "tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_sentinel_urls_follow_a_failover() {
+    use support::tls::Ca;
+
+    let ca = Ca::new("sentinel CA");
+    let mut deployment = Deployment::start_tls(&ca);
+    let store = RedisStore::builder()
+        .root_certificate(ca.pem())
+        .connect(&deployment.tls_url())
+        .await
+        .unwrap();
+    let (primary_tls, replica_tls) = deployment.tls_ports.unwrap();
+    assert_eq!(deployment.named_primary(), Some(primary_tls));
+    for (name, policy) in every_algorithm() {
+        for _ in 0..5 {
+            assert!(
+                store.check(name, &policy).await.unwrap().allowed(),
+                "{name}"
+            );
+        }
+        assert!(
+            !store.check(name, &policy).await.unwrap().allowed(),
+            "{name}"
+        );
+    }
+    // Untrusted: the system's roots do not know the test CA.
+    let error = RedisStore::connect(&deployment.tls_url())
+        .await
+        .expect_err("connected to Sentinels whose CA is not trusted");
+    assert!(error.to_string().contains("UnknownIssuer"), "{error}");
+
+    wait_for("the counts to replicate", Duration::from_secs(10), || {
+        let primary = deployment.primary.command(&["INFO", "replication"]);
+        let replica = deployment.replica.command(&["INFO", "replication"]);
+        offset(&primary, "master_repl_offset") == offset(&replica, "slave_repl_offset")
+    });
+    let killed = Instant::now();
+    deployment.primary.kill();
+    let probe: Policy = "100000/60s".parse().unwrap();
+    while store.check("probe", &probe).await.is_err() {
+        assert!(killed.elapsed() < Duration::from_secs(60), "no failover");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(deployment.named_primary(), Some(replica_tls));
+    // Over TLS on the new primary, the replicated counts hold.
+    for (name, policy) in every_algorithm() {
+        assert!(
+            !store.check(name, &policy).await.unwrap().allowed(),
+            "{name}"
+        );
+    }
+    eprintln!(
+        "FIGURE sentinel over TLS: store back after {:?}",
+        killed.elapsed()
+    );
+}

@@ -7,6 +7,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::proxy::FaultProxy;
+use super::tls::tempdir::Dir;
+use super::tls::{Ca, Pair, tls_args};
 use super::{INSTALL_HINT, RedisServer, free_port, ping, raw_command};
 
 /// The service name the Sentinels monitor.
@@ -20,15 +22,30 @@ pub const DOWN_AFTER: Duration = Duration::from_millis(1000);
 pub struct Sentinel {
     child: Child,
     port: u16,
+    tls_port: Option<u16>,
     dir: super::tls::tempdir::Dir,
 }
 
 impl Sentinel {
-    fn start(primary_port: u16) -> Self {
+    /// A Sentinel monitoring the primary at `primary_port`; with `tls`, it
+    /// also listens on a TLS port and reaches Redis and the other Sentinels
+    /// over TLS.
+    fn start(primary_port: u16, tls: Option<(&Ca, &Pair)>) -> Self {
         let mut last = String::new();
         for _ in 0..5 {
             let port = free_port();
             let dir = super::tls::tempdir::Dir::new("sentinel");
+            let tls_port = tls.map(|_| free_port());
+            let extra = match (tls, tls_port) {
+                (Some((ca, pair)), Some(tls_port)) => {
+                    let lines: Vec<String> = tls_args(dir.path(), tls_port, ca, pair, false)
+                        .chunks(2)
+                        .map(|kv| format!("{} {}", kv[0].trim_start_matches("--"), kv[1]))
+                        .collect();
+                    format!("{}\ntls-replication yes\n", lines.join("\n"))
+                }
+                _ => String::new(),
+            };
             let config: PathBuf = dir.path().join("sentinel.conf");
             // Sentinel rewrites its configuration file: it must be its own.
             std::fs::write(
@@ -38,7 +55,7 @@ impl Sentinel {
                      sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 2\n\
                      sentinel down-after-milliseconds {SERVICE} {down}\n\
                      sentinel failover-timeout {SERVICE} 10000\n\
-                     sentinel parallel-syncs {SERVICE} 1\n",
+                     sentinel parallel-syncs {SERVICE} 1\n{extra}",
                     dir = dir.path().display(),
                     down = DOWN_AFTER.as_millis(),
                 ),
@@ -56,7 +73,12 @@ impl Sentinel {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
                 Err(e) => panic!("spawning redis-server --sentinel: {e}"),
             };
-            let mut sentinel = Self { child, port, dir };
+            let mut sentinel = Self {
+                child,
+                port,
+                tls_port,
+                dir,
+            };
             let deadline = Instant::now() + Duration::from_secs(10);
             while Instant::now() < deadline {
                 if let Ok(Some(status)) = sentinel.child.try_wait() {
@@ -99,6 +121,9 @@ pub struct Deployment {
     /// stream can be held back to lose writes on purpose.
     pub link: Option<FaultProxy>,
     pub sentinels: Vec<Sentinel>,
+    /// The primary's and the replica's TLS ports, in a TLS deployment.
+    pub tls_ports: Option<(u16, u16)>,
+    _dirs: Vec<Dir>,
 }
 
 impl Deployment {
@@ -114,17 +139,55 @@ impl Deployment {
         Self::start_inner(true)
     }
 
+    /// As [`start`](Self::start), everything over TLS with certificates of
+    /// `ca` (for `127.0.0.1`): the primary and the replica serve TLS (and
+    /// replicate over it), the Sentinels listen on TLS and reach Redis and
+    /// each other over it. Every process keeps a plain port for the tests'
+    /// own commands. [`tls_url`](Self::tls_url) is the client's URL.
+    pub fn start_tls(ca: &Ca) -> Self {
+        Self::start_inner_with(false, Some(ca))
+    }
+
     fn start_inner(proxied: bool) -> Self {
-        let primary = RedisServer::start();
+        Self::start_inner_with(proxied, None)
+    }
+
+    fn start_inner_with(proxied: bool, ca: Option<&Ca>) -> Self {
+        let server_pair = ca.map(|ca| ca.server(&["127.0.0.1", "localhost"]));
+        let dirs: Vec<Dir> = (0..2).map(|_| Dir::new("sentinel-tls")).collect();
+        // (extra redis-server arguments, the port others reach it on)
+        let redis_args = |i: usize| -> (Vec<String>, Option<u16>) {
+            match (ca, &server_pair) {
+                (Some(ca), Some(pair)) => {
+                    let tls_port = free_port();
+                    let mut args = tls_args(dirs[i].path(), tls_port, ca, pair, false);
+                    args.extend(["--tls-replication".to_owned(), "yes".to_owned()]);
+                    (args, Some(tls_port))
+                }
+                _ => (Vec::new(), None),
+            }
+        };
+        let (args, primary_tls) = redis_args(0);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let primary = RedisServer::start_with(&args);
+        let primary_port = primary_tls.unwrap_or(primary.port());
         let link = proxied.then(|| FaultProxy::start(primary.port()));
-        let upstream = link.as_ref().map_or(primary.port(), FaultProxy::port);
-        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &upstream.to_string()]);
+        let upstream = link.as_ref().map_or(primary_port, FaultProxy::port);
+        let (mut args, replica_tls) = redis_args(1);
+        args.extend([
+            "--replicaof".to_owned(),
+            "127.0.0.1".to_owned(),
+            upstream.to_string(),
+        ]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let replica = RedisServer::start_with(&args);
         wait_for("the replica to sync", Duration::from_secs(20), || {
             replica
                 .command(&["INFO", "replication"])
                 .contains("master_link_status:up")
         });
-        let sentinels: Vec<Sentinel> = (0..3).map(|_| Sentinel::start(primary.port())).collect();
+        let tls = ca.zip(server_pair.as_ref());
+        let sentinels: Vec<Sentinel> = (0..3).map(|_| Sentinel::start(primary_port, tls)).collect();
         wait_for(
             "the Sentinels to know the replica and each other",
             Duration::from_secs(30),
@@ -141,7 +204,19 @@ impl Deployment {
             replica,
             link,
             sentinels,
+            tls_ports: primary_tls.zip(replica_tls),
+            _dirs: dirs,
         }
+    }
+
+    /// `rediss+sentinel://…` to the Sentinels' TLS ports.
+    pub fn tls_url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.tls_port.expect("a TLS deployment")))
+            .collect();
+        format!("rediss+sentinel://{}/{SERVICE}", hosts.join(","))
     }
 
     /// `127.0.0.1:port` of each Sentinel.

@@ -24,6 +24,49 @@ fn every_policy() -> Vec<Policy> {
     ]
 }
 
+/// Every algorithm and execution admits exactly its limit, and every
+/// operator command runs, through `store` (keys named after `tag`).
+async fn everything_works(store: &RedisStore, tag: &str) {
+    store.ping().await.unwrap();
+    for (i, policy) in every_policy().into_iter().enumerate() {
+        let key = format!("acl-{tag}-{i}");
+        // Checks up to the limit and one over, concurrently (batches).
+        let checks: Vec<_> = (0..4)
+            .map(|_| {
+                let (store, policy, key) = (store.clone(), policy.clone(), key.clone());
+                tokio::spawn(async move { store.check(&key, &policy).await })
+            })
+            .collect();
+        let mut admitted = Vec::new();
+        for check in checks {
+            let decision = check.await.unwrap().unwrap();
+            if decision.allowed() {
+                admitted.push(decision);
+            }
+        }
+        assert_eq!(admitted.len(), 3, "{policy:?}");
+        for decision in &admitted {
+            if let Some(lease) = decision.lease() {
+                store.release(&key, &policy, lease).await.unwrap();
+            }
+        }
+        for command in [
+            Command::Peek,
+            Command::Penalty(1),
+            Command::Reward(1),
+            Command::Block(Duration::from_secs(5)),
+            Command::Block(Duration::ZERO),
+            Command::Reset,
+        ] {
+            store
+                .command(&key, &policy, command)
+                .await
+                .unwrap_or_else(|e| panic!("{policy:?} {command:?}: {e}"));
+        }
+        assert!(store.check(&key, &policy).await.unwrap().allowed());
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_rules_are_enough_for_everything_the_store_does() {
     let server = RedisServer::start();
@@ -33,44 +76,7 @@ async fn the_documented_rules_are_enough_for_everything_the_store_does() {
             .await
             .unwrap()
             .with_batches(batches);
-        store.ping().await.unwrap();
-        for (i, policy) in every_policy().into_iter().enumerate() {
-            let key = format!("acl-{batches}-{i}");
-            // Checks up to the limit and one over, concurrently (batches).
-            let checks: Vec<_> = (0..4)
-                .map(|_| {
-                    let (store, policy, key) = (store.clone(), policy.clone(), key.clone());
-                    tokio::spawn(async move { store.check(&key, &policy).await })
-                })
-                .collect();
-            let mut admitted = Vec::new();
-            for check in checks {
-                let decision = check.await.unwrap().unwrap();
-                if decision.allowed() {
-                    admitted.push(decision);
-                }
-            }
-            assert_eq!(admitted.len(), 3, "{policy:?}");
-            for decision in &admitted {
-                if let Some(lease) = decision.lease() {
-                    store.release(&key, &policy, lease).await.unwrap();
-                }
-            }
-            for command in [
-                Command::Peek,
-                Command::Penalty(1),
-                Command::Reward(1),
-                Command::Block(Duration::from_secs(5)),
-                Command::Block(Duration::ZERO),
-                Command::Reset,
-            ] {
-                store
-                    .command(&key, &policy, command)
-                    .await
-                    .unwrap_or_else(|e| panic!("{policy:?} {command:?}: {e}"));
-            }
-            assert!(store.check(&key, &policy).await.unwrap().allowed());
-        }
+        everything_works(&store, &batches.to_string()).await;
         // A flushed script cache is reloaded (SCRIPT LOAD) as this user.
         assert!(server.command(&["SCRIPT", "FLUSH"]).starts_with("+OK"));
         for policy in every_policy() {
@@ -149,4 +155,21 @@ async fn credentials_never_show_in_debug_output_or_errors() {
         matches!(error, StoreError::Backend { .. }),
         "a refused password is the backend's error: {text}"
     );
+}
+
+/// On a Redis Cluster the same rules are enough (the user is created on
+/// every node: ACLs are not shared): topology, `ping()` and every check.
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_rules_are_enough_on_a_cluster() {
+    let cluster = support::RedisCluster::start();
+    let urls: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .map(|node| node.least_privileged_url("rl"))
+        .collect();
+    let store = RedisStore::connect_cluster(&urls).await.unwrap();
+    for i in 0..4 {
+        everything_works(&store, &format!("cluster-{i}")).await;
+    }
 }

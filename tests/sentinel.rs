@@ -81,6 +81,7 @@ async fn failover_under(limiter: &Limiter, deployment: &mut Deployment, key: &st
 }
 
 async fn follows_a_failover(fail_mode: FailMode, name: &str) {
+    let _slot = support::sentinel::one_of_two().await;
     let mut deployment = Deployment::start();
     // Any process would: connect through the Sentinels, with the URL form.
     let store = RedisStore::connect(&deployment.url()).await.unwrap();
@@ -153,6 +154,7 @@ fn every_algorithm() -> Vec<(&'static str, Policy)> {
 /// next window is exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreplicated_counts_are_lost_with_the_primary_and_over_admit_by_them_only() {
+    let _slot = support::sentinel::one_of_two().await;
     let into_day = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -236,6 +238,7 @@ async fn unreplicated_counts_are_lost_with_the_primary_and_over_admit_by_them_on
 /// `READONLY` answers would retire them too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_demoted_primary_is_left_for_the_new_one() {
+    let _slot = support::sentinel::one_of_two().await;
     let deployment = Deployment::start();
     let store = RedisStore::connect(&deployment.url())
         .await
@@ -351,6 +354,7 @@ fn offset(info: &str, name: &str) -> Option<u64> {
 /// Without any Sentinel that knows the service, connecting fails and says so.
 #[tokio::test]
 async fn an_unknown_service_is_refused() {
+    let _slot = support::sentinel::one_of_two().await;
     let deployment = Deployment::start();
     let error = RedisStore::connect_sentinel(&deployment.sentinel_addresses(), "no-such-service")
         .await
@@ -376,6 +380,7 @@ async fn an_unknown_service_is_refused() {
 #[cfg(feature = "tls")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_sentinel_urls_follow_a_failover() {
+    let _slot = support::sentinel::one_of_two().await;
     use support::tls::Ca;
 
     let ca = Ca::new("sentinel CA");
@@ -429,4 +434,47 @@ async fn tls_sentinel_urls_follow_a_failover() {
         "FIGURE sentinel over TLS: store back after {:?}",
         killed.elapsed()
     );
+}
+
+/// A least-privileged user (`RedisStore::acl_rules`, created on the primary
+/// and the replica: ACLs are not replicated) is enough behind Sentinel,
+/// across a failover: the primary's `ROLE` is in the rules. A wrong
+/// password is refused, and does not show in the error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_acl_user_is_enough_behind_sentinel() {
+    let _slot = support::sentinel::one_of_two().await;
+    let mut deployment = Deployment::start();
+    deployment.primary.least_privileged_url("rl");
+    deployment.replica.least_privileged_url("rl");
+    let with_user = |userinfo: &str| {
+        deployment.url().replace(
+            "redis+sentinel://",
+            &format!("redis+sentinel://{userinfo}@"),
+        )
+    };
+    let error = RedisStore::connect(&with_user("ratelimit:not-the-password"))
+        .await
+        .expect_err("connected with a wrong password");
+    assert!(!error.to_string().contains("not-the-password"), "{error}");
+    let store = RedisStore::connect(&with_user("ratelimit:least-privilege"))
+        .await
+        .unwrap();
+    assert!(!format!("{store:?}").contains("least-privilege"));
+    for (name, policy) in every_algorithm() {
+        assert!(
+            store.check(name, &policy).await.unwrap().allowed(),
+            "{name}"
+        );
+    }
+    let killed = Instant::now();
+    deployment.primary.kill();
+    let probe: Policy = "100000/60s".parse().unwrap();
+    while store.check("probe", &probe).await.is_err() {
+        assert!(killed.elapsed() < Duration::from_secs(60), "no failover");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(deployment.named_primary(), Some(deployment.replica.port()));
+    for (name, policy) in every_algorithm() {
+        store.check(name, &policy).await.unwrap();
+    }
 }

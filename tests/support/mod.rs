@@ -377,7 +377,9 @@ pub fn raw_command(port: u16, args: &[&str]) -> String {
     }
     stream.write_all(out.as_bytes()).unwrap();
     let mut buf = vec![0u8; 64 * 1024];
-    let n = stream.read(&mut buf).unwrap();
+    let n = stream
+        .read(&mut buf)
+        .unwrap_or_else(|e| panic!("no reply to {args:?} from port {port} within 5 s: {e}"));
     String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 

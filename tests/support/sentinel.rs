@@ -11,6 +11,17 @@ use super::tls::tempdir::Dir;
 use super::tls::{Ca, Pair, tls_args};
 use super::{INSTALL_HINT, RedisServer, free_port, ping, raw_command};
 
+/// Two deployments at most run at once in a test binary: each is five
+/// processes whose failover timing is measured, on a machine of two cores.
+/// Hold the permit for the whole test.
+pub async fn one_of_two() -> tokio::sync::SemaphorePermit<'static> {
+    static SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+    SLOTS
+        .acquire()
+        .await
+        .expect("the semaphore is never closed")
+}
+
 /// The service name the Sentinels monitor.
 pub const SERVICE: &str = "mymaster";
 

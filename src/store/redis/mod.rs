@@ -347,7 +347,9 @@ impl RedisStore {
     /// the rules of `ACL SETUSER` (after the user's name, `on` and its
     /// password): only the store's keys (`~{prefix}:*`) and only the
     /// commands it sends, directly or from its scripts, for every algorithm
-    /// and execution, the operator commands and batches, on a single Redis:
+    /// and execution, the operator commands and batches, on a single Redis,
+    /// a Redis Cluster (`CLUSTER SLOTS`, `ASKING`) or behind Sentinel
+    /// (`ROLE`). Create the user on every node: ACLs are not replicated.
     ///
     /// ```text
     /// ACL SETUSER ratelimit on >password <RedisStore::acl_rules("rl")>
@@ -733,6 +735,12 @@ const ACL_COMMANDS: &[&str] = &[
     "+zrevrange",
     "+zremrangebyscore",
     "+zremrangebyrank",
+    // Sentinel: redis-rs asks the primary it was given for its ROLE.
+    "+role",
+    // Cluster: the client's topology (and `ping()`'s list of masters), and
+    // an `ASK` redirect's first command.
+    "+cluster|slots",
+    "+asking",
 ];
 
 /// How many times a check Redis refused before running it is sent again.

@@ -176,26 +176,13 @@ async fn unreplicated_counts_are_lost_with_the_primary_and_over_admit_by_them_on
             );
         }
     }
-    wait_for("the counts to replicate", Duration::from_secs(10), || {
-        let primary = deployment.primary.command(&["INFO", "replication"]);
-        let replica = deployment.replica.command(&["INFO", "replication"]);
-        offset(&primary, "master_repl_offset") == offset(&replica, "slave_repl_offset")
-    });
+    deployment.wait_replicated();
     // The replication stream is held from now on: 3 more counted on the
     // primary only.
     let link = deployment.link.take().unwrap();
     link.stall(Direction::ToClient, Duration::from_secs(600));
     for (name, policy) in every_algorithm() {
-        for _ in 0..3 {
-            assert!(
-                store.check(name, &policy).await.unwrap().allowed(),
-                "{name}"
-            );
-        }
-        assert!(
-            !store.check(name, &policy).await.unwrap().allowed(),
-            "{name}"
-        );
+        admits_then_denies(&store, name, &policy, 3).await;
     }
     // The primary dies with them; the held bytes never arrive.
     let killed = Instant::now();
@@ -344,11 +331,12 @@ async fn a_demoted_primary_is_left_for_the_new_one() {
     );
 }
 
-/// `master_repl_offset` or `slave_repl_offset` from `INFO replication`.
-fn offset(info: &str, name: &str) -> Option<u64> {
-    info.lines()
-        .find_map(|line| line.strip_prefix(&format!("{name}:")))
-        .and_then(|v| v.trim().parse().ok())
+/// `admitted` checks of `key` admitted, then one denied.
+async fn admits_then_denies(store: &RedisStore, key: &str, policy: &Policy, admitted: usize) {
+    for _ in 0..admitted {
+        assert!(store.check(key, policy).await.unwrap().allowed(), "{key}");
+    }
+    assert!(!store.check(key, policy).await.unwrap().allowed(), "{key}");
 }
 
 /// Without any Sentinel that knows the service, connecting fails and says so.
@@ -393,16 +381,7 @@ async fn tls_sentinel_urls_follow_a_failover() {
     let (primary_tls, replica_tls) = deployment.tls_ports.unwrap();
     assert_eq!(deployment.named_primary(), Some(primary_tls));
     for (name, policy) in every_algorithm() {
-        for _ in 0..5 {
-            assert!(
-                store.check(name, &policy).await.unwrap().allowed(),
-                "{name}"
-            );
-        }
-        assert!(
-            !store.check(name, &policy).await.unwrap().allowed(),
-            "{name}"
-        );
+        admits_then_denies(&store, name, &policy, 5).await;
     }
     // Untrusted: the system's roots do not know the test CA.
     let error = RedisStore::connect(&deployment.tls_url())
@@ -410,11 +389,7 @@ async fn tls_sentinel_urls_follow_a_failover() {
         .expect_err("connected to Sentinels whose CA is not trusted");
     assert!(error.to_string().contains("UnknownIssuer"), "{error}");
 
-    wait_for("the counts to replicate", Duration::from_secs(10), || {
-        let primary = deployment.primary.command(&["INFO", "replication"]);
-        let replica = deployment.replica.command(&["INFO", "replication"]);
-        offset(&primary, "master_repl_offset") == offset(&replica, "slave_repl_offset")
-    });
+    deployment.wait_replicated();
     let killed = Instant::now();
     deployment.primary.kill();
     let probe: Policy = "100000/60s".parse().unwrap();

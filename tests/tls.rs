@@ -186,8 +186,6 @@ async fn a_tracked_pool_and_a_connection_manager_speak_tls() {
 #[cfg(feature = "cluster")]
 #[tokio::test]
 async fn the_cluster_speaks_tls() {
-    use std::time::{Duration, Instant};
-
     use support::tls::tls_args;
 
     let ca = Ca::new("test CA");
@@ -224,35 +222,23 @@ async fn the_cluster_speaks_tls() {
         nodes.push(RedisServer::start_with(&args));
         tls_ports.push(tls_port);
     }
-    let ca_file = node_ca(&dir, &ca);
-    let addresses: Vec<String> = tls_ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    let output = std::process::Command::new("redis-cli")
-        .args(["--tls", "--cacert"])
-        .arg(&ca_file)
-        .arg("--cert")
-        .arg(&pair_cert)
-        .arg("--key")
-        .arg(&pair_key)
-        .args(["--cluster", "create"])
-        .args(&addresses)
-        .args(["--cluster-replicas", "0", "--cluster-yes"])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("redis-cli (install redis-tools, or run scripts/test)");
-    assert!(
-        output.status.success(),
-        "redis-cli --tls --cluster create: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !nodes.iter().all(|node| {
-        let info = node.command(&["CLUSTER", "INFO"]);
-        info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3")
-    }) {
-        assert!(Instant::now() < deadline, "the TLS cluster did not form");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let ca_file = dir.path().join("ca.crt");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let cli_args: Vec<String> = [
+        "--tls".as_ref(),
+        "--cacert".as_ref(),
+        ca_file.as_os_str(),
+        "--cert".as_ref(),
+        pair_cert.as_os_str(),
+        "--key".as_ref(),
+        pair_key.as_os_str(),
+    ]
+    .iter()
+    .map(|arg: &&std::ffi::OsStr| arg.to_string_lossy().into_owned())
+    .collect();
+    // The nodes' plain ports answer CLUSTER INFO; redis-cli joins them
+    // through their TLS ports.
+    support::create_cluster_with(&cli_args, &tls_ports, "TLS cluster", &nodes, |_| true);
     let urls: Vec<String> = tls_ports
         .iter()
         .map(|p| format!("rediss://127.0.0.1:{p}"))
@@ -282,11 +268,4 @@ async fn the_cluster_speaks_tls() {
             .await,
     );
     assert!(error.contains("not rediss://"), "{error}");
-}
-
-#[cfg(feature = "cluster")]
-fn node_ca(dir: &support::tls::tempdir::Dir, ca: &Ca) -> std::path::PathBuf {
-    let path = dir.path().join("ca.crt");
-    std::fs::write(&path, ca.pem()).unwrap();
-    path
 }

@@ -233,6 +233,18 @@ fn create_cluster(
     nodes: &[RedisServer],
     ready: impl Fn(&RedisServer) -> bool,
 ) {
+    create_cluster_with(&[], ports, name, nodes, ready);
+}
+
+/// [`create_cluster`] with `cli_args` before `--cluster create` (`--tls`
+/// and its certificates, for a TLS cluster).
+pub fn create_cluster_with(
+    cli_args: &[String],
+    ports: &[u16],
+    name: &str,
+    nodes: &[RedisServer],
+    ready: impl Fn(&RedisServer) -> bool,
+) {
     // One cluster forms at a time in a test process: a fault test starts a
     // cluster per algorithm, and a dozen forming at once on two cores could
     // take longer than the deadline below (seen: 20 s, with 12 at once).
@@ -245,6 +257,7 @@ fn create_cluster(
         .map(|port| format!("127.0.0.1:{port}"))
         .collect();
     let output = match Command::new("redis-cli")
+        .args(cli_args)
         .arg("--cluster")
         .arg("create")
         .args(&addresses)

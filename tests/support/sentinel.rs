@@ -246,6 +246,16 @@ impl Deployment {
         )
     }
 
+    /// Wait until the replica has every write of the primary (their
+    /// replication offsets agree).
+    pub fn wait_replicated(&self) {
+        wait_for("the counts to replicate", Duration::from_secs(10), || {
+            let primary = self.primary.command(&["INFO", "replication"]);
+            let replica = self.replica.command(&["INFO", "replication"]);
+            offset(&primary, "master_repl_offset") == offset(&replica, "slave_repl_offset")
+        });
+    }
+
     /// The port of the primary the first Sentinel names.
     pub fn named_primary(&self) -> Option<u16> {
         let reply = self.sentinels[0].command(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE]);
@@ -259,6 +269,13 @@ fn field(reply: &str, name: &str) -> Option<u64> {
     let lines: Vec<&str> = reply.lines().collect();
     let at = lines.iter().position(|line| *line == name)?;
     lines.get(at + 2)?.trim().parse().ok()
+}
+
+/// `master_repl_offset` or `slave_repl_offset` from `INFO replication`.
+fn offset(info: &str, name: &str) -> Option<u64> {
+    info.lines()
+        .find_map(|line| line.strip_prefix(&format!("{name}:")))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// Wait until `done`, or panic saying what did not happen.

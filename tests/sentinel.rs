@@ -276,13 +276,7 @@ async fn a_demoted_primary_is_left_for_the_new_one() {
     let since_resumed = resumed.elapsed();
     let demoted = stopped.elapsed();
     let split_key = store.redis_key("log", "split");
-    let kept: u64 = deployment
-        .replica
-        .command(&["ZCARD", &split_key])
-        .trim()
-        .trim_start_matches(':')
-        .parse()
-        .unwrap();
+    let kept = support::zcard(&deployment.replica, &split_key);
     assert!(late > 0, "no check after the watch settled: {split} in all");
     assert!(
         kept >= late,
@@ -315,13 +309,7 @@ async fn a_demoted_primary_is_left_for_the_new_one() {
         store.check(name, &policy).await.unwrap();
     }
     let redis_key = store.redis_key("log", "after-demotion");
-    let on_new: u64 = deployment
-        .replica
-        .command(&["ZCARD", &redis_key])
-        .trim()
-        .trim_start_matches(':')
-        .parse()
-        .unwrap();
+    let on_new = support::zcard(&deployment.replica, &redis_key);
     assert!(on_new >= 50, "{on_new} counted on the new primary");
     assert_ne!(deployment.named_primary(), Some(old));
     eprintln!(

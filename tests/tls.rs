@@ -203,21 +203,8 @@ async fn the_cluster_speaks_tls() {
         std::fs::create_dir_all(&node_dir).unwrap();
         let tls_port = support::free_port();
         let mut args = tls_args(&node_dir, tls_port, &ca, &server_pair, false);
-        args.extend(
-            [
-                "--tls-cluster",
-                "yes",
-                "--tls-replication",
-                "yes",
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-node-timeout",
-                "2000",
-            ]
-            .map(String::from),
-        );
+        args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"].map(String::from));
+        args.extend(support::CLUSTER_NODE_ARGS.map(String::from));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         nodes.push(RedisServer::start_with(&args));
         tls_ports.push(tls_port);

@@ -157,7 +157,7 @@ their cluster with `redis-cli --cluster create`: install it with `sudo apt-get i
 redis-tools` (Debian/Ubuntu), or run `scripts/test`, which installs it.";
 
 /// The arguments of a `redis-server` that is a cluster node.
-const CLUSTER_NODE_ARGS: [&str; 6] = [
+pub const CLUSTER_NODE_ARGS: [&str; 6] = [
     "--cluster-enabled",
     "yes",
     // In the server's own directory: one file per node.

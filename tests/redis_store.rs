@@ -479,3 +479,61 @@ async fn a_clock_stepped_after_measuring_changes_no_decision() {
         );
     }
 }
+
+/// The ids of the connections `CLIENT LIST` shows (the asking one included).
+fn client_ids(server: &RedisServer) -> Vec<u64> {
+    server
+        .command(&["CLIENT", "LIST"])
+        .lines()
+        .filter_map(|line| line.split_whitespace().next()?.strip_prefix("id="))
+        .map(|id| id.parse().unwrap())
+        .collect()
+}
+
+/// A primary demoted by a failover answers writes with `READONLY` — a
+/// script or command as such, a `MULTI` transaction as `EXECABORT` around
+/// it. Under every algorithm the store retires the connection that got it,
+/// so the next check opens a new one (to the new primary, behind Sentinel)
+/// instead of asking the replica again. Here `REPLICAOF` a port nothing
+/// listens on demotes the server, and `REPLICAOF NO ONE` gives it back.
+#[tokio::test]
+async fn a_readonly_answer_retires_the_connection_under_every_algorithm() {
+    let server = RedisServer::start();
+    let nowhere = support::free_port().to_string();
+    for (name, policy) in support::every_algorithm() {
+        let store = RedisStore::connect(&server.url()).await.unwrap();
+        let key = format!("readonly-{name}");
+        assert!(
+            store.check(&key, &policy).await.unwrap().allowed(),
+            "{name}"
+        );
+        let before = client_ids(&server);
+
+        let reply = server.command(&["REPLICAOF", "127.0.0.1", &nowhere]);
+        assert!(reply.starts_with("+OK"), "REPLICAOF: {reply}");
+        let error = store.check(&key, &policy).await.unwrap_err();
+        eprintln!("{name} on a replica: {error}");
+        let reply = server.command(&["REPLICAOF", "NO", "ONE"]);
+        assert!(reply.starts_with("+OK"), "REPLICAOF NO ONE: {reply}");
+
+        assert!(
+            store.check(&key, &policy).await.unwrap().allowed(),
+            "{name}"
+        );
+        // The connection that met the replica is gone (closed when the
+        // pool dropped it), not kept for the next check.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let now = client_ids(&server);
+            let kept: Vec<_> = before.iter().filter(|id| now.contains(id)).collect();
+            if kept.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name}: the connection(s) {kept:?} that got READONLY are still open"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

@@ -14,10 +14,11 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use support::every_algorithm;
 use support::proxy::Direction;
 use support::sentinel::{Deployment, SERVICE, wait_for};
 use tower_redis_ratelimit::{
-    Execution, FailMode, LimitError, Limiter, MemoryStore, Policy, RedisStore, Source, Store,
+    FailMode, LimitError, Limiter, MemoryStore, Policy, RedisStore, Source, Store,
 };
 
 /// What a stream of checks saw from the primary's death until limiting
@@ -134,20 +135,6 @@ async fn follows_a_failover_with_a_fallback() {
 /// One limit of 5 a day, for every algorithm: the fixed and sliding
 /// windows are aligned to the day, so a test that must not cross a window
 /// boundary first waits out the last minute of a UTC day.
-fn every_algorithm() -> Vec<(&'static str, Policy)> {
-    let base: Policy = "5/86400s".parse().unwrap();
-    vec![
-        (
-            "log-transaction",
-            base.clone().with_execution(Execution::Transaction),
-        ),
-        ("log-script", base.clone().with_execution(Execution::Script)),
-        ("fixed", base.clone().fixed_window().unwrap()),
-        ("sliding", base.clone().sliding_window().unwrap()),
-        ("gcra", base.gcra().unwrap()),
-    ]
-}
-
 /// Counts written to the primary after its last replication die with it:
 /// on the new primary a key admits that many more, never more than its
 /// limit again (at most 2 × max in the window of the failover), and the

@@ -516,3 +516,20 @@ macro_rules! every_store {
 
 #[allow(unused_imports)]
 pub(crate) use every_store;
+
+/// The store's algorithms, each limiting a key to 5 a day (so no count
+/// expires during a test).
+pub fn every_algorithm() -> Vec<(&'static str, tower_redis_ratelimit::Policy)> {
+    use tower_redis_ratelimit::{Execution, Policy};
+    let base: Policy = "5/86400s".parse().unwrap();
+    vec![
+        (
+            "log-transaction",
+            base.clone().with_execution(Execution::Transaction),
+        ),
+        ("log-script", base.clone().with_execution(Execution::Script)),
+        ("fixed", base.clone().fixed_window().unwrap()),
+        ("sliding", base.clone().sliding_window().unwrap()),
+        ("gcra", base.gcra().unwrap()),
+    ]
+}

@@ -185,6 +185,20 @@ impl Batcher {
                     }
                     return Err(error);
                 }
+                Ok(replies) if replies.iter().any(script::refused_as_replica) => {
+                    // Each check runs in its own `pcall`, so a replica's
+                    // `READONLY` comes back as the checks' errors, not the
+                    // batch's. A replica wrote nothing: the checks it
+                    // answered without an error counted nothing either, and
+                    // the batch goes again, on a new connection.
+                    conn.mark_broken();
+                    if redirects == MAX_REDIRECTS {
+                        return Ok(replies);
+                    }
+                    redirects += 1;
+                    tracing::debug!("redis answered the batch as a replica; sending it again");
+                    tokio::time::sleep(REDIRECT_PAUSE * redirects).await;
+                }
                 Ok(replies) => return Ok(replies),
             }
         }

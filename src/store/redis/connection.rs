@@ -591,7 +591,26 @@ impl Conn {
 pub(super) fn is_demoted(error: &StoreError) -> bool {
     error
         .backend_error::<RedisError>()
-        .is_some_and(|e| e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly))
+        .is_some_and(redis_demoted)
+}
+
+/// Whether a redis-rs error carries `READONLY`: as the error itself (a
+/// script or a single command) or inside an aborted transaction, where a
+/// replica refuses each queued write with `READONLY` and `EXEC` answers
+/// `EXECABORT`.
+fn redis_demoted(error: &RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    match error.kind() {
+        ErrorKind::Server(ServerErrorKind::ReadOnly) => true,
+        ErrorKind::Server(ServerErrorKind::ExecAbort) => {
+            error.clone().into_server_errors().is_some_and(|errors| {
+                errors
+                    .iter()
+                    .any(|(_, e)| e.kind() == Some(ServerErrorKind::ReadOnly))
+            })
+        }
+        _ => false,
+    }
 }
 
 /// Whether `error` means the connection itself is unusable. A timeout does

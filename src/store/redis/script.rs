@@ -340,6 +340,15 @@ pub(super) fn decode_batched(reply: Value, policy: &Policy) -> Result<Decision, 
     decode(&values, policy)
 }
 
+/// Whether a check's reply in a batch is the error a replica gives a
+/// write (`{-2, "READONLY ..."}`): the connection leads to a demoted
+/// primary.
+pub(super) fn refused_as_replica(reply: &Value) -> bool {
+    matches!(reply, Value::Array(values)
+        if matches!(&values[..], [Value::Int(-2), Value::BulkString(message)]
+            if message.starts_with(b"READONLY")))
+}
+
 /// Run an operator's command: one `EVALSHA` of the algorithm's command
 /// script, atomic, on Redis's clock. `id` names the members a penalty
 /// writes (unique across processes).

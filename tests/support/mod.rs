@@ -518,7 +518,9 @@ macro_rules! every_store {
 pub(crate) use every_store;
 
 /// The store's algorithms, each limiting a key to 5 a day (so no count
-/// expires during a test).
+/// expires during a test). The fixed and sliding windows are aligned to
+/// the UTC day: a test that must not cross a window boundary first waits
+/// out the end of the day.
 pub fn every_algorithm() -> Vec<(&'static str, tower_redis_ratelimit::Policy)> {
     use tower_redis_ratelimit::{Execution, Policy};
     let base: Policy = "5/86400s".parse().unwrap();

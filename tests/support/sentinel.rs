@@ -258,10 +258,22 @@ impl Deployment {
 
     /// The port of the primary the first Sentinel names.
     pub fn named_primary(&self) -> Option<u16> {
-        let reply = self.sentinels[0].command(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE]);
-        // *2 $9 127.0.0.1 $5 port
-        reply.lines().nth(4).and_then(|p| p.trim().parse().ok())
+        named_by(&self.sentinels[0])
     }
+
+    /// Whether any Sentinel names a primary other than the one on `old`.
+    pub fn any_names_other_than(&self, old: u16) -> bool {
+        self.sentinels
+            .iter()
+            .any(|sentinel| named_by(sentinel).is_some_and(|port| port != old))
+    }
+}
+
+/// The port of the primary `sentinel` names.
+fn named_by(sentinel: &Sentinel) -> Option<u16> {
+    let reply = sentinel.command(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE]);
+    // *2 $9 127.0.0.1 $5 port
+    reply.lines().nth(4).and_then(|p| p.trim().parse().ok())
 }
 
 /// The integer after `name` in a flat RESP array of field, value pairs.

@@ -187,12 +187,11 @@ impl RedisStoreBuilder {
         }
         let mut conn = tokio::time::timeout(CONNECT_TIMEOUT, async {
             let mut conn = manager.open().await?;
-            redis::cmd("PING").query_async::<()>(&mut conn).await?;
+            redis::cmd("PING").query_async::<()>(conn.conn()).await?;
             Ok::<_, StoreError>(conn)
         })
         .await
         .unwrap_or(Err(StoreError::Timeout(CONNECT_TIMEOUT)))?;
-        let adopt = manager.clone();
         let pool = bb8::Pool::builder()
             .max_size(self.pool_size)
             // Broken connections are dropped by the manager: no PING on
@@ -202,11 +201,11 @@ impl RedisStoreBuilder {
             .build_unchecked(manager);
         let store = RedisStore::from_tracked_pool(pool);
         store
-            .with_timeout_do(store.clock.measure(&mut conn))
+            .with_timeout_do(store.clock.measure(conn.conn()))
             .await?;
         if let Source::Tracked(pool, _) = &store.source {
             // Fails only when the pool is full, and it is empty.
-            let _ = pool.add(adopt.adopt(conn));
+            let _ = pool.add(conn);
         }
         Ok(store)
     }

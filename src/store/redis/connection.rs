@@ -49,26 +49,53 @@ enum Target {
     Sentinel(Arc<SentinelTarget>),
 }
 
-/// A primary found through Redis Sentinel, and watched: a primary that was
-/// cut off and comes back still answers the connections opened to it, and
-/// takes writes until the Sentinels demote it (about ten seconds), which
-/// then discards them. Every [`SENTINEL_WATCH`] a task asks a Sentinel
-/// which primary it names; when that is no longer the one the newest
-/// connection went to, every connection opened before is retired.
+/// A primary found through Redis Sentinel, and watched.
+///
+/// The first connection of each epoch (after a start, a failed connection,
+/// a `READONLY` answer or a change the watch saw) asks the Sentinels for
+/// the primary, as redis-rs does it: the Sentinels in the order given, the
+/// first valid primary that `ROLE` confirms. The connections opened in the
+/// same epoch go to that primary with no more questions.
+///
+/// A primary that was cut off and comes back still answers the connections
+/// opened to it, and takes writes until the Sentinels demote it (about ten
+/// seconds), which then discards them. So every [`SENTINEL_WATCH`] a task
+/// asks a Sentinel which primary it names; when that is not the one in use,
+/// it asks the question the connections ask, and if that names another
+/// primary too, every connection opened before is retired. (A Sentinel that
+/// alone names another primary, one `ROLE` does not confirm, retires
+/// nothing.)
 #[cfg(feature = "sentinel")]
 pub(super) struct SentinelTarget {
     client: tokio::sync::Mutex<redis::sentinel::SentinelClient>,
     service: String,
-    /// The primary the newest connection went to (host, port).
-    primary: Mutex<Option<(String, u16)>>,
+    /// The primary in use, and the epoch it was found in.
+    primary: Mutex<Option<Primary>>,
     /// Whether the watching task runs.
     watching: AtomicBool,
+}
+
+/// A primary the Sentinels named.
+#[cfg(feature = "sentinel")]
+#[derive(Clone)]
+struct Primary {
+    client: redis::Client,
+    /// (host, port), as the Sentinels name it.
+    addr: Option<(String, u16)>,
+    /// The epoch it was found in: connections of a later epoch ask again.
+    generation: u64,
 }
 
 /// How often the primary a Sentinel names is compared with the one the
 /// pool's connections go to.
 #[cfg(feature = "sentinel")]
 pub(super) const SENTINEL_WATCH: Duration = Duration::from_millis(500);
+
+/// How long the watch waits for an answer: long enough to give up on an
+/// unreachable Sentinel (redis-rs's connection timeout is 1 s) and ask the
+/// next.
+#[cfg(feature = "sentinel")]
+const SENTINEL_ASK_TIMEOUT: Duration = Duration::from_secs(3);
 
 impl fmt::Debug for TrackedManager {
     /// The kind of target only: a connection address can hold credentials.
@@ -112,19 +139,22 @@ impl TrackedManager {
         }
     }
 
-    /// A manager that asks Redis Sentinel for the current primary at every
-    /// new connection (`sentinel` feature). Build the client with
+    /// A manager whose connections go to the primary Redis Sentinel names
+    /// (`sentinel` feature). Build the client with
     /// [`SentinelServerType::Master`](redis::sentinel::SentinelServerType):
     /// checks write. After a failover, the connections to the old primary
     /// fail (or are refused writes, `READONLY`), the pool drops them, and
-    /// the next ones go to the primary Sentinel promoted.
+    /// the next connection asks the Sentinels again (in the order the
+    /// client lists them; the first primary that `ROLE` confirms), so the
+    /// connections go to the primary Sentinel promoted.
     ///
     /// `service` is the name the client was built with. Every half second
     /// a task (started with the first connection) asks a Sentinel which
-    /// primary it names for `service`; when that changed, the connections
-    /// opened before are retired, so that a primary that was cut off and
-    /// comes back does not take checks (that its demotion would discard)
-    /// until the Sentinels demote it.
+    /// primary it names for `service`; when that is not the one in use and
+    /// the connections' own question agrees, the connections opened before
+    /// are retired, so that a primary that was cut off and comes back does
+    /// not take checks (that its demotion would discard) until the
+    /// Sentinels demote it.
     #[cfg(feature = "sentinel")]
     #[must_use]
     pub fn from_sentinel(client: redis::sentinel::SentinelClient, service: &str) -> Self {
@@ -140,37 +170,90 @@ impl TrackedManager {
     }
 
     /// Open one connection to the target (the current primary, for
-    /// Sentinel).
-    pub(super) async fn open(&self) -> Result<MultiplexedConnection, RedisError> {
-        match &self.target {
+    /// Sentinel). It belongs to the epoch in which it was asked for: if a
+    /// connection failed meanwhile, it is stale already.
+    pub(super) async fn open(&self) -> Result<TrackedConnection, RedisError> {
+        let generation = self.epoch.load(Ordering::Acquire);
+        let conn = match &self.target {
             Target::Client(client) => {
                 client
                     .get_multiplexed_async_connection_with_config(&connection_config())
-                    .await
+                    .await?
             }
             #[cfg(feature = "sentinel")]
             Target::Sentinel(target) => {
                 if !target.watching.swap(true, Ordering::AcqRel) {
                     watch_sentinel(Arc::clone(target), Arc::downgrade(&self.epoch));
                 }
-                let client = target.client.lock().await.async_get_client().await?;
-                let primary = match client.get_connection_info().addr() {
-                    redis::ConnectionAddr::Tcp(host, port)
-                    | redis::ConnectionAddr::TcpTls { host, port, .. } => {
-                        Some((host.clone(), *port))
-                    }
-                    _ => None,
-                };
-                let conn = client
-                    .get_multiplexed_async_connection_with_config(&connection_config())
-                    .await?;
-                *target
-                    .primary
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = primary;
-                Ok(conn)
+                target.open(generation, &self.epoch).await?
+            }
+        };
+        Ok(TrackedConnection {
+            conn,
+            generation,
+            epoch: Arc::clone(&self.epoch),
+        })
+    }
+}
+
+#[cfg(feature = "sentinel")]
+impl SentinelTarget {
+    /// The primary in use, if it was found in epoch `generation`.
+    fn primary_of(&self, generation: u64) -> Option<Primary> {
+        self.primary
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .filter(|primary| primary.generation == generation)
+            .cloned()
+    }
+
+    /// Ask the Sentinels for the primary (as a new connection does).
+    async fn resolve(&self) -> Result<(redis::Client, Option<(String, u16)>), RedisError> {
+        let client = self.client.lock().await.async_get_client().await?;
+        let addr = match client.get_connection_info().addr() {
+            redis::ConnectionAddr::Tcp(host, port)
+            | redis::ConnectionAddr::TcpTls { host, port, .. } => Some((host.clone(), *port)),
+            _ => None,
+        };
+        Ok((client, addr))
+    }
+
+    /// A connection of epoch `generation` to the primary: the one found in
+    /// that epoch, or the one the Sentinels name now.
+    async fn open(
+        &self,
+        generation: u64,
+        epoch: &AtomicU64,
+    ) -> Result<MultiplexedConnection, RedisError> {
+        let client = match self.primary_of(generation) {
+            Some(primary) => primary.client,
+            None => {
+                let (client, addr) = self.resolve().await?;
+                let mut primary = self.primary.lock().unwrap_or_else(PoisonError::into_inner);
+                // Kept only if no connection failed meanwhile (an answer
+                // given before a failure may name the primary that failed).
+                if epoch.load(Ordering::Acquire) == generation {
+                    *primary = Some(Primary {
+                        client: client.clone(),
+                        addr,
+                        generation,
+                    });
+                }
+                client
+            }
+        };
+        let opened = client
+            .get_multiplexed_async_connection_with_config(&connection_config())
+            .await;
+        if opened.is_err() {
+            // The next connection asks again.
+            let mut primary = self.primary.lock().unwrap_or_else(PoisonError::into_inner);
+            if primary.as_ref().is_some_and(|p| p.generation == generation) {
+                *primary = None;
             }
         }
+        opened
     }
 }
 
@@ -186,35 +269,50 @@ fn watch_sentinel(target: Arc<SentinelTarget>, epoch: std::sync::Weak<AtomicU64>
             let Some(epoch) = epoch.upgrade() else {
                 return;
             };
-            let named = tokio::time::timeout(SENTINEL_WATCH, named_primary(&target, &mut sentinel))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(RedisError::from((
-                        redis::ErrorKind::Io,
-                        "no answer from the Sentinel",
-                    )))
-                });
-            match named {
-                Ok(Some(named)) => {
-                    let mut primary = target
-                        .primary
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner);
-                    if primary.as_ref().is_some_and(|current| *current != named) {
-                        tracing::info!(
-                            service = target.service,
-                            primary = format!("{}:{}", named.0, named.1),
-                            "redis sentinel names another primary: retiring the connections to the old one"
-                        );
-                        epoch.fetch_add(1, Ordering::AcqRel);
-                        *primary = Some(named);
-                    }
+            let asked = tokio::time::timeout(SENTINEL_ASK_TIMEOUT, async {
+                let Some(named) = named_primary(&target, &mut sentinel).await? else {
+                    return Ok(());
+                };
+                let Some(in_use) = target.primary_of(epoch.load(Ordering::Acquire)) else {
+                    // No primary in use (the next connection asks anyway).
+                    return Ok(());
+                };
+                if in_use.addr.as_ref() == Some(&named) {
+                    return Ok(());
                 }
-                Ok(None) => {}
-                Err(error) => {
-                    sentinel = None;
-                    tracing::debug!(%error, "redis sentinel: could not ask which primary it names");
+                // This Sentinel names another primary: does the question
+                // the connections ask name it too?
+                let (client, addr) = target.resolve().await?;
+                let mut primary = target
+                    .primary
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                let current = primary.as_ref().map(|p| (p.generation, &p.addr));
+                if addr != in_use.addr && current == Some((in_use.generation, &in_use.addr)) {
+                    let generation = epoch.fetch_add(1, Ordering::AcqRel) + 1;
+                    tracing::info!(
+                        service = target.service,
+                        primary = addr.as_ref().map(|(host, port)| format!("{host}:{port}")),
+                        "redis sentinel names another primary: retiring the connections to the old one"
+                    );
+                    *primary = Some(Primary {
+                        client,
+                        addr,
+                        generation,
+                    });
                 }
+                Ok::<_, RedisError>(())
+            })
+            .await
+            .unwrap_or_else(|_| {
+                Err(RedisError::from((
+                    redis::ErrorKind::Io,
+                    "no answer from the Sentinel",
+                )))
+            });
+            if let Err(error) = asked {
+                sentinel = None;
+                tracing::debug!(%error, "redis sentinel: could not ask which primary it names");
             }
         }
     });
@@ -258,24 +356,14 @@ pub struct TrackedConnection {
 }
 
 impl TrackedConnection {
-    fn new(conn: MultiplexedConnection, epoch: &Arc<AtomicU64>) -> Self {
-        Self {
-            conn,
-            generation: epoch.load(Ordering::Acquire),
-            epoch: Arc::clone(epoch),
-        }
-    }
-
     /// Opened before the last connection error.
     fn stale(&self) -> bool {
         self.generation < self.epoch.load(Ordering::Acquire)
     }
-}
 
-impl TrackedManager {
-    /// Wrap a connection opened outside the pool (by `connect`).
-    pub(super) fn adopt(&self, conn: MultiplexedConnection) -> TrackedConnection {
-        TrackedConnection::new(conn, &self.epoch)
+    /// The connection itself.
+    pub(super) fn conn(&mut self) -> &mut MultiplexedConnection {
+        &mut self.conn
     }
 }
 
@@ -292,8 +380,7 @@ impl ManageConnection for TrackedManager {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<Self::Connection, Self::Error> {
-        let conn = self.open().await?;
-        Ok(TrackedConnection::new(conn, &self.epoch))
+        self.open().await
     }
 
     async fn is_valid(&self, conn: &mut Self::Connection) -> Result<(), Self::Error> {

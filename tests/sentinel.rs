@@ -15,7 +15,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use support::every_algorithm;
-use support::proxy::Direction;
+use support::proxy::{Direction, FaultProxy};
 use support::sentinel::{Deployment, SERVICE, wait_for};
 use tower_redis_ratelimit::{
     FailMode, LimitError, Limiter, MemoryStore, Policy, RedisStore, Source, Store,
@@ -212,9 +212,31 @@ async fn unreplicated_counts_are_lost_with_the_primary_and_over_admit_by_them_on
 /// `READONLY` answers would retire them too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_demoted_primary_is_left_for_the_new_one() {
+    a_demoted_primary_is_left(false).await;
+}
+
+/// The same with the first Sentinel the store knows unreachable: it
+/// accepts connections and never answers (a frozen link). The store and
+/// its watch ask the next ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demoted_primary_is_left_with_the_first_sentinel_unreachable() {
+    a_demoted_primary_is_left(true).await;
+}
+
+async fn a_demoted_primary_is_left(first_sentinel_frozen: bool) {
     let _slot = support::sentinel::one_of_two().await;
     let deployment = Deployment::start();
-    let store = RedisStore::connect(&deployment.url()).await.unwrap();
+    // The store reaches the first Sentinel through a proxy (the tests ask
+    // it directly).
+    let link = FaultProxy::start(deployment.sentinels[0].port());
+    if first_sentinel_frozen {
+        link.freeze(Duration::from_secs(3600));
+    }
+    let mut sentinels = deployment.sentinel_addresses();
+    sentinels[0] = format!("127.0.0.1:{}", link.port());
+    let store = RedisStore::connect_sentinel(&sentinels, SERVICE)
+        .await
+        .unwrap();
     let policy: Policy = "100000/60s".parse().unwrap();
     for (name, policy) in every_algorithm() {
         store.check(name, &policy).await.unwrap();
@@ -305,9 +327,9 @@ async fn a_demoted_primary_is_left_for_the_new_one() {
     assert!(on_new >= 50, "{on_new} counted on the new primary");
     assert_ne!(deployment.named_primary(), Some(old));
     eprintln!(
-        "FIGURE sentinel demotion: demoted {demoted:?} after the freeze, {since_resumed:?} after it \
-         resumed; admitted meanwhile {split}, of which the new primary kept {kept}; \
-         {failed} checks failed after the demotion"
+        "FIGURE sentinel demotion (first Sentinel unreachable: {first_sentinel_frozen}): demoted \
+         {demoted:?} after the freeze, {since_resumed:?} after it resumed; admitted meanwhile \
+         {split}, of which the new primary kept {kept}; {failed} checks failed after the demotion"
     );
 }
 

@@ -151,7 +151,7 @@ impl RedisStoreBuilder {
     /// this builder's settings. URLs:
     /// - `redis://[user:password@]host:port[/db]`, `unix:///path/to.sock`;
     /// - `rediss://…`: TLS (`tls` feature);
-    /// - `redis+sentinel://[user:password@]host:port[,host:port…]/service[/db]`
+    /// - `redis+sentinel://[user:password@]host[:port][,host[:port]…]/service[/db]`
     ///   (`sentinel` feature): the primary of `service`, as the Sentinels
     ///   at those addresses name it; see [`connect_sentinel`](Self::connect_sentinel).
     ///   `rediss+sentinel://` speaks TLS to the Sentinels and to Redis.
@@ -162,6 +162,8 @@ impl RedisStoreBuilder {
     /// certificate that does not match), failed authentication, or no
     /// answer within [`RedisStore::CONNECT_TIMEOUT`].
     pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
+        #[cfg(feature = "tls")]
+        ensure_crypto_provider();
         #[cfg(feature = "sentinel")]
         if let Some(sentinel) = sentinel_url(url) {
             return self.connect_sentinel_url(sentinel).await;
@@ -223,6 +225,8 @@ impl RedisStoreBuilder {
         self,
         nodes: &[T],
     ) -> Result<RedisStore, StoreError> {
+        #[cfg(feature = "tls")]
+        ensure_crypto_provider();
         let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
         #[allow(unused_mut)]
         let mut builder = redis::cluster::ClusterClient::builder(nodes.iter().copied())
@@ -258,10 +262,11 @@ impl RedisStoreBuilder {
     }
 
     /// Connect to the primary of `service`, as the Sentinels at `sentinels`
-    /// (`host:port` each, e.g. `["10.0.0.1:26379", "10.0.0.2:26379"]`)
-    /// name it, as [`RedisStore::connect_sentinel`] does, with this
-    /// builder's settings. For credentials, a database or TLS on the Redis
-    /// side, use a `redis+sentinel://` URL with [`connect`](Self::connect).
+    /// (`host:port` each, e.g. `["10.0.0.1:26379", "10.0.0.2:26379"]`; the
+    /// port defaults to 26379) name it, as [`RedisStore::connect_sentinel`]
+    /// does, with this builder's settings. For credentials, a database or
+    /// TLS on the Redis side, use a `redis+sentinel://` URL with
+    /// [`connect`](Self::connect).
     ///
     /// # Errors
     /// No Sentinel given, a malformed address, no Sentinel that knows a
@@ -273,26 +278,41 @@ impl RedisStoreBuilder {
         sentinels: &[T],
         service: &str,
     ) -> Result<RedisStore, StoreError> {
-        let hosts: Vec<&str> = sentinels.iter().map(AsRef::as_ref).collect();
-        let url = format!("{}/{service}", hosts.join(","));
-        self.connect_sentinel_url(SentinelUrl {
-            tls: false,
-            rest: &url,
-        })
-        .await
+        if service.is_empty() {
+            return Err(config_error("the Sentinel service name is empty").into());
+        }
+        let parsed = ParsedSentinel {
+            sentinels: sentinel_addrs(sentinels.iter().map(AsRef::as_ref), false)?,
+            service: service.to_owned(),
+            username: None,
+            password: None,
+            db: 0,
+        };
+        self.connect_parsed_sentinel(parsed, false).await
     }
 
     #[cfg(feature = "sentinel")]
     async fn connect_sentinel_url(self, url: SentinelUrl<'_>) -> Result<RedisStore, StoreError> {
+        let parsed = parse_sentinel_url(url)?;
+        self.connect_parsed_sentinel(parsed, url.tls).await
+    }
+
+    #[cfg(feature = "sentinel")]
+    async fn connect_parsed_sentinel(
+        self,
+        parsed: ParsedSentinel,
+        tls: bool,
+    ) -> Result<RedisStore, StoreError> {
         use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
 
-        let parsed = parse_sentinel_url(url)?;
+        #[cfg(feature = "tls")]
+        ensure_crypto_provider();
         let mut builder = SentinelClientBuilder::new(
             parsed.sentinels,
             &parsed.service,
             SentinelServerType::Master,
         )?;
-        if url.tls {
+        if tls {
             builder = builder.set_client_to_redis_tls_mode(redis::TlsMode::Secure);
         }
         if let Some(username) = &parsed.username {
@@ -312,7 +332,7 @@ impl RedisStoreBuilder {
         }
         #[cfg(feature = "tls")]
         if let Some(certificates) = self.certificates() {
-            if !url.tls {
+            if !tls {
                 return Err(config_error(
                     "TLS certificates are set but the URL is not rediss+sentinel://",
                 )
@@ -355,10 +375,57 @@ struct ParsedSentinel {
     db: i64,
 }
 
-/// `[user:password@]host:port[,host:port…]/service[/db]`, each part read
-/// by redis-rs's own URL parser (percent-decoding, IPv6 in brackets).
+/// The port a Sentinel listens on unless its address says otherwise.
+#[cfg(feature = "sentinel")]
+const SENTINEL_PORT: u16 = 26379;
+
+/// The addresses of Sentinels given as `host[:port]` (IPv6 in brackets),
+/// read by redis-rs's URL parser; the port defaults to 26379.
+#[cfg(feature = "sentinel")]
+fn sentinel_addrs<'a>(
+    hosts: impl IntoIterator<Item = &'a str>,
+    tls: bool,
+) -> Result<Vec<redis::ConnectionAddr>, RedisError> {
+    let scheme = if tls { "rediss" } else { "redis" };
+    let mut addrs = Vec::new();
+    for host in hosts {
+        if host.is_empty() {
+            return Err(config_error("a Sentinel address is empty"));
+        }
+        if host.contains(['/', '?', '#', '@']) {
+            return Err(config_error(
+                "a Sentinel address is host or host:port, nothing more",
+            ));
+        }
+        // "h", "[::1]": no port; "h:1", "[::1]:1": a port.
+        let has_port = match host.rsplit_once(']') {
+            Some((_, after)) => after.starts_with(':'),
+            None => host.contains(':'),
+        };
+        let url = if has_port {
+            format!("{scheme}://{host}")
+        } else {
+            format!("{scheme}://{host}:{SENTINEL_PORT}")
+        };
+        addrs.push(url.into_connection_info()?.addr().clone());
+    }
+    if addrs.is_empty() {
+        return Err(config_error("a Sentinel URL lists at least one host:port"));
+    }
+    Ok(addrs)
+}
+
+/// `[user:password@]host[:port][,host[:port]…]/service[/db]`, each part
+/// read by redis-rs's own URL parser (percent-decoding, IPv6 in brackets).
+/// A Sentinel's port defaults to 26379. Query parameters are refused
+/// rather than ignored.
 #[cfg(feature = "sentinel")]
 fn parse_sentinel_url(url: SentinelUrl<'_>) -> Result<ParsedSentinel, RedisError> {
+    if url.rest.contains(['?', '#']) {
+        return Err(config_error(
+            "a Sentinel URL takes no query parameters or fragment (?…, #…)",
+        ));
+    }
     let (authority, path) = url.rest.split_once('/').unwrap_or((url.rest, ""));
     let (userinfo, hosts) = match authority.rsplit_once('@') {
         Some((userinfo, hosts)) => (Some(userinfo), hosts),
@@ -375,18 +442,15 @@ fn parse_sentinel_url(url: SentinelUrl<'_>) -> Result<ParsedSentinel, RedisError
             "a Sentinel URL's path is /service or /service/db",
         ));
     }
-    let scheme = if url.tls { "rediss" } else { "redis" };
-    let mut sentinels = Vec::new();
-    for host in hosts.split(',').filter(|host| !host.is_empty()) {
-        let info = format!("{scheme}://{host}").into_connection_info()?;
-        sentinels.push(info.addr().clone());
-    }
-    let Some(first) = hosts.split(',').find(|host| !host.is_empty()) else {
+    if hosts.is_empty() {
         return Err(config_error("a Sentinel URL lists at least one host:port"));
-    };
-    // The credentials and the database, decoded as redis-rs decodes them.
+    }
+    let sentinels = sentinel_addrs(hosts.split(','), url.tls)?;
+    // The credentials and the database, decoded as redis-rs decodes them
+    // (on a placeholder host).
+    let scheme = if url.tls { "rediss" } else { "redis" };
     let userinfo = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
-    let node = format!("{scheme}://{userinfo}{first}/{db}").into_connection_info()?;
+    let node = format!("{scheme}://{userinfo}localhost/{db}").into_connection_info()?;
     let settings = node.redis_settings();
     Ok(ParsedSentinel {
         sentinels,
@@ -395,6 +459,18 @@ fn parse_sentinel_url(url: SentinelUrl<'_>) -> Result<ParsedSentinel, RedisError
         password: settings.password().map(str::to_owned),
         db: settings.db(),
     })
+}
+
+/// Make rustls's `ring` provider the process's default unless the
+/// application installed one: redis-rs builds its TLS configurations with
+/// the process default, and rustls cannot pick one by itself when both of
+/// its providers are compiled in (another crate enabling `aws-lc-rs`).
+#[cfg(feature = "tls")]
+fn ensure_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Err: another thread installed one meanwhile, which is as good.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
 }
 
 fn config_error(message: &'static str) -> RedisError {
@@ -427,6 +503,40 @@ mod tests {
         );
         let plain = parse("redis+sentinel://127.0.0.1:26379/cache").expect("a valid URL");
         assert_eq!((plain.db, plain.username, plain.password), (0, None, None));
+        // A Sentinel's port defaults to 26379, not Redis's 6379.
+        let bare = parse("redis+sentinel://s1,[::1],s3:26400/cache").expect("a valid URL");
+        assert_eq!(
+            bare.sentinels,
+            vec![
+                redis::ConnectionAddr::Tcp("s1".into(), 26379),
+                redis::ConnectionAddr::Tcp("::1".into(), 26379),
+                redis::ConnectionAddr::Tcp("s3".into(), 26400),
+            ]
+        );
+    }
+
+    #[test]
+    fn sentinel_addresses_take_a_default_port_and_nothing_else() {
+        let addrs = sentinel_addrs(["10.0.0.1", "10.0.0.2:26380"], false).expect("valid");
+        assert_eq!(
+            addrs,
+            vec![
+                redis::ConnectionAddr::Tcp("10.0.0.1".into(), 26379),
+                redis::ConnectionAddr::Tcp("10.0.0.2".into(), 26380),
+            ]
+        );
+        for (hosts, reason) in [
+            (&[][..], "at least one"),
+            (&[""][..], "is empty"),
+            (&["h:1/x"][..], "nothing more"),
+            (&["user:pw@h:1"][..], "nothing more"),
+        ] {
+            let error = sentinel_addrs(hosts.iter().copied(), false)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(error.contains(reason), "{hosts:?}: {error}");
+        }
     }
 
     #[test]
@@ -436,6 +546,9 @@ mod tests {
             ("redis+sentinel://127.0.0.1:26379/", "names its service"),
             ("redis+sentinel:///mymaster", "at least one host"),
             ("redis+sentinel://h:1/a/0/extra", "/service or /service/db"),
+            ("redis+sentinel://h:1,,h:2/svc", "is empty"),
+            ("redis+sentinel://h:1/svc?protocol=resp3", "no query"),
+            ("redis+sentinel://h:1/svc#insecure", "no query"),
         ] {
             let error = parse(url).err().map(|e| e.to_string()).unwrap_or_default();
             assert!(error.contains(reason), "{url}: {error}");

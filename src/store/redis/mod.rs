@@ -145,11 +145,15 @@ impl RedisStore {
     }
 
     /// Connect to the primary of `service` that the Redis Sentinels at
-    /// `sentinels` (`host:port` each) name, and follow it across failovers
-    /// (`sentinel` feature): every new connection asks a Sentinel for the
-    /// current primary, and a connection that fails, or that a demoted
-    /// primary answers with `READONLY`, is retired, so after Sentinel
-    /// promotes a replica the next checks go to it, without a restart.
+    /// `sentinels` (`host:port` each, the port defaulting to 26379) name,
+    /// and follow it across failovers (`sentinel` feature): the first
+    /// connection after a start or a failure asks the Sentinels for the
+    /// current primary (in the order given, the first that `ROLE`
+    /// confirms), and a connection that fails, or that a demoted primary
+    /// answers with `READONLY`, is retired, so after Sentinel promotes a
+    /// replica the next checks go to it, without a restart. A watch task
+    /// retires the connections to a cut-off primary that comes back before
+    /// the Sentinels demote it (see [`TrackedManager::from_sentinel`]).
     ///
     /// During a failover checks fail (until Sentinel has promoted a
     /// replica, a few seconds past its `down-after-milliseconds`), and each
@@ -160,7 +164,7 @@ impl RedisStore {
     /// figures.
     ///
     /// For credentials, a database or TLS on the Redis side, pass a
-    /// `redis+sentinel://[user:password@]host:port[,host:port…]/service[/db]`
+    /// `redis+sentinel://[user:password@]host[:port][,host[:port]…]/service[/db]`
     /// URL to [`connect`](Self::connect) (`rediss+sentinel://` for TLS).
     ///
     /// ```no_run

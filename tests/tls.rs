@@ -201,12 +201,13 @@ async fn the_cluster_speaks_tls() {
     for i in 0..3 {
         let node_dir = dir.path().join(format!("node{i}"));
         std::fs::create_dir_all(&node_dir).unwrap();
-        let tls_port = support::free_port();
-        let mut args = tls_args(&node_dir, tls_port, &ca, &server_pair, false);
-        args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"].map(String::from));
-        args.extend(support::CLUSTER_NODE_ARGS.map(String::from));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        nodes.push(RedisServer::start_with(&args));
+        let (node, tls_port) = RedisServer::start_with_port(|tls_port| {
+            let mut args = tls_args(&node_dir, tls_port, &ca, &server_pair, false);
+            args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"].map(String::from));
+            args.extend(support::CLUSTER_NODE_ARGS.map(String::from));
+            args
+        });
+        nodes.push(node);
         tls_ports.push(tls_port);
     }
     let ca_file = dir.path().join("ca.crt");

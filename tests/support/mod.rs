@@ -39,14 +39,29 @@ impl RedisServer {
 
     /// Start a server with extra command-line arguments.
     pub fn start_with(extra: &[&str]) -> Self {
+        let args: Vec<String> = extra.iter().map(|&arg| arg.to_owned()).collect();
+        Self::start_with_port(|_| args.clone()).0
+    }
+
+    /// Start a server whose extra arguments use a second free port (a TLS
+    /// port), given to `extra`; return it with that port. Each try takes
+    /// fresh ports: another process may take a free port before the server
+    /// binds it, and the server then exits.
+    pub fn start_with_port(extra: impl Fn(u16) -> Vec<String>) -> (Self, u16) {
         let mut last_error = String::new();
         for _ in 0..5 {
-            let port = free_port();
+            let (port, second) = (free_port(), free_port());
+            if port == second {
+                continue;
+            }
             let dir = server_dir(port);
-            match spawn_ready(port, extra, &dir) {
-                Ok(child) => return Self { child, port, dir },
+            let args = extra(second);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            match spawn_ready(port, &args, &dir) {
+                Ok(child) => return (Self { child, port, dir }, second),
                 Err(error) => last_error = error,
             }
+            let _ = std::fs::remove_dir_all(&dir);
         }
         panic!("could not start redis-server: {last_error}");
     }
@@ -314,9 +329,12 @@ fn in_slot_ranges(ranges: &[&str], slot: u16) -> bool {
     })
 }
 
-/// A fresh directory for the `redis-server` on `port`.
+/// A fresh directory for a `redis-server` on `port` (one of its own even
+/// when another server of this process tries the same port).
 fn server_dir(port: u16) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("trr-redis-{}-{port}", std::process::id()));
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("trr-redis-{}-{port}-{n}", std::process::id()));
     if let Err(error) = std::fs::create_dir_all(&dir) {
         panic!("creating {}: {error}", dir.display());
     }
@@ -345,7 +363,7 @@ fn spawn_ready(port: u16, extra: &[&str], dir: &Path) -> Result<Child, String> {
         if let Ok(Some(status)) = child.try_wait() {
             return Err(format!("redis-server on port {port} exited: {status}"));
         }
-        if ping(port) {
+        if answers_as(port, child.id(), password(extra)) {
             return Ok(child);
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -364,18 +382,52 @@ pub fn free_port() -> u16 {
         .expect("binding a free loopback port")
 }
 
-fn ping(port: u16) -> bool {
+/// The value of `--requirepass` in a server's arguments.
+fn password<'a>(args: &[&'a str]) -> Option<&'a str> {
+    args.windows(2)
+        .find(|pair| pair[0] == "--requirepass")
+        .map(|pair| pair[1])
+}
+
+/// Whether the process `pid` answers on `port`: `INFO server` there names
+/// it as `process_id` (after `AUTH` with `password`, if any).
+///
+/// A PONG alone is not enough: a free port picked by one test can be taken
+/// by another test's server before this one binds it. This server then
+/// exits (the address is in use), but a PONG from the other one would have
+/// handed a test the wrong server (seen: a cluster formed with a node that
+/// was another test's plain server, "not configured as a cluster node").
+pub(crate) fn answers_as(port: u16, pid: u32, password: Option<&str>) -> bool {
     let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
         return false;
     };
     let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-    if stream.write_all(b"PING\r\n").is_err() {
+    let mut request = String::new();
+    if let Some(password) = password {
+        request.push_str(&format!("AUTH {password}\r\n"));
+    }
+    request.push_str("INFO server\r\n");
+    if stream.write_all(request.as_bytes()).is_err() {
         return false;
     }
-    // +PONG, or -NOAUTH from a server with a password: either way it is up.
-    let mut buf = [0u8; 16];
-    matches!(stream.read(&mut buf),
-        Ok(n) if buf[..n].starts_with(b"+PONG") || buf[..n].starts_with(b"-NOAUTH"))
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n @ 1..) = stream.read(&mut buf) {
+        reply.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&reply);
+        // An error (NOAUTH, LOADING, a wrong password): not ready, or not ours.
+        if text.starts_with('-') || text.contains("\r\n-") {
+            return false;
+        }
+        let id = text
+            .split_once("\r\nprocess_id:")
+            .and_then(|(_, rest)| rest.split_once("\r\n"))
+            .map(|(id, _)| id.trim().to_owned());
+        if let Some(id) = id {
+            return id == pid.to_string();
+        }
+    }
+    false
 }
 
 /// Send one command as RESP and return the reply bytes as text.

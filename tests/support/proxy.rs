@@ -1148,6 +1148,7 @@ fn start_proxied_node() -> (FaultProxy, RedisServer) {
             Ok(child) => return (proxy, RedisServer { child, port, dir }),
             Err(error) => last_error = error,
         }
+        let _ = std::fs::remove_dir_all(&dir);
     }
     panic!("could not start a proxied cluster node: {last_error}");
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::proxy::FaultProxy;
 use super::tls::tempdir::Dir;
 use super::tls::{Ca, Pair, tls_args};
-use super::{INSTALL_HINT, RedisServer, free_port, ping, raw_command};
+use super::{INSTALL_HINT, RedisServer, answers_as, free_port, raw_command};
 
 /// Two deployments at most run at once in a test binary: each is five
 /// processes whose failover timing is measured, on a machine of two cores.
@@ -96,7 +96,7 @@ impl Sentinel {
                     last = format!("sentinel on port {port} exited: {status}");
                     break;
                 }
-                if ping(port) {
+                if answers_as(port, sentinel.child.id(), None) {
                     return sentinel;
                 }
                 std::thread::sleep(Duration::from_millis(20));
@@ -166,32 +166,32 @@ impl Deployment {
     fn start_inner_with(proxied: bool, ca: Option<&Ca>) -> Self {
         let server_pair = ca.map(|ca| ca.server(&["127.0.0.1", "localhost"]));
         let dirs: Vec<Dir> = (0..2).map(|_| Dir::new("sentinel-tls")).collect();
-        // (extra redis-server arguments, the port others reach it on)
-        let redis_args = |i: usize| -> (Vec<String>, Option<u16>) {
+        // Server `i` with `extra` arguments, and the port others reach it
+        // on when it serves TLS.
+        let start = |i: usize, extra: Vec<String>| -> (RedisServer, Option<u16>) {
             match (ca, &server_pair) {
                 (Some(ca), Some(pair)) => {
-                    let tls_port = free_port();
-                    let mut args = tls_args(dirs[i].path(), tls_port, ca, pair, false);
-                    args.extend(["--tls-replication".to_owned(), "yes".to_owned()]);
-                    (args, Some(tls_port))
+                    let (server, tls_port) = RedisServer::start_with_port(|tls_port| {
+                        let mut args = tls_args(dirs[i].path(), tls_port, ca, pair, false);
+                        args.extend(["--tls-replication".to_owned(), "yes".to_owned()]);
+                        args.extend(extra.iter().cloned());
+                        args
+                    });
+                    (server, Some(tls_port))
                 }
-                _ => (Vec::new(), None),
+                _ => (RedisServer::start_with_port(|_| extra.clone()).0, None),
             }
         };
-        let (args, primary_tls) = redis_args(0);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let primary = RedisServer::start_with(&args);
+        let (primary, primary_tls) = start(0, Vec::new());
         let primary_port = primary_tls.unwrap_or(primary.port());
         let link = proxied.then(|| FaultProxy::start(primary.port()));
         let upstream = link.as_ref().map_or(primary_port, FaultProxy::port);
-        let (mut args, replica_tls) = redis_args(1);
-        args.extend([
+        let replica_of = vec![
             "--replicaof".to_owned(),
             "127.0.0.1".to_owned(),
             upstream.to_string(),
-        ]);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let replica = RedisServer::start_with(&args);
+        ];
+        let (replica, replica_tls) = start(1, replica_of);
         wait_for("the replica to sync", Duration::from_secs(20), || {
             replica
                 .command(&["INFO", "replication"])

@@ -9,7 +9,7 @@ use rcgen::{
     KeyPair, KeyUsagePurpose,
 };
 
-use super::{RedisServer, free_port};
+use super::RedisServer;
 
 /// A certificate authority made for one test.
 pub struct Ca {
@@ -119,10 +119,10 @@ impl TlsRedis {
     /// Serve TLS with a certificate for `names`, signed by `ca`.
     pub fn start(ca: &Ca, names: &[&str], auth_clients: bool) -> Self {
         let dir = tempdir::Dir::new("tls");
-        let tls_port = free_port();
-        let args = tls_args(dir.path(), tls_port, ca, &ca.server(names), auth_clients);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let server = RedisServer::start_with(&args);
+        let pair = ca.server(names);
+        let (server, tls_port) = RedisServer::start_with_port(|tls_port| {
+            tls_args(dir.path(), tls_port, ca, &pair, auth_clients)
+        });
         Self {
             server,
             tls_port,

@@ -212,7 +212,7 @@ async fn unreplicated_counts_are_lost_with_the_primary_and_over_admit_by_them_on
 /// `READONLY` answers would retire them too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_demoted_primary_is_left_for_the_new_one() {
-    a_demoted_primary_is_left(false).await;
+    a_demoted_primary_is_left(FirstSentinel::Reachable).await;
 }
 
 /// The same with the first Sentinel the store knows unreachable: it
@@ -220,16 +220,52 @@ async fn a_demoted_primary_is_left_for_the_new_one() {
 /// its watch ask the next ones.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_demoted_primary_is_left_with_the_first_sentinel_unreachable() {
-    a_demoted_primary_is_left(true).await;
+    a_demoted_primary_is_left(FirstSentinel::Frozen).await;
 }
 
-async fn a_demoted_primary_is_left(first_sentinel_frozen: bool) {
+/// The same again, and the watch's connection to the Sentinel it asks (the
+/// second) is cut before the freeze: the watch goes on to the third, not
+/// back to the unreachable first one. (Through redis-rs's
+/// `async_get_sentinel_client`, which checks every Sentinel on one cached
+/// connection, it named the first and stayed blind: all checks in the
+/// split brain were lost.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demoted_primary_is_left_when_the_watch_loses_its_sentinel() {
+    a_demoted_primary_is_left(FirstSentinel::FrozenAndWatchCut).await;
+}
+
+/// The first Sentinel the store knows, in the demotion tests.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum FirstSentinel {
+    Reachable,
+    /// It accepts connections and never answers.
+    Frozen,
+    /// Frozen, and the watch's connection to the next one is cut.
+    FrozenAndWatchCut,
+}
+
+/// The ids of the clients of `sentinel` whose last command was the watch's
+/// question (`SENTINEL GET-MASTER-ADDR-BY-NAME`).
+fn watch_clients(sentinel: &support::sentinel::Sentinel) -> Vec<String> {
+    sentinel
+        .command(&["CLIENT", "LIST"])
+        .lines()
+        .filter(|line| line.to_lowercase().contains("get-master-addr-by-name"))
+        .filter_map(|line| {
+            line.split(' ')
+                .find_map(|field| field.strip_prefix("id="))
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+async fn a_demoted_primary_is_left(first: FirstSentinel) {
     let _slot = support::sentinel::one_of_two().await;
     let deployment = Deployment::start();
     // The store reaches the first Sentinel through a proxy (the tests ask
     // it directly).
     let link = FaultProxy::start(deployment.sentinels[0].port());
-    if first_sentinel_frozen {
+    if first != FirstSentinel::Reachable {
         link.freeze(Duration::from_secs(3600));
     }
     let mut sentinels = deployment.sentinel_addresses();
@@ -240,6 +276,25 @@ async fn a_demoted_primary_is_left(first_sentinel_frozen: bool) {
     let policy: Policy = "100000/60s".parse().unwrap();
     for (name, policy) in every_algorithm() {
         store.check(name, &policy).await.unwrap();
+    }
+    if first == FirstSentinel::FrozenAndWatchCut {
+        let [_, second, third] = &deployment.sentinels[..] else {
+            panic!("three Sentinels");
+        };
+        // The tests' own questions come on connections that close at once.
+        wait_for(
+            "the watch to ask the second Sentinel",
+            Duration::from_secs(20),
+            || !watch_clients(second).is_empty(),
+        );
+        for id in watch_clients(second) {
+            second.command(&["CLIENT", "KILL", "ID", &id]);
+        }
+        wait_for(
+            "the watch to ask the third Sentinel",
+            Duration::from_secs(20),
+            || !watch_clients(third).is_empty(),
+        );
     }
     let old = deployment.primary.port();
     deployment.primary.signal("STOP");
@@ -327,7 +382,7 @@ async fn a_demoted_primary_is_left(first_sentinel_frozen: bool) {
     assert!(on_new >= 50, "{on_new} counted on the new primary");
     assert_ne!(deployment.named_primary(), Some(old));
     eprintln!(
-        "FIGURE sentinel demotion (first Sentinel unreachable: {first_sentinel_frozen}): demoted \
+        "FIGURE sentinel demotion (first Sentinel: {first:?}): demoted \
          {demoted:?} after the freeze, {since_resumed:?} after it resumed; admitted meanwhile \
          {split}, of which the new primary kept {kept}; {failed} checks failed after the demotion"
     );
@@ -453,5 +508,121 @@ async fn the_acl_user_is_enough_behind_sentinel() {
     assert_eq!(deployment.named_primary(), Some(deployment.replica.port()));
     for (name, policy) in every_algorithm() {
         store.check(name, &policy).await.unwrap();
+    }
+}
+
+/// Connections opened at once in a new epoch (the pool's connections all
+/// failed: `CLIENT KILL`) ask the Sentinels once, not once each: the
+/// others wait for the first one's answer. A question asks one Sentinel
+/// and has the primary it names confirmed by one `ROLE` there. (Each
+/// connection asking in turn through redis-rs, which asks the three
+/// Sentinels at once: 9 `ROLE` in this test.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_opened_at_once_ask_the_sentinels_once() {
+    let _slot = support::sentinel::one_of_two().await;
+    let deployment = Deployment::start();
+    let store = RedisStore::connect(&deployment.url()).await.unwrap();
+    let policy: Policy = "1000000/60s".parse().unwrap();
+    let burst = |round: usize| {
+        let handles: Vec<_> = (0..64)
+            .map(|i| {
+                let (store, policy) = (store.clone(), policy.clone());
+                tokio::spawn(async move { store.check(&format!("{round}-{i}"), &policy).await })
+            })
+            .collect();
+        async move {
+            let mut failed = 0;
+            for handle in handles {
+                failed += usize::from(handle.await.unwrap().is_err());
+            }
+            failed
+        }
+    };
+    assert_eq!(burst(0).await, 0);
+    let roles = deployment.primary.calls("role");
+    let opened = connections_received(&deployment.primary);
+    // The checks that take a killed connection fail (and are retried on a
+    // new one): a new epoch begins, in which the pool opens connections
+    // for all the checks at once.
+    let killed = deployment
+        .primary
+        .command(&["CLIENT", "KILL", "TYPE", "normal"]);
+    assert!(killed.starts_with(':'), "CLIENT KILL: {killed}");
+    let failed = burst(1).await;
+    let asked = deployment.primary.calls("role") - roles;
+    let opened = connections_received(&deployment.primary) - opened;
+    eprintln!(
+        "FIGURE sentinel: {opened} connections opened at once in a new epoch, {asked} ROLE, \
+         {failed} of 64 checks failed"
+    );
+    assert!(
+        opened >= 4,
+        "only {opened} connections opened: no concurrency to test"
+    );
+    assert_eq!(
+        asked, 1,
+        "{opened} connections sent the primary {asked} ROLE: more than one question"
+    );
+    assert_eq!(burst(2).await, 0);
+}
+
+/// `total_connections_received` of `server`'s `INFO stats`.
+fn connections_received(server: &support::RedisServer) -> u64 {
+    server
+        .command(&["INFO", "stats"])
+        .lines()
+        .find_map(|line| line.strip_prefix("total_connections_received:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("INFO stats has total_connections_received")
+}
+
+/// Sentinels that need a password (`requirepass`) get it from the
+/// builder's `sentinel_credentials`, for the first lookup, the watch and
+/// the lookups after a failover. Without it connecting fails with
+/// Sentinel's reason; a wrong one shows neither in the error nor in the
+/// builder's `Debug`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_with_a_password_take_the_builders_credentials() {
+    let _slot = support::sentinel::one_of_two().await;
+    let mut deployment = Deployment::start_with_sentinel_password("sentinel-secret");
+    let error = RedisStore::connect(&deployment.url())
+        .await
+        .expect_err("connected to Sentinels that need a password without one");
+    eprintln!("without credentials: {error}");
+    assert!(error.to_string().to_lowercase().contains("auth"), "{error}");
+    let wrong = RedisStore::builder().sentinel_credentials(None, "not-the-secret");
+    assert!(
+        !format!("{wrong:?}").contains("not-the-secret"),
+        "{wrong:?}"
+    );
+    let error = wrong
+        .connect(&deployment.url())
+        .await
+        .expect_err("connected with a wrong Sentinel password");
+    assert!(!error.to_string().contains("not-the-secret"), "{error}");
+
+    let builder = RedisStore::builder().sentinel_credentials(None, "sentinel-secret");
+    assert!(
+        !format!("{builder:?}").contains("sentinel-secret"),
+        "{builder:?}"
+    );
+    let store = builder.connect(&deployment.url()).await.unwrap();
+    for (name, policy) in every_algorithm() {
+        admits_then_denies(&store, name, &policy, 5).await;
+    }
+    deployment.wait_replicated();
+    let killed = Instant::now();
+    deployment.primary.kill();
+    let probe: Policy = "100000/60s".parse().unwrap();
+    while store.check("probe", &probe).await.is_err() {
+        assert!(killed.elapsed() < Duration::from_secs(60), "no failover");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(deployment.named_primary(), Some(deployment.replica.port()));
+    for (name, policy) in every_algorithm() {
+        assert!(
+            !store.check(name, &policy).await.unwrap().allowed(),
+            "{name}: the counts replicated before the kill"
+        );
     }
 }

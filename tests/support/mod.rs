@@ -432,10 +432,23 @@ pub(crate) fn answers_as(port: u16, pid: u32, password: Option<&str>) -> bool {
 
 /// Send one command as RESP and return the reply bytes as text.
 pub fn raw_command(port: u16, args: &[&str]) -> String {
+    raw_command_as(port, None, args)
+}
+
+/// [`raw_command`] after `AUTH password`, if given.
+pub fn raw_command_as(port: u16, password: Option<&str>, args: &[&str]) -> String {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connecting to redis");
     stream
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
+    if let Some(password) = password {
+        stream
+            .write_all(format!("AUTH {password}\r\n").as_bytes())
+            .unwrap();
+        let mut ok = [0u8; 5];
+        stream.read_exact(&mut ok).unwrap();
+        assert_eq!(&ok, b"+OK\r\n", "AUTH on port {port}");
+    }
     let mut out = format!("*{}\r\n", args.len());
     for arg in args {
         out.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::proxy::FaultProxy;
 use super::tls::tempdir::Dir;
 use super::tls::{Ca, Pair, tls_args};
-use super::{INSTALL_HINT, RedisServer, answers_as, free_port, raw_command};
+use super::{INSTALL_HINT, RedisServer, answers_as, free_port, raw_command_as};
 
 /// Two deployments at most run at once in a test binary: each is five
 /// processes whose failover timing is measured, on a machine of two cores.
@@ -33,6 +33,8 @@ pub const DOWN_AFTER: Duration = Duration::from_millis(1000);
 pub struct Sentinel {
     child: Child,
     port: u16,
+    /// Its `requirepass`, if it has one.
+    password: Option<String>,
     tls_port: Option<u16>,
     dir: super::tls::tempdir::Dir,
 }
@@ -40,8 +42,8 @@ pub struct Sentinel {
 impl Sentinel {
     /// A Sentinel monitoring the primary at `primary_port`; with `tls`, it
     /// also listens on a TLS port and reaches Redis and the other Sentinels
-    /// over TLS.
-    fn start(primary_port: u16, tls: Option<(&Ca, &Pair)>) -> Self {
+    /// over TLS; with `password`, clients and the other Sentinels need it.
+    fn start(primary_port: u16, tls: Option<(&Ca, &Pair)>, password: Option<&str>) -> Self {
         let mut last = String::new();
         for _ in 0..5 {
             let port = free_port();
@@ -56,6 +58,12 @@ impl Sentinel {
                     format!("{}\ntls-replication yes\n", lines.join("\n"))
                 }
                 _ => String::new(),
+            };
+            let extra = match password {
+                Some(password) => {
+                    format!("{extra}requirepass {password}\nsentinel sentinel-pass {password}\n")
+                }
+                None => extra,
             };
             let config: PathBuf = dir.path().join("sentinel.conf");
             // Sentinel rewrites its configuration file: it must be its own.
@@ -87,6 +95,7 @@ impl Sentinel {
             let mut sentinel = Self {
                 child,
                 port,
+                password: password.map(str::to_owned),
                 tls_port,
                 dir,
             };
@@ -96,7 +105,7 @@ impl Sentinel {
                     last = format!("sentinel on port {port} exited: {status}");
                     break;
                 }
-                if answers_as(port, sentinel.child.id(), None) {
+                if answers_as(port, sentinel.child.id(), password) {
                     return sentinel;
                 }
                 std::thread::sleep(Duration::from_millis(20));
@@ -113,7 +122,7 @@ impl Sentinel {
     }
 
     pub fn command(&self, args: &[&str]) -> String {
-        raw_command(self.port, args)
+        raw_command_as(self.port, self.password.as_deref(), args)
     }
 }
 
@@ -156,14 +165,20 @@ impl Deployment {
     /// each other over it. Every process keeps a plain port for the tests'
     /// own commands. [`tls_url`](Self::tls_url) is the client's URL.
     pub fn start_tls(ca: &Ca) -> Self {
-        Self::start_inner_with(false, Some(ca))
+        Self::start_inner_with(false, Some(ca), None)
+    }
+
+    /// As [`start`](Self::start), with Sentinels that need `password`
+    /// (`requirepass`; they authenticate to each other with it too).
+    pub fn start_with_sentinel_password(password: &str) -> Self {
+        Self::start_inner_with(false, None, Some(password))
     }
 
     fn start_inner(proxied: bool) -> Self {
-        Self::start_inner_with(proxied, None)
+        Self::start_inner_with(proxied, None, None)
     }
 
-    fn start_inner_with(proxied: bool, ca: Option<&Ca>) -> Self {
+    fn start_inner_with(proxied: bool, ca: Option<&Ca>, sentinel_password: Option<&str>) -> Self {
         let server_pair = ca.map(|ca| ca.server(&["127.0.0.1", "localhost"]));
         let dirs: Vec<Dir> = (0..2).map(|_| Dir::new("sentinel-tls")).collect();
         // Server `i` with `extra` arguments, and the port others reach it
@@ -198,7 +213,9 @@ impl Deployment {
                 .contains("master_link_status:up")
         });
         let tls = ca.zip(server_pair.as_ref());
-        let sentinels: Vec<Sentinel> = (0..3).map(|_| Sentinel::start(primary_port, tls)).collect();
+        let sentinels: Vec<Sentinel> = (0..3)
+            .map(|_| Sentinel::start(primary_port, tls, sentinel_password))
+            .collect();
         wait_for(
             "the Sentinels to know the replica and each other",
             Duration::from_secs(30),

@@ -163,7 +163,9 @@ impl RedisStoreBuilder {
     /// answer within [`RedisStore::CONNECT_TIMEOUT`].
     pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
         #[cfg(feature = "tls")]
-        ensure_crypto_provider();
+        if url.starts_with("rediss") {
+            ensure_crypto_provider();
+        }
         #[cfg(feature = "sentinel")]
         if let Some(sentinel) = sentinel_url(url) {
             return self.connect_sentinel_url(sentinel).await;
@@ -225,9 +227,11 @@ impl RedisStoreBuilder {
         self,
         nodes: &[T],
     ) -> Result<RedisStore, StoreError> {
-        #[cfg(feature = "tls")]
-        ensure_crypto_provider();
         let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
+        #[cfg(feature = "tls")]
+        if nodes.iter().any(|node| node.starts_with("rediss://")) {
+            ensure_crypto_provider();
+        }
         #[allow(unused_mut)]
         let mut builder = redis::cluster::ClusterClient::builder(nodes.iter().copied())
             // The store's timeout bounds every call (retries included).
@@ -303,46 +307,61 @@ impl RedisStoreBuilder {
         parsed: ParsedSentinel,
         tls: bool,
     ) -> Result<RedisStore, StoreError> {
-        use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+        use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 
         #[cfg(feature = "tls")]
-        ensure_crypto_provider();
-        let mut builder = SentinelClientBuilder::new(
-            parsed.sentinels,
-            &parsed.service,
-            SentinelServerType::Master,
-        )?;
         if tls {
-            builder = builder.set_client_to_redis_tls_mode(redis::TlsMode::Secure);
-        }
-        if let Some(username) = &parsed.username {
-            builder = builder.set_client_to_redis_username(username);
-        }
-        if let Some(password) = &parsed.password {
-            builder = builder.set_client_to_redis_password(password);
-        }
-        if parsed.db != 0 {
-            builder = builder.set_client_to_redis_db(parsed.db);
-        }
-        if let Some((username, password)) = &self.sentinel_credentials {
-            if let Some(username) = username {
-                builder = builder.set_client_to_sentinel_username(username);
-            }
-            builder = builder.set_client_to_sentinel_password(password);
+            ensure_crypto_provider();
         }
         #[cfg(feature = "tls")]
-        if let Some(certificates) = self.certificates() {
-            if !tls {
-                return Err(config_error(
-                    "TLS certificates are set but the URL is not rediss+sentinel://",
-                )
-                .into());
-            }
-            builder = builder
-                .set_client_to_redis_certificates(certificates.clone())
-                .set_client_to_sentinel_certificates(certificates);
+        let certificates = self.certificates();
+        #[cfg(feature = "tls")]
+        if certificates.is_some() && !tls {
+            return Err(config_error(
+                "TLS certificates are set but the Sentinel connection is not TLS \
+                 (TLS needs a rediss+sentinel:// URL, given to connect)",
+            )
+            .into());
         }
-        let manager = TrackedManager::from_sentinel(builder.build()?, &parsed.service);
+        // A client of these Sentinels, with every setting.
+        let client = |sentinels: Vec<redis::ConnectionAddr>| -> Result<SentinelClient, RedisError> {
+            let mut builder =
+                SentinelClientBuilder::new(sentinels, &parsed.service, SentinelServerType::Master)?;
+            if tls {
+                builder = builder.set_client_to_redis_tls_mode(redis::TlsMode::Secure);
+            }
+            if let Some(username) = &parsed.username {
+                builder = builder.set_client_to_redis_username(username);
+            }
+            if let Some(password) = &parsed.password {
+                builder = builder.set_client_to_redis_password(password);
+            }
+            if parsed.db != 0 {
+                builder = builder.set_client_to_redis_db(parsed.db);
+            }
+            if let Some((username, password)) = &self.sentinel_credentials {
+                if let Some(username) = username {
+                    builder = builder.set_client_to_sentinel_username(username);
+                }
+                builder = builder.set_client_to_sentinel_password(password);
+            }
+            #[cfg(feature = "tls")]
+            if let Some(certificates) = &certificates {
+                builder = builder
+                    .set_client_to_redis_certificates(certificates.clone())
+                    .set_client_to_sentinel_certificates(certificates.clone());
+            }
+            builder.build()
+        };
+        // The Sentinels are asked one at a time, each through a client of
+        // its own.
+        let each = parsed
+            .sentinels
+            .iter()
+            .map(|sentinel| client(vec![sentinel.clone()]))
+            .collect::<Result<Vec<_>, _>>()?;
+        let all = client(parsed.sentinels.clone())?;
+        let manager = TrackedManager::from_sentinels(all, each, &parsed.service);
         self.pooled(manager).await
     }
 }
@@ -465,6 +484,8 @@ fn parse_sentinel_url(url: SentinelUrl<'_>) -> Result<ParsedSentinel, RedisError
 /// application installed one: redis-rs builds its TLS configurations with
 /// the process default, and rustls cannot pick one by itself when both of
 /// its providers are compiled in (another crate enabling `aws-lc-rs`).
+/// Called only for TLS URLs, so that a store without TLS leaves the
+/// process default to the application.
 #[cfg(feature = "tls")]
 fn ensure_crypto_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
@@ -555,5 +576,43 @@ mod tests {
         }
         assert!(parse("redis+sentinel://h:1/svc/notanumber").is_err());
         assert!(parse("redis+sentinel://h:notaport/svc").is_err());
+    }
+}
+
+#[cfg(test)]
+mod debug_tests {
+    use super::*;
+
+    /// What `Debug` shows of a builder: whether secrets are set, never them.
+    #[test]
+    fn debug_shows_no_key_or_password() {
+        let builder = RedisStore::builder().pool_size(3);
+        #[cfg(feature = "tls")]
+        let builder = builder
+            .root_certificate(b"ROOT-PEM".to_vec())
+            .client_certificate(b"CLIENT-PEM".to_vec(), b"CLIENT-KEY-SECRET".to_vec());
+        #[cfg(feature = "sentinel")]
+        let builder = builder.sentinel_credentials(Some("sentinel-user"), "SENTINEL-SECRET");
+        let shown = format!("{builder:?}");
+        assert!(shown.contains("pool_size: 3"), "{shown}");
+        for secret in [
+            "ROOT-PEM",
+            "CLIENT-PEM",
+            "CLIENT-KEY-SECRET",
+            "sentinel-user",
+            "SENTINEL-SECRET",
+        ] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+    }
+
+    /// A manager's `Debug` shows no part of the URL it connects to.
+    #[test]
+    fn a_managers_debug_shows_no_credentials() {
+        let manager =
+            TrackedManager::new("redis://app:REDIS-SECRET@127.0.0.1:6379/0").expect("a valid URL");
+        let shown = format!("{manager:?}");
+        assert!(!shown.contains("REDIS-SECRET"), "{shown}");
+        assert!(!shown.contains("app"), "{shown}");
     }
 }

@@ -17,6 +17,9 @@ use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value};
 
 use crate::store::StoreError;
 
+#[cfg(feature = "sentinel")]
+use super::sentinel::SentinelTarget;
+
 /// A bb8 manager of multiplexed connections that knows when one is broken,
 /// so pools built by [`RedisStore::connect`](super::RedisStore::connect)
 /// need no `PING` on every checkout: connections carry a generation, and a
@@ -48,54 +51,6 @@ enum Target {
     #[cfg(feature = "sentinel")]
     Sentinel(Arc<SentinelTarget>),
 }
-
-/// A primary found through Redis Sentinel, and watched.
-///
-/// The first connection of each epoch (after a start, a failed connection,
-/// a `READONLY` answer or a change the watch saw) asks the Sentinels for
-/// the primary, as redis-rs does it: the Sentinels in the order given, the
-/// first valid primary that `ROLE` confirms. The connections opened in the
-/// same epoch go to that primary with no more questions.
-///
-/// A primary that was cut off and comes back still answers the connections
-/// opened to it, and takes writes until the Sentinels demote it (about ten
-/// seconds), which then discards them. So every [`SENTINEL_WATCH`] a task
-/// asks a Sentinel which primary it names; when that is not the one in use,
-/// it asks the question the connections ask, and if that names another
-/// primary too, every connection opened before is retired. (A Sentinel that
-/// alone names another primary, one `ROLE` does not confirm, retires
-/// nothing.)
-#[cfg(feature = "sentinel")]
-pub(super) struct SentinelTarget {
-    client: tokio::sync::Mutex<redis::sentinel::SentinelClient>,
-    service: String,
-    /// The primary in use, and the epoch it was found in.
-    primary: Mutex<Option<Primary>>,
-    /// Whether the watching task runs.
-    watching: AtomicBool,
-}
-
-/// A primary the Sentinels named.
-#[cfg(feature = "sentinel")]
-#[derive(Clone)]
-struct Primary {
-    client: redis::Client,
-    /// (host, port), as the Sentinels name it.
-    addr: Option<(String, u16)>,
-    /// The epoch it was found in: connections of a later epoch ask again.
-    generation: u64,
-}
-
-/// How often the primary a Sentinel names is compared with the one the
-/// pool's connections go to.
-#[cfg(feature = "sentinel")]
-pub(super) const SENTINEL_WATCH: Duration = Duration::from_millis(500);
-
-/// How long the watch waits for an answer: long enough to give up on an
-/// unreachable Sentinel (redis-rs's connection timeout is 1 s) and ask the
-/// next.
-#[cfg(feature = "sentinel")]
-const SENTINEL_ASK_TIMEOUT: Duration = Duration::from_secs(3);
 
 impl fmt::Debug for TrackedManager {
     /// The kind of target only: a connection address can hold credentials.
@@ -158,13 +113,20 @@ impl TrackedManager {
     #[cfg(feature = "sentinel")]
     #[must_use]
     pub fn from_sentinel(client: redis::sentinel::SentinelClient, service: &str) -> Self {
+        Self::from_sentinels(client, Vec::new(), service)
+    }
+
+    /// [`from_sentinel`](Self::from_sentinel), with one client per
+    /// Sentinel besides (each built like `all`, with that Sentinel alone),
+    /// asked one at a time (see [`SentinelTarget`]).
+    #[cfg(feature = "sentinel")]
+    pub(super) fn from_sentinels(
+        all: redis::sentinel::SentinelClient,
+        each: Vec<redis::sentinel::SentinelClient>,
+        service: &str,
+    ) -> Self {
         Self {
-            target: Target::Sentinel(Arc::new(SentinelTarget {
-                client: tokio::sync::Mutex::new(client),
-                service: service.to_owned(),
-                primary: Mutex::new(None),
-                watching: AtomicBool::new(false),
-            })),
+            target: Target::Sentinel(Arc::new(SentinelTarget::new(all, each, service))),
             epoch: Arc::new(AtomicU64::new(0)),
         }
     }
@@ -181,12 +143,7 @@ impl TrackedManager {
                     .await?
             }
             #[cfg(feature = "sentinel")]
-            Target::Sentinel(target) => {
-                if !target.watching.swap(true, Ordering::AcqRel) {
-                    watch_sentinel(Arc::clone(target), Arc::downgrade(&self.epoch));
-                }
-                target.open(generation, &self.epoch).await?
-            }
+            Target::Sentinel(target) => target.open(generation, &self.epoch).await?,
         };
         Ok(TrackedConnection {
             conn,
@@ -194,158 +151,6 @@ impl TrackedManager {
             epoch: Arc::clone(&self.epoch),
         })
     }
-}
-
-#[cfg(feature = "sentinel")]
-impl SentinelTarget {
-    /// The primary in use, if it was found in epoch `generation`.
-    fn primary_of(&self, generation: u64) -> Option<Primary> {
-        self.primary
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .filter(|primary| primary.generation == generation)
-            .cloned()
-    }
-
-    /// Ask the Sentinels for the primary (as a new connection does).
-    async fn resolve(&self) -> Result<(redis::Client, Option<(String, u16)>), RedisError> {
-        let client = self.client.lock().await.async_get_client().await?;
-        let addr = match client.get_connection_info().addr() {
-            redis::ConnectionAddr::Tcp(host, port)
-            | redis::ConnectionAddr::TcpTls { host, port, .. } => Some((host.clone(), *port)),
-            _ => None,
-        };
-        Ok((client, addr))
-    }
-
-    /// A connection of epoch `generation` to the primary: the one found in
-    /// that epoch, or the one the Sentinels name now.
-    async fn open(
-        &self,
-        generation: u64,
-        epoch: &AtomicU64,
-    ) -> Result<MultiplexedConnection, RedisError> {
-        let client = match self.primary_of(generation) {
-            Some(primary) => primary.client,
-            None => {
-                let (client, addr) = self.resolve().await?;
-                let mut primary = self.primary.lock().unwrap_or_else(PoisonError::into_inner);
-                // Kept only if no connection failed meanwhile (an answer
-                // given before a failure may name the primary that failed).
-                if epoch.load(Ordering::Acquire) == generation {
-                    *primary = Some(Primary {
-                        client: client.clone(),
-                        addr,
-                        generation,
-                    });
-                }
-                client
-            }
-        };
-        let opened = client
-            .get_multiplexed_async_connection_with_config(&connection_config())
-            .await;
-        if opened.is_err() {
-            // The next connection asks again.
-            let mut primary = self.primary.lock().unwrap_or_else(PoisonError::into_inner);
-            if primary.as_ref().is_some_and(|p| p.generation == generation) {
-                *primary = None;
-            }
-        }
-        opened
-    }
-}
-
-/// Compare, every [`SENTINEL_WATCH`], the primary a Sentinel names with the
-/// one the newest connection went to, and retire every connection when it
-/// changed (see [`SentinelTarget`]). Ends when the pool is gone.
-#[cfg(feature = "sentinel")]
-fn watch_sentinel(target: Arc<SentinelTarget>, epoch: std::sync::Weak<AtomicU64>) {
-    tokio::spawn(async move {
-        let mut sentinel: Option<MultiplexedConnection> = None;
-        loop {
-            tokio::time::sleep(SENTINEL_WATCH).await;
-            let Some(epoch) = epoch.upgrade() else {
-                return;
-            };
-            let asked = tokio::time::timeout(SENTINEL_ASK_TIMEOUT, async {
-                let Some(named) = named_primary(&target, &mut sentinel).await? else {
-                    return Ok(());
-                };
-                let Some(in_use) = target.primary_of(epoch.load(Ordering::Acquire)) else {
-                    // No primary in use (the next connection asks anyway).
-                    return Ok(());
-                };
-                if in_use.addr.as_ref() == Some(&named) {
-                    return Ok(());
-                }
-                // This Sentinel names another primary: does the question
-                // the connections ask name it too?
-                let (client, addr) = target.resolve().await?;
-                let mut primary = target
-                    .primary
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                let current = primary.as_ref().map(|p| (p.generation, &p.addr));
-                if addr != in_use.addr && current == Some((in_use.generation, &in_use.addr)) {
-                    let generation = epoch.fetch_add(1, Ordering::AcqRel) + 1;
-                    tracing::info!(
-                        service = target.service,
-                        primary = addr.as_ref().map(|(host, port)| format!("{host}:{port}")),
-                        "redis sentinel names another primary: retiring the connections to the old one"
-                    );
-                    *primary = Some(Primary {
-                        client,
-                        addr,
-                        generation,
-                    });
-                }
-                Ok::<_, RedisError>(())
-            })
-            .await
-            .unwrap_or_else(|_| {
-                Err(RedisError::from((
-                    redis::ErrorKind::Io,
-                    "no answer from the Sentinel",
-                )))
-            });
-            if let Err(error) = asked {
-                sentinel = None;
-                tracing::debug!(%error, "redis sentinel: could not ask which primary it names");
-            }
-        }
-    });
-}
-
-/// The primary a Sentinel names for the service (`SENTINEL
-/// GET-MASTER-ADDR-BY-NAME`), on a connection kept between calls.
-#[cfg(feature = "sentinel")]
-async fn named_primary(
-    target: &SentinelTarget,
-    sentinel: &mut Option<MultiplexedConnection>,
-) -> Result<Option<(String, u16)>, RedisError> {
-    if sentinel.is_none() {
-        let client = target
-            .client
-            .lock()
-            .await
-            .async_get_sentinel_client()
-            .await?;
-        *sentinel = Some(
-            client
-                .get_multiplexed_async_connection_with_config(&connection_config())
-                .await?,
-        );
-    }
-    let Some(conn) = sentinel.as_mut() else {
-        return Ok(None);
-    };
-    redis::cmd("SENTINEL")
-        .arg("GET-MASTER-ADDR-BY-NAME")
-        .arg(&target.service)
-        .query_async(conn)
-        .await
 }
 
 /// A pooled multiplexed connection and whether it has failed.

@@ -23,6 +23,8 @@ mod clock_sync;
 mod connection;
 mod reply;
 mod script;
+#[cfg(feature = "sentinel")]
+mod sentinel;
 mod sliding_log;
 
 pub use builder::RedisStoreBuilder;

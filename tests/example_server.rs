@@ -34,6 +34,8 @@ fn binary() -> PathBuf {
 struct Server {
     child: Child,
     addr: String,
+    /// The line that says where it listens (and what it limits, how).
+    start_line: String,
 }
 
 impl Server {
@@ -57,14 +59,18 @@ impl Server {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if let Some(rest) = line.split("listening on http://").nth(1) {
                     let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
-                    let _ = tx.send(addr);
+                    let _ = tx.send((addr, line.clone()));
                 }
             }
         });
-        let addr = rx
+        let (addr, start_line) = rx
             .recv_timeout(Duration::from_secs(20))
             .expect("the server says where it listens");
-        Self { child, addr }
+        Self {
+            child,
+            addr,
+            start_line,
+        }
     }
 
     /// `GET path` with `headers`: the status and the response's headers
@@ -232,6 +238,30 @@ fn fail_modes_answer_when_redis_is_down() {
     assert_eq!(open.status(&[]), 200);
     assert_eq!(open.status(&[]), 200, "open admits while Redis is down");
     assert_eq!(closed.get("/health", &[]).0, 200, "health is never limited");
+}
+
+/// The password in `REDIS_URL` shows neither in the start line nor in the
+/// message of a refused connection; the user name does.
+#[test]
+fn the_redis_password_is_never_logged() {
+    let redis = RedisServer::start();
+    let url = redis.least_privileged_url("rl");
+    assert!(url.contains(":least-privilege@"), "{url}");
+    let server = Server::start(&[("RATE_LIMIT", "5/s"), ("REDIS_URL", &url)]);
+    let line = &server.start_line;
+    assert!(
+        line.contains(&format!("redis://ratelimit@127.0.0.1:{}", redis.port())),
+        "{line}"
+    );
+    assert!(!line.contains("least-privilege"), "{line}");
+    assert_eq!(server.status(&[]), 200, "limited through Redis as the user");
+
+    let wrong = url.replace("least-privilege", "not-the-password");
+    let (code, stderr) = refused(&[("RATE_LIMIT", "5/s"), ("REDIS_URL", &wrong)]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.starts_with("REDIS_URL: "), "{stderr}");
+    assert!(stderr.contains("redis://ratelimit@127.0.0.1"), "{stderr}");
+    assert!(!stderr.contains("not-the-password"), "{stderr}");
 }
 
 #[cfg(unix)]

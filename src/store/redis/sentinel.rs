@@ -3,7 +3,7 @@
 //!
 //! [`TrackedManager`]: super::TrackedManager
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -27,31 +27,31 @@ use super::connection::connection_config;
 /// seconds), which then discards them. So every [`SENTINEL_WATCH`] a task
 /// asks a Sentinel which primary it names; when that is not the one in use,
 /// it asks the question the connections ask, and if that names another
-/// primary too, every connection opened before is retired. (A Sentinel that
-/// alone names another primary retires nothing.)
+/// primary too, every connection opened before is retired: the pool goes
+/// where a new connection would go. (The watch and the connections ask the
+/// same Sentinel first, so a Sentinel that lags the others is believed
+/// until it fails, as redis-rs believes the first one that answers.)
 pub(super) struct SentinelTarget {
-    clients: tokio::sync::Mutex<Clients>,
-    service: String,
-    /// The primary in use, and the epoch it was found in.
-    primary: Mutex<Option<Primary>>,
-    /// Whether the watching task runs.
-    watching: AtomicBool,
-}
-
-/// The clients that ask the Sentinels.
-struct Clients {
     /// A client of every Sentinel: asked when `each` is empty (a client of
     /// the user's, whose Sentinels are not known one by one).
-    all: SentinelClient,
+    all: tokio::sync::Mutex<SentinelClient>,
     /// One client per Sentinel, each built like `all` with that Sentinel
     /// alone. Asked one at a time: redis-rs asks its Sentinels in order and
     /// waits out an unreachable first one at every question, and its
     /// `async_get_sentinel_client` checks every Sentinel on one cached
     /// connection, so it can name one it never reached.
-    each: Vec<SentinelClient>,
+    each: Vec<tokio::sync::Mutex<SentinelClient>>,
     /// The index in `each` of the Sentinel asked first: the one that
     /// answered last.
-    preferred: usize,
+    preferred: AtomicUsize,
+    /// Held while the primary of an epoch is looked up: one question per
+    /// epoch.
+    finding: tokio::sync::Mutex<()>,
+    service: String,
+    /// The primary in use, and the epoch it was found in.
+    primary: Mutex<Option<Primary>>,
+    /// Whether the watching task runs.
+    watching: AtomicBool,
 }
 
 /// A primary the Sentinels named.
@@ -79,11 +79,10 @@ impl SentinelTarget {
     /// through `each` when given (see [`Clients`]).
     pub(super) fn new(all: SentinelClient, each: Vec<SentinelClient>, service: &str) -> Self {
         Self {
-            clients: tokio::sync::Mutex::new(Clients {
-                all,
-                each,
-                preferred: 0,
-            }),
+            all: tokio::sync::Mutex::new(all),
+            each: each.into_iter().map(tokio::sync::Mutex::new).collect(),
+            preferred: AtomicUsize::new(0),
+            finding: tokio::sync::Mutex::new(()),
             service: service.to_owned(),
             primary: Mutex::new(None),
             watching: AtomicBool::new(false),
@@ -109,11 +108,11 @@ impl SentinelTarget {
             .get_multiplexed_async_connection_with_config(&connection_config())
             .await;
         if opened.is_err() {
-            // The next connection asks again.
-            let mut primary = self.primary.lock().unwrap_or_else(PoisonError::into_inner);
-            if primary.as_ref().is_some_and(|p| p.generation == generation) {
-                *primary = None;
-            }
+            // The primary may be gone: a new epoch, whose first connection
+            // asks again, and the connections opened before to the primary
+            // are retired (if the Sentinels name another one, they would
+            // otherwise stay beside the new ones).
+            epoch.fetch_max(generation + 1, Ordering::AcqRel);
         }
         opened
     }
@@ -132,11 +131,11 @@ impl SentinelTarget {
     /// epoch: connections opened at once (a pool filling after a failover)
     /// wait for the first one's answer instead of each asking in turn.
     async fn find(&self, generation: u64, epoch: &AtomicU64) -> Result<redis::Client, RedisError> {
-        let mut clients = self.clients.lock().await;
+        let _finding = self.finding.lock().await;
         if let Some(primary) = self.primary_of(generation) {
             return Ok(primary.client);
         }
-        let (client, addr) = clients.lookup().await?;
+        let (client, addr) = self.lookup().await?;
         let mut primary = self.primary.lock().unwrap_or_else(PoisonError::into_inner);
         // Kept only if no connection failed meanwhile (an answer given
         // before a failure may name the primary that failed).
@@ -154,12 +153,13 @@ impl SentinelTarget {
     /// in use, and the connections' question confirms it: start a new
     /// epoch with it (the connections opened before are retired). When the
     /// Sentinel does not answer, the next one is preferred.
-    async fn watch_once(&self, epoch: &AtomicU64, sentinel: &mut Option<MultiplexedConnection>) {
+    async fn watch_once(&self, epoch: &AtomicU64, sentinel: &mut Option<Asked>) {
         let named = match self.named_primary(sentinel).await {
             Ok(named) => named,
             Err(error) => {
-                *sentinel = None;
-                self.clients.lock().await.prefer_next();
+                if let Some(asked) = sentinel.take() {
+                    self.prefer_next(asked.at);
+                }
                 tracing::debug!(%error, "redis sentinel: could not ask which primary it names");
                 return;
             }
@@ -176,7 +176,7 @@ impl SentinelTarget {
         }
         // This Sentinel names another primary: does the question the
         // connections ask name it too?
-        let found = self.clients.lock().await.lookup().await;
+        let found = self.lookup().await;
         let (client, addr) = match found {
             Ok(found) => found,
             Err(error) => {
@@ -202,44 +202,68 @@ impl SentinelTarget {
     }
 
     /// The primary the preferred Sentinel names for the service (`SENTINEL
-    /// GET-MASTER-ADDR-BY-NAME`), on a connection kept between calls.
+    /// GET-MASTER-ADDR-BY-NAME`), on a connection kept between calls while
+    /// that Sentinel stays preferred. On an error, `sentinel` still says
+    /// which Sentinel failed.
     async fn named_primary(
         &self,
-        sentinel: &mut Option<MultiplexedConnection>,
+        sentinel: &mut Option<Asked>,
     ) -> Result<Option<(String, u16)>, RedisError> {
-        let conn = match sentinel {
-            Some(conn) => conn,
+        let at = self.preferred.load(Ordering::Acquire);
+        if sentinel.as_ref().is_some_and(|asked| asked.at != at) {
+            *sentinel = None;
+        }
+        let asked = match sentinel {
+            Some(asked) => asked,
             None => {
+                // A client of the preferred Sentinel (without clients of
+                // each, the first of `all` that answers `ROLE`). The wait
+                // for its lock is not the Sentinel's time.
+                let mut clients = match self.each.get(at) {
+                    Some(client) => client.lock().await,
+                    None => self.all.lock().await,
+                };
                 let connecting = async {
-                    let client = self.clients.lock().await.preferred_sentinel().await?;
+                    let client = clients.async_get_sentinel_client().await?;
                     client
                         .get_multiplexed_async_connection_with_config(&connection_config())
                         .await
                 };
-                sentinel.insert(within(SENTINEL_ASK_TIMEOUT, connecting).await?)
+                let connected = within(SENTINEL_ASK_TIMEOUT, connecting).await;
+                let conn = connected.inspect_err(|_| self.prefer_next(at))?;
+                sentinel.insert(Asked { at, conn })
             }
         };
         let mut question = redis::cmd("SENTINEL");
         question.arg("GET-MASTER-ADDR-BY-NAME").arg(&self.service);
-        within(SENTINEL_ASK_TIMEOUT, question.query_async(conn)).await
+        within(SENTINEL_ASK_TIMEOUT, question.query_async(&mut asked.conn)).await
     }
 }
 
-impl Clients {
+/// The watch's connection to the Sentinel it asks.
+struct Asked {
+    /// The Sentinel's index in [`SentinelTarget::each`].
+    at: usize,
+    conn: MultiplexedConnection,
+}
+
+impl SentinelTarget {
     /// Ask for the primary: each Sentinel in turn, the preferred first,
     /// until one names a primary that `ROLE` confirms; that Sentinel is
     /// preferred from then on. Returns the primary's client and address.
-    async fn lookup(&mut self) -> Result<(redis::Client, Option<(String, u16)>), RedisError> {
+    async fn lookup(&self) -> Result<(redis::Client, Option<(String, u16)>), RedisError> {
         if self.each.is_empty() {
-            return Ok(located(self.all.async_get_client().await?));
+            return Ok(located(self.all.lock().await.async_get_client().await?));
         }
         let count = self.each.len();
+        let first = self.preferred.load(Ordering::Acquire);
         let mut failure = None;
         for i in 0..count {
-            let at = (self.preferred + i) % count;
-            match within(SENTINEL_ASK_TIMEOUT, self.each[at].async_get_client()).await {
+            let at = (first + i) % count;
+            let mut client = self.each[at].lock().await;
+            match within(SENTINEL_ASK_TIMEOUT, client.async_get_client()).await {
                 Ok(client) => {
-                    self.preferred = at;
+                    self.preferred.store(at, Ordering::Release);
                     return Ok(located(client));
                 }
                 Err(error) => failure = Some(error),
@@ -248,20 +272,16 @@ impl Clients {
         Err(failure.unwrap_or_else(no_sentinel))
     }
 
-    /// A client of the preferred Sentinel (without clients of each, the
-    /// first of `all` that answers `ROLE`).
-    async fn preferred_sentinel(&mut self) -> Result<redis::Client, RedisError> {
-        match self.each.get_mut(self.preferred) {
-            Some(client) => client.async_get_sentinel_client().await,
-            None => self.all.async_get_sentinel_client().await,
+    /// Sentinel `at` failed the watch: prefer the next one (unless a
+    /// lookup has moved the preference meanwhile).
+    fn prefer_next(&self, at: usize) {
+        if self.each.is_empty() {
+            return;
         }
-    }
-
-    /// The preferred Sentinel failed: prefer the next one.
-    fn prefer_next(&mut self) {
-        if !self.each.is_empty() {
-            self.preferred = (self.preferred + 1) % self.each.len();
-        }
+        let next = (at + 1) % self.each.len();
+        let _ = self
+            .preferred
+            .compare_exchange(at, next, Ordering::AcqRel, Ordering::Acquire);
     }
 }
 

@@ -396,6 +396,19 @@ async fn admits_then_denies(store: &RedisStore, key: &str, policy: &Policy, admi
     assert!(!store.check(key, policy).await.unwrap().allowed(), "{key}");
 }
 
+/// Kill the primary and check through `store` every 10 ms until a check
+/// is decided again (on the promoted replica): how long that took.
+async fn kill_the_primary(store: &RedisStore, deployment: &mut Deployment) -> Duration {
+    let killed = Instant::now();
+    deployment.primary.kill();
+    let probe: Policy = "100000/60s".parse().unwrap();
+    while store.check("probe", &probe).await.is_err() {
+        assert!(killed.elapsed() < Duration::from_secs(60), "no failover");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    killed.elapsed()
+}
+
 /// Without any Sentinel that knows the service, connecting fails and says so.
 #[tokio::test]
 async fn an_unknown_service_is_refused() {
@@ -447,13 +460,7 @@ async fn tls_sentinel_urls_follow_a_failover() {
     assert!(error.to_string().contains("UnknownIssuer"), "{error}");
 
     deployment.wait_replicated();
-    let killed = Instant::now();
-    deployment.primary.kill();
-    let probe: Policy = "100000/60s".parse().unwrap();
-    while store.check("probe", &probe).await.is_err() {
-        assert!(killed.elapsed() < Duration::from_secs(60), "no failover");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let back_after = kill_the_primary(&store, &mut deployment).await;
     assert_eq!(deployment.named_primary(), Some(replica_tls));
     // Over TLS on the new primary, the replicated counts hold.
     for (name, policy) in every_algorithm() {
@@ -462,10 +469,7 @@ async fn tls_sentinel_urls_follow_a_failover() {
             "{name}"
         );
     }
-    eprintln!(
-        "FIGURE sentinel over TLS: store back after {:?}",
-        killed.elapsed()
-    );
+    eprintln!("FIGURE sentinel over TLS: store back after {back_after:?}");
 }
 
 /// A least-privileged user (`RedisStore::acl_rules`, created on the primary
@@ -498,13 +502,7 @@ async fn the_acl_user_is_enough_behind_sentinel() {
             "{name}"
         );
     }
-    let killed = Instant::now();
-    deployment.primary.kill();
-    let probe: Policy = "100000/60s".parse().unwrap();
-    while store.check("probe", &probe).await.is_err() {
-        assert!(killed.elapsed() < Duration::from_secs(60), "no failover");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    kill_the_primary(&store, &mut deployment).await;
     assert_eq!(deployment.named_primary(), Some(deployment.replica.port()));
     for (name, policy) in every_algorithm() {
         store.check(name, &policy).await.unwrap();
@@ -611,13 +609,7 @@ async fn sentinels_with_a_password_take_the_builders_credentials() {
         admits_then_denies(&store, name, &policy, 5).await;
     }
     deployment.wait_replicated();
-    let killed = Instant::now();
-    deployment.primary.kill();
-    let probe: Policy = "100000/60s".parse().unwrap();
-    while store.check("probe", &probe).await.is_err() {
-        assert!(killed.elapsed() < Duration::from_secs(60), "no failover");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    kill_the_primary(&store, &mut deployment).await;
     assert_eq!(deployment.named_primary(), Some(deployment.replica.port()));
     for (name, policy) in every_algorithm() {
         assert!(

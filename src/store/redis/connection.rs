@@ -110,6 +110,13 @@ impl TrackedManager {
     /// are retired, so that a primary that was cut off and comes back does
     /// not take checks (that its demotion would discard) until the
     /// Sentinels demote it.
+    ///
+    /// With a client of your own, both questions go through it as
+    /// redis-rs asks them: an unreachable first Sentinel is waited out at
+    /// every lookup, and the watch may stay with a Sentinel that does not
+    /// answer. [`RedisStore::connect_sentinel`](super::RedisStore::connect_sentinel)
+    /// and `redis+sentinel://` URLs ask one Sentinel at a time instead,
+    /// beginning with the one that answered last.
     #[cfg(feature = "sentinel")]
     #[must_use]
     pub fn from_sentinel(client: redis::sentinel::SentinelClient, service: &str) -> Self {

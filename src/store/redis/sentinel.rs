@@ -66,7 +66,7 @@ struct Primary {
 
 /// How often the primary a Sentinel names is compared with the one the
 /// pool's connections go to.
-pub(super) const SENTINEL_WATCH: Duration = Duration::from_millis(500);
+const SENTINEL_WATCH: Duration = Duration::from_millis(500);
 
 /// How long one Sentinel may take to answer (connecting, and for a lookup
 /// the `ROLE` of the primary it names, included) before the next is
@@ -75,8 +75,8 @@ pub(super) const SENTINEL_WATCH: Duration = Duration::from_millis(500);
 const SENTINEL_ASK_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl SentinelTarget {
-    /// A target asking the Sentinels through `all`, and one at a time
-    /// through `each` when given (see [`Clients`]).
+    /// A target asking the Sentinels through `all`, or one at a time
+    /// through `each` when given (see the fields).
     pub(super) fn new(all: SentinelClient, each: Vec<SentinelClient>, service: &str) -> Self {
         Self {
             all: tokio::sync::Mutex::new(all),
@@ -176,8 +176,7 @@ impl SentinelTarget {
         }
         // This Sentinel names another primary: does the question the
         // connections ask name it too?
-        let found = self.lookup().await;
-        let (client, addr) = match found {
+        let (client, addr) = match self.lookup().await {
             Ok(found) => found,
             Err(error) => {
                 tracing::debug!(%error, "redis sentinel: could not look the primary up");
@@ -238,16 +237,7 @@ impl SentinelTarget {
         question.arg("GET-MASTER-ADDR-BY-NAME").arg(&self.service);
         within(SENTINEL_ASK_TIMEOUT, question.query_async(&mut asked.conn)).await
     }
-}
 
-/// The watch's connection to the Sentinel it asks.
-struct Asked {
-    /// The Sentinel's index in [`SentinelTarget::each`].
-    at: usize,
-    conn: MultiplexedConnection,
-}
-
-impl SentinelTarget {
     /// Ask for the primary: each Sentinel in turn, the preferred first,
     /// until one names a primary that `ROLE` confirms; that Sentinel is
     /// preferred from then on. Returns the primary's client and address.
@@ -283,6 +273,13 @@ impl SentinelTarget {
             .preferred
             .compare_exchange(at, next, Ordering::AcqRel, Ordering::Acquire);
     }
+}
+
+/// The watch's connection to the Sentinel it asks.
+struct Asked {
+    /// The Sentinel's index in [`SentinelTarget::each`].
+    at: usize,
+    conn: MultiplexedConnection,
 }
 
 /// Every [`SENTINEL_WATCH`], [`SentinelTarget::watch_once`]. Ends when the

@@ -89,11 +89,11 @@ fn policies() -> Vec<(&'static str, Policy)> {
     vec![
         (
             "sliding-log/transaction",
-            base.clone().with_execution(Execution::Transaction),
+            base.clone().with_execution(Execution::Transaction).unwrap(),
         ),
         (
             "sliding-log/script",
-            base.clone().with_execution(Execution::Script),
+            base.clone().with_execution(Execution::Script).unwrap(),
         ),
         ("fixed-window", base.clone().fixed_window().unwrap()),
         ("sliding-window", base.clone().sliding_window().unwrap()),
@@ -549,7 +549,7 @@ async fn memory(settings: &Settings) {
             (
                 "sliding-log",
                 "log",
-                base.clone().with_execution(Execution::Script),
+                base.clone().with_execution(Execution::Script).unwrap(),
             ),
             (
                 "fixed-window",

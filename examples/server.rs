@@ -13,16 +13,18 @@
 //! | variable     | default          | meaning                                              |
 //! |--------------|------------------|------------------------------------------------------|
 //! | `BIND`       | `127.0.0.1:3000` | address to listen on                                 |
+//! | `HEADER_TIMEOUT` | `10s`        | a connection must send a request's headers within this, or it is closed (an idle kept-alive connection waits for its next request under it too) |
+//! | `SHUTDOWN_GRACE` | `20s`        | after `SIGTERM`, how long the requests in flight may take; then the remaining connections are closed and the server exits 0 |
 //! | `REDIS_URL`  | unset            | unset: limits held in this process; set: in Redis: `redis://[user:password@]host:port[/db]`, `rediss://…` (TLS, `--features tls`), `redis+sentinel://[user:password@]host[:port][,host[:port]…]/service[/db]` (`--features sentinel`; `rediss+sentinel://` with both) |
 //! | `REDIS_CA_CERT` | unset         | with a TLS URL: a PEM file of the CA(s) to trust instead of the system's roots |
 //! | `REDIS_CLIENT_CERT`, `REDIS_CLIENT_KEY` | unset | with a TLS URL: PEM files of a client certificate and its key (mutual TLS) |
 //! | `RATE_LIMIT` | `5/10s`          | the policy, such as `3/s, 20/min`; `off`: no limit (for benchmarks) |
 //! | `KEY`        | `ip`             | `ip` (the peer address) or `header:NAME`             |
-//! | `EXECUTION`  | `transaction`    | how Redis runs the check: `transaction` or `script`  |
+//! | `EXECUTION`  | `transaction`    | how Redis runs the sliding log: `transaction` or `script` (refused with another `ALGORITHM`) |
 //! | `ALGORITHM`  | `sliding-log`    | `sliding-log`, `fixed-window`, `sliding-window`, `gcra` or `concurrency` |
 //! | `DENY_CACHE` | `on`             | `off`: ask the store about every request of a denied key |
 //! | `BATCHES`    | `2`              | with `REDIS_URL`: batches of checks in flight per algorithm (`RedisStore::with_batches`); `0`: one script per check |
-//! | `LOCAL_QUOTA` | unset           | `N/HOLD` (`100/250ms`): admit hot keys locally from batches of `N` units taken from the store, each used within `HOLD`; at most `INSTANCES × N` more admitted in a window (none more under `fixed-window`) |
+//! | `LOCAL_QUOTA` | unset           | `N/HOLD` (`100/250ms`): admit hot keys locally from batches of `N` units taken from the store, each used within `HOLD`; at most `INSTANCES × N` more admitted in a window (none more under `fixed-window`). With `RULES`, set `local_quota` on the rules instead |
 //! | `TRUSTED_PROXIES` | unset       | comma-separated addresses or CIDR blocks of your reverse proxies (`10.0.0.0/8, fd00::/8`); set: the key's address is the client's, read from `PROXY_HEADER` when the peer is one of them |
 //! | `PROXY_HEADER` | `x-forwarded-for` | with `TRUSTED_PROXIES`: `x-forwarded-for`, `forwarded` or `x-real-ip` |
 //! | `FAIL_MODE`  | `open`           | when the store fails: `open` (admit), `closed` (answer 503) or `fallback:N` (limit in process to 1/N of the policy, for N instances) |
@@ -47,41 +49,105 @@
 //! limited; `GET /health` is never limited. A bad setting is reported on
 //! stderr, naming the variable, and the program exits with status 2.
 //! `SIGTERM` or Ctrl-C stops the server gracefully: it stops accepting,
-//! lets the requests in flight finish, and exits with status 0.
+//! lets the requests in flight finish within `SHUTDOWN_GRACE`, and exits
+//! with status 0, even while clients hold half-sent requests or stop
+//! reading.
 
 use std::fmt;
-use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use axum::Router;
+use axum::extract::ConnectInfo;
 use axum::routing::get;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tower::ServiceExt;
 use tower_redis_ratelimit::key::ProxyHeader;
 use tower_redis_ratelimit::rules::{RuleSet, Rules};
 use tower_redis_ratelimit::{
-    Algorithm, Execution, FailMode, HeaderStyle, LocalQuota, MemoryStore, Policy, RateLimitLayer,
-    RedisStore, RulesLayer, Store, key,
+    Algorithm, Execution, FailMode, HeaderStyle, LocalQuota, MemoryStore, Policy, Rate,
+    RateLimitLayer, RedisStore, RulesLayer, Store, key,
 };
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> ExitCode {
     init_logging();
-    let (listener, app) = match setup().await {
+    let (listener, app, limits) = match setup().await {
         Ok(ready) => ready,
         Err(bad) => {
             eprintln!("{bad}");
             return ExitCode::from(2);
         }
     };
-    // `key::peer_ip()` reads the client address that this records.
-    let service = app.into_make_service_with_connect_info::<SocketAddr>();
-    let serving = axum::serve(listener, service).with_graceful_shutdown(shutdown_signal());
-    if let Err(error) = serving.await {
-        eprintln!("server error: {error}");
-        return ExitCode::FAILURE;
-    }
+    serve(listener, app, limits).await;
     ExitCode::SUCCESS
+}
+
+/// How long a client may hold a connection without progress.
+#[derive(Clone, Copy)]
+struct ConnectionLimits {
+    /// `HEADER_TIMEOUT`: to send a request's headers.
+    header_timeout: Duration,
+    /// `SHUTDOWN_GRACE`: for the requests in flight after the stop.
+    grace: Duration,
+}
+
+/// Serves `app` until `SIGTERM` or Ctrl-C, then stops accepting and lets
+/// the requests in flight finish for at most the grace period. (axum::serve
+/// has neither a header timeout nor a bounded stop: one client holding
+/// half-sent headers would hold the stop forever.)
+async fn serve(listener: TcpListener, app: Router, limits: ConnectionLimits) {
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    let graceful = GracefulShutdown::new();
+    let stop = shutdown_signal();
+    tokio::pin!(stop);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors, say: wait, then go on.
+                    tracing::warn!(%error, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut stop => break,
+        };
+        // `key::peer_ip()` reads the client address that this records.
+        let app = app
+            .clone()
+            .map_request(move |mut request: http::Request<_>| {
+                request.extensions_mut().insert(ConnectInfo(peer));
+                request
+            });
+        let connection = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, %peer, "connection ended");
+            }
+        });
+    }
+    drop(listener);
+    let open = graceful.count();
+    tracing::info!(open, "shutting down: finishing the requests in flight");
+    if tokio::time::timeout(limits.grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        // Returning from main closes them.
+        tracing::warn!(
+            grace = ?limits.grace,
+            "grace period over: closing the connections still open"
+        );
+    }
 }
 
 /// Resolves at the first `SIGTERM` (what orchestrators send) or Ctrl-C.
@@ -110,7 +176,6 @@ async fn shutdown_signal() {
         () = ctrl_c => {}
         () = terminate => {}
     }
-    tracing::info!("shutting down: finishing the requests in flight");
 }
 
 /// Logs at `info` unless `RUST_LOG` says otherwise.
@@ -125,7 +190,7 @@ fn init_logging() {
 }
 
 /// Reads the settings, opens the store and binds the listener.
-async fn setup() -> Result<(TcpListener, Router), BadSetting> {
+async fn setup() -> Result<(TcpListener, Router, ConnectionLimits), BadSetting> {
     let settings = Settings::from_env()?;
     let app = match (&settings.rules, &settings.redis_url) {
         (Some(source), None) => rules_router(MemoryStore::new(), source, &settings).await?,
@@ -142,7 +207,7 @@ async fn setup() -> Result<(TcpListener, Router), BadSetting> {
         )
     })?;
     log_start(&settings, &listener);
-    Ok((listener, app))
+    Ok((listener, app, settings.limits))
 }
 
 /// The one line logged at start: what is limited, how, and where.
@@ -438,6 +503,8 @@ struct Settings {
     deny_cache: bool,
     /// `LOCAL_QUOTA`: hot keys admitted locally.
     local_quota: Option<LocalQuota>,
+    /// `HEADER_TIMEOUT` and `SHUTDOWN_GRACE`.
+    limits: ConnectionLimits,
     /// `TRUSTED_PROXIES` (and `PROXY_HEADER`): the client's address behind them.
     client_ip: Option<key::ClientIp>,
     fail_mode: FailMode,
@@ -472,6 +539,13 @@ impl Settings {
                     ));
                 }
             }
+            if var("LOCAL_QUOTA")?.is_some() {
+                return Err(BadSetting::new(
+                    "LOCAL_QUOTA",
+                    "with RULES, a local quota belongs to each rule that needs one: \
+                     set `local_quota = \"100/250ms\"` on those rules",
+                ));
+            }
         }
 
         let rate_limit = var("RATE_LIMIT")?.unwrap_or_else(|| "5/10s".to_owned());
@@ -483,28 +557,31 @@ impl Settings {
             ),
         };
 
-        let execution = match var("EXECUTION")? {
-            None => Execution::Transaction,
-            Some(text) => text.parse().map_err(|_| {
-                BadSetting::new(
-                    "EXECUTION",
-                    format!("unknown execution {text:?}: use `transaction` or `script`"),
-                )
-            })?,
-        };
-
         let algorithm = match var("ALGORITHM")? {
             None => Algorithm::SlidingLog,
             Some(text) => text
                 .parse()
                 .map_err(|error| BadSetting::new("ALGORITHM", error))?,
         };
+        let execution = var("EXECUTION")?
+            .map(|text| {
+                text.parse::<Execution>()
+                    .map_err(|error| BadSetting::new("EXECUTION", error))
+            })
+            .transpose()?;
         let policy = policy
             .map(|policy| {
-                policy
-                    .with_execution(execution)
+                let policy = policy
                     .with_algorithm(algorithm)
-                    .map_err(|error| BadSetting::new("ALGORITHM", error))
+                    .map_err(|error| BadSetting::new("ALGORITHM", error))?;
+                match execution {
+                    // Refused for an algorithm other than the sliding log,
+                    // as a rule's `execution` is.
+                    Some(execution) => policy
+                        .with_execution(execution)
+                        .map_err(|error| BadSetting::new("EXECUTION", error)),
+                    None => Ok(policy),
+                }
             })
             .transpose()?;
 
@@ -519,23 +596,16 @@ impl Settings {
             }
         };
 
-        let local_quota = match var("LOCAL_QUOTA")? {
-            None => None,
-            Some(text) => {
-                let quota = text
-                    .parse::<tower_redis_ratelimit::Rate>()
-                    .map_err(|error| error.to_string())
-                    .and_then(|rate| {
-                        LocalQuota::new(rate.max(), rate.window()).map_err(|e| e.to_string())
-                    })
-                    .map_err(|problem| {
-                        BadSetting::new(
-                            "LOCAL_QUOTA",
-                            format!("{problem}: write the batch and how long its units are used, as `100/250ms`"),
-                        )
-                    })?;
-                Some(quota)
-            }
+        let local_quota = var("LOCAL_QUOTA")?
+            .map(|text| {
+                text.parse::<LocalQuota>()
+                    .map_err(|error| BadSetting::new("LOCAL_QUOTA", error))
+            })
+            .transpose()?;
+
+        let limits = ConnectionLimits {
+            header_timeout: duration("HEADER_TIMEOUT")?.unwrap_or(Duration::from_secs(10)),
+            grace: duration("SHUTDOWN_GRACE")?.unwrap_or(Duration::from_secs(20)),
         };
 
         let key = match var("KEY")? {
@@ -621,6 +691,7 @@ impl Settings {
             key,
             deny_cache,
             local_quota,
+            limits,
             client_ip,
             fail_mode,
             fail_mode_text,
@@ -638,6 +709,24 @@ fn var(name: &'static str) -> Result<Option<String>, BadSetting> {
         Err(std::env::VarError::NotPresent) => Ok(None),
         Err(std::env::VarError::NotUnicode(_)) => Err(BadSetting::new(name, "not valid UTF-8")),
     }
+}
+
+/// The duration in environment variable `name`, written as a rate's
+/// window (`500ms`, `10s`, `1m`); `None` if it is unset or empty.
+fn duration(name: &'static str) -> Result<Option<Duration>, BadSetting> {
+    var(name)?
+        .map(|text| {
+            format!("1/{}", text.trim())
+                .parse::<Rate>()
+                .map(|rate| rate.window())
+                .map_err(|_| {
+                    BadSetting::new(
+                        name,
+                        format!("{text:?} is not a duration such as `500ms`, `10s` or `1m`"),
+                    )
+                })
+        })
+        .transpose()
 }
 
 /// Where the rules come from (`RULES`).

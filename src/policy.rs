@@ -324,7 +324,8 @@ impl FromStr for Algorithm {
 }
 
 /// How [`RedisStore`](crate::RedisStore) runs the sliding log. Other stores
-/// ignore it: their decisions are the same either way.
+/// ignore it: their decisions are the same either way. Only the sliding log
+/// takes one ([`Policy::with_execution`] refuses it for another algorithm).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum Execution {
@@ -363,6 +364,12 @@ impl FromStr for Execution {
     }
 }
 
+/// Why an execution is refused for an algorithm other than the sliding log
+/// (the one check behind [`Policy::with_execution`] and
+/// [`Policy::with_algorithm`], so code and rule sets refuse it alike).
+const EXECUTION_ONLY_FOR_THE_LOG: &str =
+    "an execution (only the sliding log runs in more than one way)";
+
 /// The limits a key is held to: one or more [`Rate`]s checked all-or-nothing,
 /// an optional minimum spacing between admitted requests, and the cost of
 /// one request.
@@ -376,7 +383,7 @@ impl FromStr for Execution {
 ///
 /// let policy = "3/s, 20/min".parse::<Policy>()?
 ///     .with_min_spacing(Duration::from_millis(100))?
-///     .with_execution(Execution::Script);
+///     .with_execution(Execution::Script)?;
 /// assert_eq!(policy.rates().len(), 2);
 /// assert_eq!(policy.to_string(), "3/s, 20/min");
 /// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
@@ -471,8 +478,8 @@ impl Policy {
     /// ```
     ///
     /// # Errors
-    /// A combination the algorithm cannot enforce: minimum spacing outside
-    /// the sliding log; for [`Algorithm::Concurrency`] (better built with
+    /// A combination the algorithm cannot enforce: minimum spacing or the
+    /// [`Execution::Script`] execution outside the sliding log; for [`Algorithm::Concurrency`] (better built with
     /// [`Policy::concurrency`]), more than one rate or a cost above 1.
     pub fn with_algorithm(mut self, algorithm: Algorithm) -> Result<Self, PolicyError> {
         self.algorithm = algorithm;
@@ -558,6 +565,9 @@ impl Policy {
                 what,
             })
         };
+        if self.execution != Execution::default() && self.algorithm != Algorithm::SlidingLog {
+            return unsupported(EXECUTION_ONLY_FOR_THE_LOG);
+        }
         if self.min_spacing.is_some() && self.algorithm != Algorithm::SlidingLog {
             return unsupported(
                 "a minimum spacing (only the sliding log keeps the last request's time)",
@@ -609,12 +619,22 @@ impl Policy {
         Ok(self)
     }
 
-    /// Run with this [`Execution`] on Redis (default
+    /// Run the sliding log with this [`Execution`] on Redis (default
     /// [`Execution::Transaction`]).
-    #[must_use]
-    pub fn with_execution(mut self, execution: Execution) -> Self {
+    ///
+    /// # Errors
+    /// The policy's algorithm is not the sliding log: only it runs in more
+    /// than one way, so an execution set for another algorithm would be
+    /// ignored. Set the algorithm first.
+    pub fn with_execution(mut self, execution: Execution) -> Result<Self, PolicyError> {
+        if self.algorithm != Algorithm::SlidingLog {
+            return Err(PolicyError::Unsupported {
+                algorithm: self.algorithm,
+                what: EXECUTION_ONLY_FOR_THE_LOG,
+            });
+        }
         self.execution = execution;
-        self
+        Ok(self)
     }
 
     /// The rates, shortest window first.
@@ -1061,5 +1081,35 @@ mod tests {
             "unknown execution \"both\": use `transaction` or `script`"
         );
         assert_eq!(Execution::Script.to_string(), "script");
+    }
+
+    #[test]
+    fn an_execution_is_refused_for_every_algorithm_but_the_sliding_log() {
+        let log: Policy = "3/s".parse().unwrap();
+        for execution in [Execution::Transaction, Execution::Script] {
+            assert_eq!(
+                log.clone().with_execution(execution).unwrap().execution(),
+                execution
+            );
+            for algorithm in [
+                Algorithm::FixedWindow,
+                Algorithm::SlidingWindow,
+                Algorithm::Gcra,
+                Algorithm::Concurrency,
+            ] {
+                let other = log.clone().with_algorithm(algorithm).unwrap();
+                let err = other.with_execution(execution).unwrap_err().to_string();
+                assert!(
+                    err.contains(&format!(
+                        "the {algorithm} algorithm does not support an execution"
+                    )),
+                    "{err}"
+                );
+            }
+        }
+        // Either order: a script policy does not become another algorithm.
+        let script = log.with_execution(Execution::Script).unwrap();
+        let err = script.gcra().unwrap_err().to_string();
+        assert!(err.contains("only the sliding log"), "{err}");
     }
 }

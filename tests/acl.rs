@@ -15,8 +15,8 @@ use tower_redis_ratelimit::{Command, Execution, Policy, RedisStore, Store, Store
 fn every_policy() -> Vec<Policy> {
     let base: Policy = "3/60s, 5/120s".parse().unwrap();
     vec![
-        base.clone().with_execution(Execution::Transaction),
-        base.clone().with_execution(Execution::Script),
+        base.clone().with_execution(Execution::Transaction).unwrap(),
+        base.clone().with_execution(Execution::Script).unwrap(),
         base.clone().fixed_window().unwrap(),
         base.clone().sliding_window().unwrap(),
         base.clone().gcra().unwrap(),

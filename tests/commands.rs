@@ -46,7 +46,7 @@ impl Variant {
     fn policy(self) -> Policy {
         let base: Policy = "3/h".parse().unwrap();
         match self {
-            Self::SlidingLog(execution) => base.with_execution(execution),
+            Self::SlidingLog(execution) => base.with_execution(execution).unwrap(),
             Self::FixedWindow => base.with_algorithm(Algorithm::FixedWindow).unwrap(),
             Self::SlidingWindow => base.with_algorithm(Algorithm::SlidingWindow).unwrap(),
             Self::Gcra => base.with_algorithm(Algorithm::Gcra).unwrap(),

@@ -27,7 +27,7 @@ use tower_redis_ratelimit::{Algorithm, Decision, Policy};
 /// The policy `text` ("max/window, ...") under `algorithm` (for
 /// concurrency: max in flight, leases of the window).
 fn policy(h: &Harness, algorithm: Algorithm, text: &str) -> Policy {
-    h.policy(text).with_algorithm(algorithm).unwrap()
+    h.policy_of(text, algorithm)
 }
 
 /// Start a case: for the algorithms that count in wall-clock windows, at

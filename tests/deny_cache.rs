@@ -51,7 +51,8 @@ async fn a_flood_after_a_denial_costs_redis_nothing_until_it_ends() {
         "2/1s"
             .parse::<Policy>()
             .unwrap()
-            .with_execution(Execution::Script),
+            .with_execution(Execution::Script)
+            .unwrap(),
         "2/1s".parse::<Policy>().unwrap().fixed_window().unwrap(),
         "2/1s".parse::<Policy>().unwrap().sliding_window().unwrap(),
         "2/1s".parse::<Policy>().unwrap().gcra().unwrap(),
@@ -127,7 +128,8 @@ async fn denials_that_are_not_final_are_not_cached() {
             "2/10s"
                 .parse::<Policy>()
                 .unwrap()
-                .with_execution(Execution::Script),
+                .with_execution(Execution::Script)
+                .unwrap(),
             false,
         ),
         ("concurrency", Policy::concurrency(1).unwrap(), true),

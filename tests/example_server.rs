@@ -159,6 +159,10 @@ fn a_bad_value_exits_with_status_2_naming_the_variable() {
         ("KEY", "cookie:session"),
         ("LOCAL_QUOTA", "100"),
         ("LOCAL_QUOTA", "1/s"),
+        ("HEADER_TIMEOUT", "soon"),
+        ("HEADER_TIMEOUT", "0s"),
+        ("SHUTDOWN_GRACE", "10"),
+        ("EXECUTION", "both"),
     ] {
         let (status, stderr) = refused(&[(name, value)]);
         assert_eq!(status, Some(2), "{name}={value}: {stderr}");
@@ -288,6 +292,114 @@ fn sigterm_stops_the_server_gracefully() {
         TcpStream::connect(&server.addr).is_err(),
         "no longer listening"
     );
+}
+
+/// Wait up to `limit` for the server to exit: its status and how long it took.
+fn wait_for_exit(server: &mut Server, limit: Duration) -> (std::process::ExitStatus, Duration) {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            return (status, started.elapsed());
+        }
+        assert!(
+            started.elapsed() < limit,
+            "still running {limit:?} after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A client that sent half a request (no blank line ends its headers) and
+/// one that sent many requests and stopped reading the answers hold
+/// connections with work in flight; the stop waits for them only for
+/// `SHUTDOWN_GRACE`, then exits 0.
+#[cfg(unix)]
+#[test]
+fn sigterm_exits_within_the_grace_period_despite_half_sent_and_unread_requests() {
+    let grace = Duration::from_secs(2);
+    let mut server = Server::start(&[
+        ("RATE_LIMIT", "100/10s"),
+        ("SHUTDOWN_GRACE", "2s"),
+        // Far beyond the test: only the grace period can end these.
+        ("HEADER_TIMEOUT", "10m"),
+    ]);
+    let mut half = TcpStream::connect(&server.addr).unwrap();
+    half.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").unwrap();
+    // Pipelined requests whose answers fill both socket buffers: the
+    // server blocks writing them.
+    let unread = TcpStream::connect(&server.addr).unwrap();
+    unread.set_nonblocking(true).unwrap();
+    let requests = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".repeat(1_000_000);
+    let mut sent = 0;
+    let mut progress = Instant::now();
+    // Until the server stops reading them for 300 ms.
+    while sent < requests.len() && progress.elapsed() < Duration::from_millis(300) {
+        match (&unread).write(&requests[sent..]) {
+            Ok(n) => {
+                sent += n;
+                progress = Instant::now();
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(
+        sent < requests.len(),
+        "the server stopped reading: its answers were not read"
+    );
+    // A client that sends whole requests is still answered.
+    assert_eq!(server.get("/health", &[]).0, 200);
+
+    let pid = server.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let (status, took) = wait_for_exit(&mut server, grace + Duration::from_secs(3));
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "a stop cut short by the grace period still exits 0"
+    );
+    assert!(
+        took >= grace - Duration::from_millis(200),
+        "the unread answers were in flight: the stop waited for them ({took:?})"
+    );
+    // The half-sent connection was closed, not left to the client.
+    half.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut rest = Vec::new();
+    assert!(half.read_to_end(&mut rest).is_ok(), "closed by the server");
+    drop(unread);
+}
+
+/// Without any signal, a connection that does not finish its headers
+/// within `HEADER_TIMEOUT` is closed; whole requests are served as before.
+#[test]
+fn a_half_sent_request_is_closed_after_the_header_timeout() {
+    let server = Server::start(&[("HEADER_TIMEOUT", "1s")]);
+    let mut half = TcpStream::connect(&server.addr).unwrap();
+    half.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let sent = Instant::now();
+    half.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let mut answer = Vec::new();
+    half.read_to_end(&mut answer)
+        .expect("closed by the server before the test's own 10 s timeout");
+    let took = sent.elapsed();
+    assert!(
+        (Duration::from_millis(900)..Duration::from_secs(5)).contains(&took),
+        "closed after {took:?}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&answer).contains("200 OK"),
+        "a half-sent request is not served"
+    );
+    assert_eq!(server.status(&[]), 200, "the server still serves");
 }
 
 #[test]
@@ -432,6 +544,13 @@ fn rules_from_a_file_pick_the_tier_and_a_bad_rules_setting_exits_2() {
     let (code, stderr) = refused(&[("RULES", file), ("RATE_LIMIT", "5/s")]);
     assert_eq!(code, Some(2));
     assert!(stderr.starts_with("RATE_LIMIT: "), "{stderr}");
+    // A local quota is a rule's own (`local_quota`): not set beside RULES.
+    let (code, stderr) = refused(&[("RULES", file), ("LOCAL_QUOTA", "100/250ms")]);
+    assert_eq!(code, Some(2));
+    assert!(
+        stderr.starts_with("LOCAL_QUOTA: ") && stderr.contains("local_quota"),
+        "{stderr}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -459,6 +578,51 @@ fn a_local_quota_admits_hot_keys_locally_within_the_limit() {
     let (code, stderr) = refused(&[("LOCAL_QUOTA", "5/10s"), ("ALGORITHM", "concurrency")]);
     assert_eq!(code, Some(2));
     assert!(stderr.starts_with("LOCAL_QUOTA: "), "{stderr}");
+
+    // With rules, the rule's own `local_quota` does the same.
+    let dir = std::env::temp_dir().join(format!("server-local-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("rules.toml");
+    std::fs::write(
+        &file,
+        "[[rules]]\nname = \"all\"\nkey = \"global\"\npolicy = \"1000/h\"\n\
+         algorithm = \"gcra\"\nlocal_quota = \"50/30s\"\n",
+    )
+    .unwrap();
+    let server = Server::start(&[
+        ("REDIS_URL", url.as_str()),
+        ("RULES", file.to_str().unwrap()),
+    ]);
+    let calls = redis.calls("evalsha");
+    for i in 0..200 {
+        assert_eq!(server.status(&[]), 200, "request {i}");
+    }
+    // Four batches of 50 (and one more when the script was not loaded).
+    let checks = redis.calls("evalsha") - calls;
+    assert!((4..=5).contains(&checks), "{checks} checks in Redis");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An execution is the sliding log's: beside another algorithm it is
+/// refused, as a rule's `execution` is, with the same reason.
+#[test]
+fn an_execution_with_another_algorithm_exits_2() {
+    for algorithm in ["gcra", "fixed-window"] {
+        for execution in ["script", "transaction"] {
+            let (code, stderr) = refused(&[("ALGORITHM", algorithm), ("EXECUTION", execution)]);
+            assert_eq!(code, Some(2), "{algorithm} {execution}: {stderr}");
+            assert!(
+                stderr.starts_with("EXECUTION: ") && stderr.contains("only the sliding log"),
+                "{stderr}"
+            );
+        }
+    }
+    let server = Server::start(&[("ALGORITHM", "sliding-log"), ("EXECUTION", "script")]);
+    assert!(
+        server.start_line.contains("execution=script"),
+        "{}",
+        server.start_line
+    );
 }
 
 /// `REDIS_URL=rediss://…` with the CA and a client certificate from files

@@ -29,6 +29,7 @@ fn policy() -> Policy {
         .parse::<Policy>()
         .unwrap()
         .with_execution(Execution::Script)
+        .unwrap()
 }
 
 async fn app(server: &RedisServer, mode: FailMode) -> Router {

@@ -12,11 +12,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use support::contention::admitted_under_contention;
 use support::harness::{Harness, MARGIN, MS, US, advance_to, align, away_from_a_boundary, micros};
 use support::{RedisServer, differential};
-use tower_redis_ratelimit::{Algorithm, Execution, Policy, Rate, RedisStore, Store};
+use tower_redis_ratelimit::{Algorithm, Policy, Rate, RedisStore, Store};
 use tower_redis_ratelimit::{MAX_COST, MAX_MAX, MAX_WINDOW};
 
 fn fixed(h: &Harness, text: &str) -> Policy {
-    h.policy(text).fixed_window().unwrap()
+    h.policy_of(text, Algorithm::FixedWindow)
 }
 
 /// `reset` and `retry_after` are the end of the window, whenever in it a
@@ -116,7 +116,6 @@ async fn huge_limits(h: Harness) {
     let rate = Rate::new(MAX_MAX, MAX_WINDOW).unwrap();
     let p = Policy::new([Rate::new(MAX_COST, 1000 * MS).unwrap(), rate])
         .unwrap()
-        .with_execution(Execution::Script)
         .fixed_window()
         .unwrap()
         .with_cost(MAX_COST)

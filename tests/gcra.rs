@@ -17,7 +17,7 @@ use tower_redis_ratelimit::{Algorithm, Policy, RedisStore, Store};
 /// `max` admitted at once (remaining and reset counting down), then denied
 /// until one interval (`window / max`) has passed.
 async fn burst_then_denied(h: Harness) {
-    let p = h.policy("4/1s").gcra().unwrap();
+    let p = h.policy_of("4/1s", Algorithm::Gcra);
     let t0 = h.mark();
     for (remaining, reset_ms) in [(3, 250), (2, 500), (1, 750), (0, 1000)] {
         let d = h.check("k", &p).await;
@@ -50,7 +50,7 @@ async fn burst_then_denied(h: Harness) {
 
 /// After the burst, one more request every `window / max`, never two.
 async fn steady_refill(h: Harness) {
-    let p = h.policy("4/1s").gcra().unwrap();
+    let p = h.policy_of("4/1s", Algorithm::Gcra);
     for _ in 0..4 {
         assert!(h.check("k", &p).await.allowed());
     }
@@ -76,7 +76,7 @@ async fn steady_refill(h: Harness) {
 /// A request of cost `c` takes `c` tokens: its reset is `c` intervals
 /// later, and a denied one waits until `c` tokens are back.
 async fn cost_takes_several_tokens(h: Harness) {
-    let p = h.policy("5/1s").gcra().unwrap().with_cost(2).unwrap();
+    let p = h.policy_of("5/1s", Algorithm::Gcra).with_cost(2).unwrap();
     let t0 = h.mark();
     let d = h.check("k", &p).await;
     assert!(d.allowed());
@@ -94,7 +94,7 @@ async fn cost_takes_several_tokens(h: Harness) {
 
 /// Remaining and reset follow the partial refill between requests.
 async fn remaining_and_reset_follow_the_refill(h: Harness) {
-    let p = h.policy("4/1s").gcra().unwrap();
+    let p = h.policy_of("4/1s", Algorithm::Gcra);
     let t0 = h.mark();
     assert!(h.check("k", &p).await.allowed());
     let d = h.check("k", &p).await;

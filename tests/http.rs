@@ -163,7 +163,8 @@ async fn waiting_retry_after_is_enough() {
         let policy = "2/1500ms"
             .parse::<Policy>()
             .unwrap()
-            .with_execution(execution);
+            .with_execution(execution)
+            .unwrap();
         let app = app_with(RateLimitLayer::new(store, policy, key::peer_ip()));
         let peer = if execution == Execution::Script {
             "10.0.0.1"

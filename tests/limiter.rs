@@ -81,7 +81,11 @@ async fn allowed_keys_are_never_limited() {
 async fn until_ready_waits_within_max_wait_only() {
     let server = RedisServer::start();
     for execution in [Execution::Transaction, Execution::Script] {
-        let limiter = redis_limiter(&server, policy("2/300ms").with_execution(execution)).await;
+        let limiter = redis_limiter(
+            &server,
+            policy("2/300ms").with_execution(execution).unwrap(),
+        )
+        .await;
         let key = format!("until-ready-{execution}");
         assert!(limiter.check(&key).await.unwrap().allowed());
         assert!(limiter.check(&key).await.unwrap().allowed());

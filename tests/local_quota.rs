@@ -404,3 +404,57 @@ async fn the_fallback_store_is_never_charged_a_batch() {
         "the fallback's own 20 per hour, one per check"
     );
 }
+
+/// A rule's `local_quota` applies to its checks, and goes and comes with
+/// the rule set: replaced by a set without it, every check asks Redis.
+#[tokio::test]
+async fn a_rule_carries_its_local_quota_through_a_reload() {
+    use tower_redis_ratelimit::rules::{Call, RuleSet, Rules};
+
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let set = |quota: &str| {
+        RuleSet::from_toml(&format!(
+            "[[rules]]\nname = \"all\"\nkey = \"global\"\npolicy = \"100000/h\"\n\
+             algorithm = \"gcra\"\n{quota}"
+        ))
+        .unwrap()
+    };
+    let rules = Rules::new(store, set("local_quota = \"10/1m\"\n"));
+    let checks = |n: usize| {
+        let rules = rules.current();
+        async move {
+            let mut sources = Vec::new();
+            for _ in 0..n {
+                let check = rules
+                    .check(&http::Method::GET, "/", None, |_| {
+                        Ok::<_, ()>(Some(Call::new("k")))
+                    })
+                    .unwrap();
+                let admission = check.await.unwrap();
+                assert!(admission.allowed());
+                sources.push(admission.shown().unwrap().3);
+            }
+            sources
+        }
+    };
+    // Warm up (the script loaded), then count.
+    checks(1).await;
+    let before = server.calls("evalsha");
+    let sources = checks(50).await;
+    let asked = server.calls("evalsha") - before;
+    let local = sources.iter().filter(|s| **s == Source::LocalQuota).count();
+    // The warm-up's batch holds 9 more; then a batch of 10 per 10 checks.
+    assert!((4..=6).contains(&asked), "{asked} checks in Redis for 50");
+    assert!(local >= 44, "{local} of 50 admitted locally");
+
+    rules.replace(set(""));
+    let before = server.calls("evalsha");
+    let sources = checks(20).await;
+    assert_eq!(
+        server.calls("evalsha") - before,
+        20,
+        "no local quota any more"
+    );
+    assert!(sources.iter().all(|s| *s == Source::Store));
+}

@@ -6,7 +6,7 @@
 mod support;
 
 use support::RedisServer;
-use tower_redis_ratelimit::{Algorithm, Execution, Policy, RedisStore, Store};
+use tower_redis_ratelimit::{Algorithm, Policy, RedisStore, Store};
 
 /// Fill one key to `max` admitted requests under `policy` and return
 /// `MEMORY USAGE` of its Redis key, in bytes.
@@ -61,7 +61,6 @@ async fn memory_per_key_for_each_algorithm() {
                 format!("{max}/h")
                     .parse::<Policy>()
                     .unwrap()
-                    .with_execution(Execution::Script)
                     .with_algorithm(algorithm)
                     .unwrap()
             };

@@ -440,7 +440,8 @@ async fn resumes_after_outage(source: Source, outage: Outage) {
     let policy: Policy = "1000/10s"
         .parse::<Policy>()
         .unwrap()
-        .with_execution(Execution::Script);
+        .with_execution(Execution::Script)
+        .unwrap();
     let mut server = None;
     let mut cluster = None;
     let mut proxy = None;
@@ -554,7 +555,8 @@ async fn layer_answers_at_once_while_refused(source: Source) {
     let policy: Policy = "1000/10s"
         .parse::<Policy>()
         .unwrap()
-        .with_execution(Execution::Script);
+        .with_execution(Execution::Script)
+        .unwrap();
     let app = app(store, policy, FailMode::Open);
     assert_eq!(
         app.clone().oneshot(request(1)).await.unwrap().status(),
@@ -731,7 +733,11 @@ async fn defect_1_a_stalled_transaction_is_not_dated_in_the_past() {
             .with_timeout(long);
         faults::warm_every_algorithm(&a).await;
         faults::warm_every_algorithm(&b).await;
-        let policy = "1/1s".parse::<Policy>().unwrap().with_execution(execution);
+        let policy = "1/1s"
+            .parse::<Policy>()
+            .unwrap()
+            .with_execution(execution)
+            .unwrap();
         let started = Instant::now();
         proxy.stall(Direction::ToRedis, Duration::from_millis(400));
         let first = {
@@ -767,7 +773,11 @@ async fn defect_2_a_lost_reply_does_not_deny_the_only_request() {
         let proxy = FaultProxy::start(server.port());
         let store = open(Source::Pool, &proxy.url()).await;
         faults::warm_every_algorithm(&store).await;
-        let policy = "1/min".parse::<Policy>().unwrap().with_execution(execution);
+        let policy = "1/min"
+            .parse::<Policy>()
+            .unwrap()
+            .with_execution(execution)
+            .unwrap();
         let algo = match execution {
             Execution::Transaction => Algo::LogTransaction,
             _ => Algo::LogScript,
@@ -802,7 +812,8 @@ async fn defect_2_the_layer_admits_the_only_request_after_a_lost_reply() {
     let policy = "1/min"
         .parse::<Policy>()
         .unwrap()
-        .with_execution(Execution::Script);
+        .with_execution(Execution::Script)
+        .unwrap();
     let app = app(store, policy, FailMode::Closed);
     proxy.drop_next_reply(
         Match::command("EVALSHA").arg("203.0.113.1"),
@@ -1068,7 +1079,8 @@ async fn fault_row(fault: NetFault) {
         let policy = "20/10s"
             .parse::<Policy>()
             .unwrap()
-            .with_execution(Execution::Script);
+            .with_execution(Execution::Script)
+            .unwrap();
         let app = app(store, policy, mode);
         if fault == NetFault::Refused {
             proxy.refuse();

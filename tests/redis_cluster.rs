@@ -17,8 +17,8 @@ use tower_redis_ratelimit::{Algorithm, Execution, Policy, RedisStore, Store};
 fn policies() -> Vec<Policy> {
     let rate: Policy = "2/60s".parse().unwrap();
     vec![
-        rate.clone().with_execution(Execution::Script),
-        rate.clone().with_execution(Execution::Transaction),
+        rate.clone().with_execution(Execution::Script).unwrap(),
+        rate.clone().with_execution(Execution::Transaction).unwrap(),
         rate.clone().with_algorithm(Algorithm::FixedWindow).unwrap(),
         rate.clone()
             .with_algorithm(Algorithm::SlidingWindow)
@@ -150,7 +150,8 @@ async fn transaction_with_time_on_every_check() {
     let policy = "2/60s"
         .parse::<Policy>()
         .unwrap()
-        .with_execution(Execution::Transaction);
+        .with_execution(Execution::Transaction)
+        .unwrap();
     for i in 0..9 {
         admits_two_then_denies(&store, &format!("tx-{i}"), &policy).await;
     }

@@ -19,7 +19,8 @@ async fn script_admits_exactly_the_limit_under_contention() {
     let policy = "100/60s"
         .parse::<Policy>()
         .unwrap()
-        .with_execution(Execution::Script);
+        .with_execution(Execution::Script)
+        .unwrap();
     let admitted = admitted_under_contention(&server, policy, "hot", 500).await;
     assert_eq!(admitted, 100);
     // Every admitted request left exactly one entry: members never collide.
@@ -32,7 +33,8 @@ async fn transaction_never_admits_more_than_the_limit_under_contention() {
     let policy = "100/60s"
         .parse::<Policy>()
         .unwrap()
-        .with_execution(Execution::Transaction);
+        .with_execution(Execution::Transaction)
+        .unwrap();
     let admitted = admitted_under_contention(&server, policy, "hot", 500).await;
     eprintln!("transaction execution admitted {admitted} of 500 (limit 100)");
     assert!(admitted <= 100, "admitted {admitted}");
@@ -92,7 +94,8 @@ async fn keys_follow_the_layout_and_expire() {
         let policy = "5/2s, 10/1500ms"
             .parse::<Policy>()
             .unwrap()
-            .with_execution(execution);
+            .with_execution(execution)
+            .unwrap();
         let key = format!("203.0.113.9-{execution:?}");
         store.check(&key, &policy).await.unwrap();
         let redis_key = format!("app:log:{{{key}}}");
@@ -121,7 +124,8 @@ async fn script_is_reloaded_after_script_flush() {
     let policy = "2/10s"
         .parse::<Policy>()
         .unwrap()
-        .with_execution(Execution::Script);
+        .with_execution(Execution::Script)
+        .unwrap();
     assert!(store.check("k", &policy).await.unwrap().allowed());
     assert!(server.command(&["SCRIPT", "FLUSH"]).starts_with("+OK"));
     assert!(store.check("k", &policy).await.unwrap().allowed());
@@ -134,7 +138,7 @@ async fn executions_share_state() {
     let server = RedisServer::start();
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let tx: Policy = "3/10s".parse().unwrap();
-    let script = tx.clone().with_execution(Execution::Script);
+    let script = tx.clone().with_execution(Execution::Script).unwrap();
     assert!(store.check("k", &tx).await.unwrap().allowed());
     assert!(store.check("k", &script).await.unwrap().allowed());
     assert!(store.check("k", &tx).await.unwrap().allowed());
@@ -156,7 +160,7 @@ async fn a_hung_redis_times_out() {
     for execution in [Execution::Transaction, Execution::Script] {
         let started = Instant::now();
         let result = store
-            .check("k", &policy.clone().with_execution(execution))
+            .check("k", &policy.clone().with_execution(execution).unwrap())
             .await;
         let took = started.elapsed();
         assert!(matches!(result, Err(StoreError::Timeout(_))), "{result:?}");
@@ -216,7 +220,7 @@ async fn one_round_trip_per_check() {
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let pings_at_start = server.calls("ping");
     let tx: Policy = "1000/10s".parse().unwrap();
-    let script = tx.clone().with_execution(Execution::Script);
+    let script = tx.clone().with_execution(Execution::Script).unwrap();
     for _ in 0..20 {
         assert!(store.check("a", &tx).await.unwrap().allowed());
         assert!(store.check("b", &script).await.unwrap().allowed());
@@ -237,7 +241,8 @@ async fn reconnects_after_a_redis_restart() {
         let policy = "100/10s"
             .parse::<Policy>()
             .unwrap()
-            .with_execution(execution);
+            .with_execution(execution)
+            .unwrap();
         store.check("k", &policy).await.unwrap();
         server.restart();
         for i in 0..5 {
@@ -302,7 +307,8 @@ async fn a_slow_redis_is_waited_for_and_counts_once() {
         "100/min"
             .parse::<Policy>()
             .unwrap()
-            .with_execution(Execution::Script),
+            .with_execution(Execution::Script)
+            .unwrap(),
     ] {
         let key = format!("slow-{}", policy.algorithm());
         let port = server.port();
@@ -342,7 +348,8 @@ async fn a_connection_manager_reconnects_after_a_restart() {
     let policy = "100/10s"
         .parse::<Policy>()
         .unwrap()
-        .with_execution(Execution::Script);
+        .with_execution(Execution::Script)
+        .unwrap();
     store.check("k", &policy).await.unwrap();
     server.restart();
     let started = Instant::now();

@@ -966,7 +966,8 @@ async fn a_sliding_log_refund_removes_the_requests_own_entries() {
         let policy: Policy = "2/2s"
             .parse::<Policy>()
             .unwrap()
-            .with_execution(execution.parse().unwrap());
+            .with_execution(execution.parse().unwrap())
+            .unwrap();
         let key = format!("refund-{execution}");
         let started = Instant::now();
         let first = store.check(&key, &policy).await.unwrap();
@@ -1000,6 +1001,7 @@ async fn a_sliding_log_refund_removes_the_requests_own_entries() {
             .parse::<Policy>()
             .unwrap()
             .with_execution(execution.parse().unwrap())
+            .unwrap()
             .with_cost(3)
             .unwrap();
         let key3 = format!("cost-{execution}");
@@ -1007,7 +1009,8 @@ async fn a_sliding_log_refund_removes_the_requests_own_entries() {
         let base = "5/h"
             .parse::<Policy>()
             .unwrap()
-            .with_execution(execution.parse().unwrap());
+            .with_execution(execution.parse().unwrap())
+            .unwrap();
         store
             .command(
                 &key3,

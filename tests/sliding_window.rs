@@ -14,11 +14,11 @@ use support::contention::admitted_under_contention;
 use support::harness::{Harness, MARGIN, MS, US, advance_to, align, away_from_a_boundary, micros};
 use support::rng::Rng;
 use support::{RedisServer, differential};
-use tower_redis_ratelimit::{Algorithm, Execution, Policy, Rate, RedisStore, Store};
+use tower_redis_ratelimit::{Algorithm, Policy, Rate, RedisStore, Store};
 use tower_redis_ratelimit::{MAX_COST, MAX_MAX, MAX_WINDOW};
 
 fn sliding(h: &Harness, text: &str) -> Policy {
-    h.policy(text).sliding_window().unwrap()
+    h.policy_of(text, Algorithm::SlidingWindow)
 }
 
 /// At a window edge the previous window still weighs: `3/1s` filled at the
@@ -91,7 +91,6 @@ async fn huge_limits(h: Harness) {
         Rate::new(MAX_MAX, MAX_WINDOW).unwrap(),
     ])
     .unwrap()
-    .with_execution(Execution::Script)
     .sliding_window()
     .unwrap()
     .with_cost(MAX_COST)

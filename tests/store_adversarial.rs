@@ -40,6 +40,7 @@ async fn warm(store: &RedisStore) {
             .parse::<Policy>()
             .unwrap()
             .with_execution(execution)
+            .unwrap()
     });
     faults::warm(store, policies).await;
 }
@@ -200,6 +201,7 @@ fn script_policy() -> Policy {
         .parse::<Policy>()
         .unwrap()
         .with_execution(Execution::Script)
+        .unwrap()
 }
 
 /// The store's own connection attempt beside a slow pool checkout is
@@ -592,13 +594,15 @@ async fn never_over_with_cost_rates_and_spacing_under_faults() {
             .unwrap()
             .with_cost(2)
             .unwrap()
-            .with_execution(execution);
+            .with_execution(execution)
+            .unwrap();
         let spaced = "1000/10s"
             .parse::<Policy>()
             .unwrap()
             .with_min_spacing(Duration::from_millis(150))
             .unwrap()
-            .with_execution(execution);
+            .with_execution(execution)
+            .unwrap();
         for (i, policy) in [costly, spaced].into_iter().enumerate() {
             let seed = seed
                 .wrapping_mul(31)
@@ -683,6 +687,7 @@ async fn every_algorithm_decides_over_resp3() {
             .with_cost(2)
             .unwrap()
             .with_execution(execution)
+            .unwrap()
     };
     let spaced = |execution| {
         "10/1s"
@@ -691,6 +696,7 @@ async fn every_algorithm_decides_over_resp3() {
             .with_min_spacing(Duration::from_secs(5))
             .unwrap()
             .with_execution(execution)
+            .unwrap()
     };
     let cases = [
         (log(Execution::Transaction), 2),

@@ -17,8 +17,8 @@ use tower_redis_ratelimit::{Execution, Policy, RedisStore, Store, StoreError, Tr
 async fn limits_exactly(store: &RedisStore, key: &str) {
     let base: Policy = "3/60s".parse().unwrap();
     for (i, policy) in [
-        base.clone().with_execution(Execution::Transaction),
-        base.clone().with_execution(Execution::Script),
+        base.clone().with_execution(Execution::Transaction).unwrap(),
+        base.clone().with_execution(Execution::Script).unwrap(),
         base.clone().fixed_window().unwrap(),
         base.clone().sliding_window().unwrap(),
         base.clone().gcra().unwrap(),

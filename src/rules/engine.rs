@@ -204,12 +204,22 @@ impl ActiveRules {
                 // a denial held in this process could refuse a request the
                 // store would admit after another request's refund.
                 let make = |policy: &Policy| {
-                    let limiter = template.for_rule(rule.name(), policy.clone());
-                    if *rule.counting() == Counting::All {
-                        limiter
-                    } else {
-                        limiter.without_deny_cache()
+                    let mut limiter = template.for_rule(rule.name(), policy.clone());
+                    if *rule.counting() != Counting::All {
+                        limiter = limiter.without_deny_cache();
                     }
+                    if let Some(quota) = rule.local_quota() {
+                        // Validated with the rule set against each of its
+                        // policies: this cannot fail.
+                        limiter = match limiter.clone().with_local_quota(quota) {
+                            Ok(local) => local,
+                            Err(error) => {
+                                tracing::error!(%error, rule = rule.name(), "rules: local quota not applied");
+                                limiter
+                            }
+                        };
+                    }
+                    limiter
                 };
                 RuleLimiters {
                     default: make(rule.policy(None)),

@@ -51,13 +51,19 @@ use http::Method;
 use http::header::HeaderName;
 use serde::Deserialize;
 
+use crate::limiter::LocalQuota;
 use crate::policy::{Algorithm, Policy};
 
 mod engine;
+mod json;
 mod source;
 
 pub use engine::{ActiveRules, Admission, Call, Rules, RulesCheck};
 pub use source::{PublishError, Watch, WatchStatus, publish};
+
+/// The longest `block` a rule may set: a day. (A typo of `15d` for `15m`
+/// would otherwise lock every breaching caller out for two weeks.)
+pub const MAX_BLOCK: Duration = Duration::from_secs(24 * 3600);
 
 /// An ordered list of validated rules.
 #[derive(Debug, Clone)]
@@ -151,6 +157,7 @@ pub struct Rule {
     only: Option<HashSet<String>>,
     counting: Counting,
     block: Option<Duration>,
+    local_quota: Option<LocalQuota>,
 }
 
 impl fmt::Debug for Rule {
@@ -172,6 +179,7 @@ impl fmt::Debug for Rule {
             )
             .field("counting", &self.counting)
             .field("block", &self.block)
+            .field("local_quota", &self.local_quota)
             .finish()
     }
 }
@@ -273,6 +281,7 @@ struct RuleSpec {
     count: Option<Vec<String>>,
     refund: Option<Vec<String>>,
     block: Option<String>,
+    local_quota: Option<String>,
 }
 
 impl RuleSet {
@@ -292,6 +301,9 @@ impl RuleSet {
 
     /// Read and validate a rule set written in JSON.
     pub fn from_json(text: &str) -> Result<Self, RulesError> {
+        // serde_json keeps the last of duplicate keys; a rule set refuses
+        // them, as TOML does.
+        json::refuse_duplicate_keys(text)?;
         let spec: RuleSetSpec = serde_json::from_str(text).map_err(|error| RulesError {
             rule: None,
             field: "JSON".to_owned(),
@@ -304,10 +316,7 @@ impl RuleSet {
         let mut names = HashSet::new();
         let mut rules = Vec::with_capacity(spec.rules.len());
         for (i, rule) in spec.rules.into_iter().enumerate() {
-            let label = match &rule.name {
-                Some(name) => format!("{name:?} (#{})", i + 1),
-                None => format!("#{}", i + 1),
-            };
+            let label = label(rule.name.as_deref(), i);
             let rule = Rule::validate(rule, &label)?;
             if !names.insert(rule.name.clone()) {
                 return Err(fault(&label, "name", "another rule has this name"));
@@ -369,6 +378,21 @@ impl RuleSet {
         self.rules
             .iter()
             .filter(move |rule| rule.matches(method, path))
+    }
+}
+
+/// A duration written as a rate's window (`"30s"`, `"15m"`, `"1d"`).
+fn duration(text: &str) -> Result<Duration, crate::PolicyError> {
+    format!("1/{}", text.trim())
+        .parse::<crate::policy::Rate>()
+        .map(|rate| rate.window())
+}
+
+/// How a rule is named in errors: `"login" (#3)`, or `#3` without a name.
+fn label(name: Option<&str>, index: usize) -> String {
+    match name {
+        Some(name) => format!("{name:?} (#{})", index + 1),
+        None => format!("#{}", index + 1),
     }
 }
 
@@ -462,13 +486,6 @@ impl Rule {
                 })
             })
             .transpose()?;
-        if execution.is_some() && algorithm.is_some_and(|a| a != Algorithm::SlidingLog) {
-            return Err(fault(
-                label,
-                "execution",
-                "only the sliding log runs in more than one way",
-            ));
-        }
         let policy_of = |field: &str, text: &str| -> Result<Policy, RulesError> {
             let mut policy: Policy = text.parse().map_err(|e| fault(label, field, e))?;
             if let Some(algorithm) = algorithm {
@@ -477,7 +494,9 @@ impl Rule {
                     .map_err(|e| fault(label, field, e))?;
             }
             if let Some(execution) = execution {
-                policy = policy.with_execution(execution);
+                policy = policy
+                    .with_execution(execution)
+                    .map_err(|e| fault(label, "execution", e))?;
             }
             if let Some(cost) = spec.cost {
                 policy = policy.with_cost(cost).map_err(|e| fault(label, field, e))?;
@@ -536,10 +555,24 @@ impl Rule {
         let block = spec
             .block
             .map(|text| {
-                format!("1/{}", text.trim())
-                    .parse::<crate::policy::Rate>()
-                    .map(|rate| rate.window())
-                    .map_err(|_| fault(label, "block", format!("{text:?} is not a duration such as \"30s\" or \"15m\" (at most a day)")))
+                let block = duration(&text).map_err(|_| {
+                    fault(
+                        label,
+                        "block",
+                        format!("{text:?} is not a duration such as \"30s\" or \"15m\""),
+                    )
+                })?;
+                if block > MAX_BLOCK {
+                    return Err(fault(
+                        label,
+                        "block",
+                        format!(
+                            "{text:?} is longer than a day, the longest block a rule may set \
+                             (did you mean minutes, `m`?)"
+                        ),
+                    ));
+                }
+                Ok(block)
             })
             .transpose()?;
         if block.is_some()
@@ -553,6 +586,33 @@ impl Rule {
                 "a concurrency limit does not block after a breach",
             ));
         }
+        let local_quota = spec
+            .local_quota
+            .map(|text| {
+                let quota = text
+                    .parse::<LocalQuota>()
+                    .map_err(|e| fault(label, "local_quota", e))?;
+                if counting != Counting::All {
+                    return Err(fault(
+                        label,
+                        "local_quota",
+                        "a rule counting by outcome gives a request's units back after its \
+                         response, and a unit admitted from a local batch cannot be given back",
+                    ));
+                }
+                let policies = std::iter::once(("policy".to_owned(), &policy)).chain(
+                    tiers
+                        .iter()
+                        .map(|(tier, policy)| (format!("tiers.{tier}"), policy)),
+                );
+                for (field, policy) in policies {
+                    quota
+                        .batch_for(policy)
+                        .map_err(|e| fault(label, "local_quota", format!("with {field}: {e}")))?;
+                }
+                Ok(quota)
+            })
+            .transpose()?;
         let only = spec
             .only
             .map(|only| {
@@ -578,6 +638,7 @@ impl Rule {
             only,
             counting,
             block,
+            local_quota,
         })
     }
 
@@ -639,6 +700,12 @@ impl Rule {
         self.block
     }
 
+    /// The local quota of the rule's hot keys (`local_quota = "100/250ms"`),
+    /// for every tier's policy: see [`LocalQuota`].
+    pub fn local_quota(&self) -> Option<LocalQuota> {
+        self.local_quota
+    }
+
     /// Whether the rule matches a request of `method` to `path`.
     pub fn matches(&self, method: &Method, path: &str) -> bool {
         if let Some(methods) = &self.methods
@@ -684,6 +751,12 @@ fn parse_path(pattern: &str) -> Result<Vec<Segment>, String> {
     let Some(rest) = pattern.strip_prefix('/') else {
         return Err(format!("{pattern:?} does not start with `/`"));
     };
+    if pattern.contains(['?', '#']) {
+        return Err(format!(
+            "{pattern:?} holds `?` or `#`: the query and the fragment are not part of the \
+             path a rule matches, so this rule would never match; write the path alone"
+        ));
+    }
     if rest.is_empty() {
         return Ok(Vec::new());
     }
@@ -925,6 +998,93 @@ mod tests {
         );
         let e = RuleSet::from_toml("tier = \"cookie\"\n").unwrap_err();
         assert_eq!((e.field(), e.rule()), ("tier", None));
+    }
+
+    fn rule(extra: &str) -> Result<RuleSet, RulesError> {
+        RuleSet::from_toml(&format!(
+            "[[rules]]\nname = \"a\"\nkey = \"ip\"\npolicy = \"5/s\"\n{extra}"
+        ))
+    }
+
+    #[test]
+    fn a_block_is_at_most_a_day() {
+        for at_the_bound in ["1d", "24h", "1440m", "86400s"] {
+            let set = rule(&format!("block = \"{at_the_bound}\"\n")).unwrap();
+            assert_eq!(set.rules()[0].block(), Some(MAX_BLOCK), "{at_the_bound}");
+        }
+        for past in ["86401s", "25h", "2d", "3650d"] {
+            let e = rule(&format!("block = \"{past}\"\n")).unwrap_err();
+            assert_eq!(
+                (e.rule(), e.field()),
+                (Some("\"a\" (#1)"), "block"),
+                "{past}"
+            );
+            assert!(e.problem().contains("longer than a day"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_path_holds_no_query_nor_fragment() {
+        for path in ["/search?q=1", "/a?", "/page#top"] {
+            let e = rule(&format!("path = \"{path}\"\n")).unwrap_err();
+            assert_eq!(e.field(), "path", "{path}");
+            assert!(e.problem().contains("query"), "{e}");
+        }
+        assert!(rule("path = \"/search\"\n").is_ok());
+    }
+
+    #[test]
+    fn an_execution_is_refused_for_another_algorithm_as_policy_refuses_it() {
+        for algorithm in ["gcra", "fixed-window", "sliding-window", "concurrency"] {
+            for execution in ["script", "transaction"] {
+                let e = rule(&format!(
+                    "algorithm = \"{algorithm}\"\nexecution = \"{execution}\"\n"
+                ))
+                .unwrap_err();
+                assert_eq!(e.field(), "execution", "{algorithm} {execution}");
+                // The message is Policy's own: one validation for both.
+                let policy = "5/s"
+                    .parse::<Policy>()
+                    .unwrap()
+                    .with_algorithm(algorithm.parse().unwrap())
+                    .unwrap();
+                let direct = policy
+                    .with_execution(execution.parse().unwrap())
+                    .unwrap_err()
+                    .to_string();
+                assert_eq!(e.problem(), direct);
+            }
+        }
+    }
+
+    #[test]
+    fn a_rule_carries_its_own_local_quota() {
+        let set = rule("local_quota = \"3/250ms\"\ntiers = { pro = \"100/s\" }\n").unwrap();
+        let quota = set.rules()[0].local_quota().unwrap();
+        assert_eq!(
+            (quota.batch(), quota.hold()),
+            (3, Duration::from_millis(250))
+        );
+        let refused = |extra: &str, says: &str| {
+            let e = rule(extra).unwrap_err();
+            assert_eq!(e.field(), "local_quota", "{extra}: {e}");
+            assert!(e.problem().contains(says), "{extra}: {e}");
+        };
+        refused("local_quota = \"lots\"\n", "100/250ms");
+        refused("local_quota = \"1/s\"\n", "at least 2");
+        refused(
+            "local_quota = \"10/s\"\ntiers = { free = \"1/s\" }\n",
+            "with tiers.free",
+        );
+        refused(
+            "local_quota = \"10/s\"\nalgorithm = \"concurrency\"\n",
+            "in flight",
+        );
+        refused(
+            "local_quota = \"10/s\"\ncount = [\"4xx\"]\n",
+            "counting by outcome",
+        );
+        assert!(rule("").unwrap().rules()[0].local_quota().is_none());
     }
 
     #[test]

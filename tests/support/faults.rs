@@ -151,8 +151,8 @@ impl Algo {
     pub fn policy(self, max: u64, window: Duration) -> Policy {
         let rate = Policy::new([Rate::new(max, window).unwrap()]).unwrap();
         match self {
-            Self::LogTransaction => rate.with_execution(Execution::Transaction),
-            Self::LogScript => rate.with_execution(Execution::Script),
+            Self::LogTransaction => rate.with_execution(Execution::Transaction).unwrap(),
+            Self::LogScript => rate.with_execution(Execution::Script).unwrap(),
             Self::FixedWindow => rate.with_algorithm(Algorithm::FixedWindow).unwrap(),
             Self::SlidingWindow => rate.with_algorithm(Algorithm::SlidingWindow).unwrap(),
             Self::Gcra => rate.with_algorithm(Algorithm::Gcra).unwrap(),

@@ -7,7 +7,9 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tower_redis_ratelimit::clock::{Clock, ManualClock};
-use tower_redis_ratelimit::{Decision, Execution, MemoryStore, Policy, RedisStore, Store};
+use tower_redis_ratelimit::{
+    Algorithm, Decision, Execution, MemoryStore, Policy, RedisStore, Store,
+};
 
 use super::RedisServer;
 
@@ -114,11 +116,24 @@ impl Harness {
         }
     }
 
+    /// A sliding-log policy of `text`, run with this harness's execution.
     pub fn policy(&self, text: &str) -> Policy {
-        let policy: Policy = text.parse().unwrap();
+        self.policy_of(text, Algorithm::SlidingLog)
+    }
+
+    /// A policy of `text` under `algorithm` (with this harness's execution
+    /// when it is the sliding log: only it takes one).
+    pub fn policy_of(&self, text: &str, algorithm: Algorithm) -> Policy {
+        let policy = text
+            .parse::<Policy>()
+            .unwrap()
+            .with_algorithm(algorithm)
+            .unwrap();
         match self {
-            Self::Memory { .. } => policy,
-            Self::Redis { execution, .. } => policy.with_execution(*execution),
+            Self::Redis { execution, .. } if algorithm == Algorithm::SlidingLog => {
+                policy.with_execution(*execution).unwrap()
+            }
+            _ => policy,
         }
     }
 

@@ -592,9 +592,12 @@ pub fn every_algorithm() -> Vec<(&'static str, tower_redis_ratelimit::Policy)> {
     vec![
         (
             "log-transaction",
-            base.clone().with_execution(Execution::Transaction),
+            base.clone().with_execution(Execution::Transaction).unwrap(),
         ),
-        ("log-script", base.clone().with_execution(Execution::Script)),
+        (
+            "log-script",
+            base.clone().with_execution(Execution::Script).unwrap(),
+        ),
         ("fixed", base.clone().fixed_window().unwrap()),
         ("sliding", base.clone().sliding_window().unwrap()),
         ("gcra", base.gcra().unwrap()),

@@ -36,6 +36,12 @@ use crate::policy::{Algorithm, Policy, PolicyError, Rate};
 /// circuit is open; one taken by a check cancelled before its answer is
 /// spent unused. Units are held per limiter name.
 ///
+/// A process holds units of at most 10,000 keys per limiter; past that a
+/// key is checked in the store as without a local quota. Making room costs
+/// a check the same whatever the keys held (a bounded look at the oldest
+/// keys of one of 16 shards, each with its own lock), so a flood of
+/// distinct keys neither slows new keys nor the hot keys held.
+///
 /// **The bound.** Every unit a process admits was counted in the store
 /// before it was used. With `N` processes, at most `N × batch` units are
 /// held at any moment, so in any window of the policy at most `N × batch`

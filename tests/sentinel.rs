@@ -310,8 +310,15 @@ async fn a_demoted_primary_is_left(first: FirstSentinel) {
     let mut split = 0;
     // Checks once the store's Sentinel watch (every 0.5 s) has had time to
     // retire the connections to the old primary: each must count on the
-    // new one (a key of their own), those that failed at most once.
-    const SETTLED: Duration = Duration::from_millis(1500);
+    // new one (a key of their own), those that failed at most once. With
+    // the first Sentinel unreachable, a question may first wait out its
+    // 1 s budget there: one full run (two deployments at once on two
+    // loaded cores) took 2.3 s, past the 1.5 s allowed before.
+    let settled = if first == FirstSentinel::Reachable {
+        Duration::from_millis(1500)
+    } else {
+        Duration::from_secs(3)
+    };
     let mut late = 0;
     let mut late_failed = 0;
     while !deployment
@@ -319,7 +326,7 @@ async fn a_demoted_primary_is_left(first: FirstSentinel) {
         .command(&["INFO", "replication"])
         .contains("role:slave")
     {
-        let key = if resumed.elapsed() > SETTLED {
+        let key = if resumed.elapsed() > settled {
             "split-late"
         } else {
             "split"
@@ -348,7 +355,7 @@ async fn a_demoted_primary_is_left(first: FirstSentinel) {
     assert!(late > 0, "no check after the watch settled: {split} in all");
     assert!(
         (late..=late + late_failed).contains(&kept_late),
-        "the old primary took checks {SETTLED:?} after it came back: {kept_late} counted on \
+        "the old primary took checks {settled:?} after it came back: {kept_late} counted on \
          the new primary, of {late} admitted and {late_failed} failed then"
     );
     let kept = kept + kept_late;

@@ -21,7 +21,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tower_redis_ratelimit::{Limiter, LocalQuota, Policy, RedisStore};
+use tower_redis_ratelimit::limiter::LocalQuota;
+use tower_redis_ratelimit::{Limiter, Policy, RedisStore};
 
 /// Keys the local quota holds at most (`MAX_LOCAL_KEYS` in the crate).
 const HELD: u64 = 10_000;

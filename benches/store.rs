@@ -26,8 +26,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bb8_redis::bb8::Pool;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tower_redis_ratelimit::TrackedManager;
-use tower_redis_ratelimit::{Execution, Policy, RedisStore, Store};
+use tower_redis_ratelimit::policy::Execution;
+use tower_redis_ratelimit::store::TrackedManager;
+use tower_redis_ratelimit::{Policy, RedisStore, Store};
 
 /// A limit no key of the run reaches: every check is admitted and writes.
 const GENEROUS: &str = "1000000/s";

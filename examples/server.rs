@@ -66,10 +66,13 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 use tower_redis_ratelimit::key::ProxyHeader;
+use tower_redis_ratelimit::limiter::LocalQuota;
+use tower_redis_ratelimit::policy::Execution;
+use tower_redis_ratelimit::response::HeaderStyle;
+use tower_redis_ratelimit::rules::RulesLayer;
 use tower_redis_ratelimit::rules::{RuleSet, Rules};
 use tower_redis_ratelimit::{
-    Algorithm, Execution, FailMode, HeaderStyle, LocalQuota, MemoryStore, Policy, Rate,
-    RateLimitLayer, RedisStore, RulesLayer, Store, key,
+    Algorithm, FailMode, Limiter, MemoryStore, Policy, Rate, RateLimitLayer, RedisStore, Store, key,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -255,26 +258,50 @@ fn router<St: Store>(store: St, settings: &Settings) -> Result<Router, BadSettin
         // the benchmarks.
         return Ok(with_health(Router::new().route("/", get(hello))));
     };
+    let limiter = limiter(store, policy, settings)?;
     // The client's address: the peer's, or behind trusted proxies the one
     // they forwarded (never a header the client wrote itself).
     match (&settings.key, &settings.client_ip) {
-        (ClientKey::PeerIp, None) => {
-            routes(RateLimitLayer::new(store, policy, key::peer_ip()), settings)
-        }
+        (ClientKey::PeerIp, None) => routes(
+            RateLimitLayer::from_limiter(limiter, key::peer_ip()),
+            settings,
+        ),
         (ClientKey::PeerIp, Some(client_ip)) => routes(
-            RateLimitLayer::new(store, policy, client_ip.clone()),
+            RateLimitLayer::from_limiter(limiter, client_ip.clone()),
             settings,
         ),
         // A request without the header is limited by its address, so
         // leaving the header out does not get around the limit.
         (ClientKey::Header(header), None) => routes(
-            RateLimitLayer::new(store, policy, header.clone().or(key::peer_ip())),
+            RateLimitLayer::from_limiter(limiter, header.clone().or(key::peer_ip())),
             settings,
         ),
         (ClientKey::Header(header), Some(client_ip)) => routes(
-            RateLimitLayer::new(store, policy, header.clone().or(client_ip.clone())),
+            RateLimitLayer::from_limiter(limiter, header.clone().or(client_ip.clone())),
             settings,
         ),
+    }
+}
+
+/// The engine of the limited routes: `policy` in `store`, with the fail
+/// mode, deny cache and local quota the settings say.
+fn limiter<St: Store>(
+    store: St,
+    policy: Policy,
+    settings: &Settings,
+) -> Result<Limiter, BadSetting> {
+    let limiter = Limiter::new(store, policy).with_fail_mode(settings.fail_mode.clone());
+    // The deny cache is on by default.
+    let limiter = if settings.deny_cache {
+        limiter
+    } else {
+        limiter.without_deny_cache()
+    };
+    match settings.local_quota {
+        Some(quota) => limiter
+            .with_local_quota(quota)
+            .map_err(|error| BadSetting::new("LOCAL_QUOTA", error)),
+        None => Ok(limiter),
     }
 }
 
@@ -336,21 +363,7 @@ fn routes<K>(limiter: RateLimitLayer<K>, settings: &Settings) -> Result<Router, 
 where
     K: key::KeyExtractor<axum::body::Body>,
 {
-    let limiter = limiter
-        .with_fail_mode(settings.fail_mode.clone())
-        .with_headers(settings.headers);
-    // The deny cache is on by default.
-    let limiter = if settings.deny_cache {
-        limiter
-    } else {
-        limiter.without_deny_cache()
-    };
-    let limiter = match settings.local_quota {
-        Some(quota) => limiter
-            .with_local_quota(quota)
-            .map_err(|error| BadSetting::new("LOCAL_QUOTA", error))?,
-        None => limiter,
-    };
+    let limiter = limiter.with_headers(settings.headers);
     // `route_layer` limits only the routes of this router...
     Ok(with_health(
         Router::new().route("/", get(hello)).route_layer(limiter),
@@ -430,7 +443,7 @@ fn rules_client(url: &str) -> Result<redis::Client, BadSetting> {
 
 /// The connection settings: TLS certificates from `REDIS_CA_CERT`,
 /// `REDIS_CLIENT_CERT` and `REDIS_CLIENT_KEY` (PEM files).
-fn redis_builder() -> Result<tower_redis_ratelimit::RedisStoreBuilder, BadSetting> {
+fn redis_builder() -> Result<tower_redis_ratelimit::store::RedisStoreBuilder, BadSetting> {
     #[allow(unused_mut)]
     let mut builder = RedisStore::builder();
     let ca = var("REDIS_CA_CERT")?;

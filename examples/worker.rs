@@ -33,7 +33,8 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tower_redis_ratelimit::{FailMode, Limiter, MemoryStore, Policy, RedisStore, Source};
+use tower_redis_ratelimit::limiter::DecidedBy;
+use tower_redis_ratelimit::{FailMode, Limiter, MemoryStore, Policy, RedisStore};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -216,7 +217,7 @@ async fn throughput(redis_url: Option<String>) -> Result<(), String> {
                 let mut admitted = 0u64;
                 while Instant::now() < deadline {
                     match limiter.check(&key).await {
-                        Ok(verdict) if verdict.allowed() && verdict.source() == Source::Store => {
+                        Ok(verdict) if verdict.allowed() && verdict.decided_by() == DecidedBy::Store => {
                             admitted += 1
                         }
                         Ok(verdict) => {

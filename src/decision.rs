@@ -86,7 +86,7 @@ impl Decision {
 
     /// The concurrency slot this admitted request holds, or, for an
     /// admitted sliding-log request, the id of the entries it wrote (what
-    /// [`Command::Refund`](crate::Command::Refund) removes); `None`
+    /// [`Command::Refund`](crate::store::Command::Refund) removes); `None`
     /// otherwise.
     pub fn lease(&self) -> Option<Lease> {
         self.lease

@@ -2,36 +2,43 @@
 
 mod algorithm;
 pub mod clock;
-mod decision;
+pub mod decision;
 mod http;
 pub mod key;
-mod limiter;
+pub mod limiter;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
-mod policy;
+pub mod policy;
 pub mod rules;
-mod store;
+pub mod store;
 
-pub use algorithm::CONCURRENCY_RETRY_CAP;
-pub use decision::{Decision, Lease, RateStatus};
-pub use http::{
-    HeaderStyle, RATELIMIT, RATELIMIT_POLICY, RateLimit, RateLimitLayer, Rejection, Responder,
-    ResponseBody, ResponseFuture, RuleLimit, RulesFuture, RulesLayer, X_RATELIMIT_LIMIT,
-    X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
-};
-pub use limiter::{
-    Check, CircuitBreaker, FailMode, LimitError, Limiter, LocalQuota, Permit, Source, Verdict,
-};
-pub use policy::{
-    Algorithm, DEFAULT_LEASE, Execution, MAX_COST, MAX_MAX, MAX_WINDOW, MIN_WINDOW, Policy,
-    PolicyError, Rate,
-};
-pub use store::memory::MemoryStore;
-pub use store::redis::RedisStore;
-pub use store::redis::{RedisStoreBuilder, TrackedConnection, TrackedManager};
-pub use store::{Command, MAX_RAW_KEY_LEN, Store, StoreError};
+pub use decision::Decision;
+pub use http::{RateLimit, RateLimitLayer};
+pub use limiter::{FailMode, LimitError, Limiter, Permit, Verdict};
+pub use policy::{Algorithm, Policy, PolicyError, Rate};
+pub use store::{MemoryStore, RedisStore, Store, StoreError};
+
+/// The futures of the crate's services and of [`Limiter::check_owned`], for
+/// naming them in your own types.
+pub mod future {
+    pub use crate::http::{ResponseFuture, RulesFuture};
+    pub use crate::limiter::Check;
+}
+
+/// How a response is rendered: the rate-limit header style, the body of a
+/// denial and the rejection of a failed check.
+pub mod response {
+    pub use crate::http::{HeaderStyle, Rejection, Responder, ResponseBody};
+}
+
+/// The names of the rate-limit header fields the layers write.
+pub mod header {
+    pub use crate::http::{
+        RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+    };
+}
 
 /// The Lua scripts `RedisStore` runs, as sent to Redis (for the crate's
 /// benchmarks and differential tests; not a stable interface).

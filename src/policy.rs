@@ -5,6 +5,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+pub use crate::algorithm::CONCURRENCY_RETRY_CAP;
+
 /// The longest window a [`Rate`] may have: ten years.
 pub const MAX_WINDOW: Duration = Duration::from_secs(10 * 366 * 24 * 3600);
 
@@ -379,7 +381,8 @@ const EXECUTION_ONLY_FOR_THE_LOG: &str =
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::{Execution, Policy};
+/// use tower_redis_ratelimit::Policy;
+/// use tower_redis_ratelimit::policy::Execution;
 ///
 /// let policy = "3/s, 20/min".parse::<Policy>()?
 ///     .with_min_spacing(Duration::from_millis(100))?

@@ -20,7 +20,7 @@ use super::response;
 use super::settings::{Rejection, Shared};
 use crate::decision::Decision;
 use crate::key::KeyHash;
-use crate::limiter::{Check, LimitError, Permit, Source, Verdict};
+use crate::limiter::{Check, DecidedBy, LimitError, Permit, Verdict};
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit).
@@ -53,7 +53,7 @@ struct Pending<S, ReqBody> {
 }
 
 /// The decision an admitted request carries to its response headers.
-type Shown = Option<(Decision, Arc<Shared>, Source)>;
+type Shown = Option<(Decision, Arc<Shared>, DecidedBy)>;
 
 pin_project! {
     #[project = StateProj]
@@ -183,7 +183,7 @@ where
 /// What to do after a verdict. (Unboxed: it moves once per request.)
 #[allow(clippy::large_enum_variant)]
 enum Next {
-    Call(Option<Decision>, Source, Option<Permit>),
+    Call(Option<Decision>, DecidedBy, Option<Permit>),
     Wait(Duration),
     Answer(Response<Bytes>),
 }
@@ -203,16 +203,16 @@ fn next_step(
             return Next::Answer(response::unavailable(grpc));
         }
     };
-    let (decision, source, permit) = verdict.into_parts();
+    let (decision, decided_by, permit) = verdict.into_parts();
     let decision = match decision {
         Some(decision) if !decision.allowed() => decision,
-        decision => return Next::Call(decision, source, permit),
+        decision => return Next::Call(decision, decided_by, permit),
     };
     let retry_after_ms = decision.retry_after().as_millis() as u64;
     match &shared.rejection {
         Rejection::Shadow => {
             tracing::info!(key = %KeyHash::of(shared.limiter.name(), key.unwrap_or_default()), retry_after_ms, policy = %shared.limiter.policy(), "rate limit (shadow): would deny; letting through");
-            Next::Call(Some(decision), source, None)
+            Next::Call(Some(decision), decided_by, None)
         }
         Rejection::Delay { max_wait }
             if waited.saturating_add(decision.retry_after()) <= *max_wait =>
@@ -222,7 +222,7 @@ fn next_step(
             // the request check again in a tight loop.
             Next::Wait(decision.retry_after().max(Duration::from_millis(1)))
         }
-        _ => Next::Answer(shared.denial(&decision, grpc, source)),
+        _ => Next::Answer(shared.denial(&decision, grpc, decided_by)),
     }
 }
 
@@ -233,11 +233,11 @@ impl Next {
         S: Service<Request<ReqBody>> + Clone,
     {
         match self {
-            Next::Call(decision, source, permit) => {
+            Next::Call(decision, decided_by, permit) => {
                 if let Some(decision) = &decision {
                     p.request.extensions_mut().insert(decision.clone());
                 }
-                let shown = decision.map(|d| (d, p.shared, source));
+                let shown = decision.map(|d| (d, p.shared, decided_by));
                 if p.ready {
                     State::Calling {
                         future: p.service.call(p.request),
@@ -330,8 +330,8 @@ where
                     permit,
                 } => {
                     let mut response = ready!(future.poll(cx))?;
-                    if let Some((decision, shared, source)) = shown {
-                        shared.set_headers(response.headers_mut(), decision, *source);
+                    if let Some((decision, shared, decided_by)) = shown {
+                        shared.set_headers(response.headers_mut(), decision, *decided_by);
                     }
                     let permit = permit.take();
                     return Poll::Ready(Ok(response.map(|body| ResponseBody::inner(body, permit))));

@@ -7,8 +7,8 @@ use tower_layer::Layer;
 
 use super::service::RateLimit;
 use super::settings::{HeaderStyle, Rejection, Shared};
-use crate::limiter::{CircuitBreaker, FailMode, Limiter, LocalQuota};
-use crate::policy::{Policy, PolicyError};
+use crate::limiter::Limiter;
+use crate::policy::Policy;
 use crate::store::Store;
 
 /// Rate-limits every request of the wrapped service under the key its
@@ -16,10 +16,9 @@ use crate::store::Store;
 ///
 /// ```
 /// use axum::{Router, routing::get};
-/// use tower_redis_ratelimit::{FailMode, MemoryStore, Policy, RateLimitLayer, key};
+/// use tower_redis_ratelimit::{MemoryStore, Policy, RateLimitLayer, key};
 ///
-/// let limiter = RateLimitLayer::new(MemoryStore::new(), "3/s, 20/min".parse::<Policy>()?, key::peer_ip())
-///     .with_fail_mode(FailMode::Closed);
+/// let limiter = RateLimitLayer::new(MemoryStore::new(), "3/s, 20/min".parse::<Policy>()?, key::peer_ip());
 /// let app: Router = Router::new().route("/", get(|| async { "hello" })).layer(limiter);
 /// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
 /// ```
@@ -35,13 +34,11 @@ impl<K> RateLimitLayer<K> {
         Self::from_limiter(Limiter::new(store, policy), key)
     }
 
-    /// Limit requests by the key `key` picks, with `limiter`: the layer
-    /// renders its verdicts. Clones of the limiter (for operator commands,
-    /// or to limit work that is not a request) share its counts, breaker
-    /// and deny cache. The layer's builder calls that configure the engine
-    /// ([`with_name`](Self::with_name), [`with_fail_mode`](Self::with_fail_mode),
-    /// the breaker, the deny cache, allowed keys) give the layer a new
-    /// limiter: take [`limiter`](Self::limiter) after them.
+    /// Limit requests by the key `key` picks, with `limiter` and its
+    /// settings (name, fail mode, circuit breaker, deny cache, allowed keys,
+    /// local quota): the layer renders its verdicts. Clones of the limiter
+    /// (for operator commands, or to limit work that is not a request) share
+    /// its counts, breaker and deny cache.
     ///
     /// ```
     /// use tower_redis_ratelimit::{FailMode, Limiter, MemoryStore, Policy, RateLimitLayer, key};
@@ -64,26 +61,6 @@ impl<K> RateLimitLayer<K> {
     /// layer counts.
     pub fn limiter(&self) -> &Limiter {
         &self.shared.limiter
-    }
-
-    /// What to do when the store fails (default [`FailMode::Open`]; see
-    /// [`Limiter::with_fail_mode`]). [`FailMode::Closed`] answers `503
-    /// Service Unavailable` (a gRPC call: `UNAVAILABLE`).
-    #[must_use]
-    pub fn with_fail_mode(self, fail_mode: FailMode) -> Self {
-        self.map(|s| s.limiter = s.limiter.clone().with_fail_mode(fail_mode))
-    }
-
-    /// The circuit breaker (see [`Limiter::with_circuit_breaker`]).
-    #[must_use]
-    pub fn with_circuit_breaker(self, breaker: CircuitBreaker) -> Self {
-        self.map(|s| s.limiter = s.limiter.clone().with_circuit_breaker(breaker))
-    }
-
-    /// No circuit breaker (see [`Limiter::without_circuit_breaker`]).
-    #[must_use]
-    pub fn without_circuit_breaker(self) -> Self {
-        self.map(|s| s.limiter = s.limiter.clone().without_circuit_breaker())
     }
 
     /// What to do with denied requests (default [`Rejection::Reject`]).
@@ -109,53 +86,6 @@ impl<K> RateLimitLayer<K> {
     #[must_use]
     pub fn with_problem_json(self) -> Self {
         self.map(|s| s.problem_json = true)
-    }
-
-    /// Never limit requests whose key (as the extractor gives it, e.g. an
-    /// address or an API key) is one of `keys`: trusted internal callers,
-    /// the applications authorised for a resource. Their responses carry no
-    /// rate-limit headers. Adds to the keys already allowed.
-    ///
-    /// ```
-    /// use tower_redis_ratelimit::{MemoryStore, Policy, RateLimitLayer, key};
-    ///
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), "10/s".parse::<Policy>()?, key::header("x-api-key"))
-    ///     .with_allowed_keys(["internal-batch-job", "monitoring"]);
-    /// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
-    /// ```
-    #[must_use]
-    pub fn with_allowed_keys<S: Into<String>>(self, keys: impl IntoIterator<Item = S>) -> Self {
-        self.map(|s| s.limiter = s.limiter.clone().with_allowed_keys(keys))
-    }
-
-    /// Admit hot keys locally from batches of quota taken from the store
-    /// ([`Limiter::with_local_quota`]).
-    ///
-    /// # Errors
-    /// A concurrency policy.
-    pub fn with_local_quota(self, quota: LocalQuota) -> Result<Self, PolicyError> {
-        let limiter = self.shared.limiter.clone().with_local_quota(quota)?;
-        Ok(self.map(|s| s.limiter = limiter))
-    }
-
-    /// Hold denials in process (see [`Limiter::with_deny_cache`]; on by
-    /// default, 10,000 keys). Used only when denials are answered at once
-    /// ([`Rejection::Reject`] or [`Rejection::Custom`]).
-    #[must_use]
-    pub fn with_deny_cache(self, capacity: usize) -> Self {
-        self.map(|s| s.limiter = s.limiter.clone().with_deny_cache(capacity))
-    }
-
-    /// No deny cache (see [`Limiter::without_deny_cache`]).
-    #[must_use]
-    pub fn without_deny_cache(self) -> Self {
-        self.map(|s| s.limiter = s.limiter.clone().without_deny_cache())
-    }
-
-    /// Name this limit (see [`Limiter::with_name`]).
-    #[must_use]
-    pub fn with_name(self, name: impl Into<String>) -> Self {
-        self.map(|s| s.limiter = s.limiter.clone().with_name(name))
     }
 
     /// The policy enforced.

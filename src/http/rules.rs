@@ -53,7 +53,8 @@ type CostFn = dyn Fn(&Rule, &HeaderMap) -> Option<u64> + Send + Sync;
 /// ```
 /// use axum::{Router, routing::get};
 /// use tower_redis_ratelimit::rules::{RuleSet, Rules};
-/// use tower_redis_ratelimit::{MemoryStore, RulesLayer};
+/// use tower_redis_ratelimit::MemoryStore;
+/// use tower_redis_ratelimit::rules::RulesLayer;
 ///
 /// let rules = Rules::new(MemoryStore::new(), RuleSet::from_toml(r#"
 ///     [[rules]]
@@ -264,21 +265,21 @@ impl Settings {
             return response::forbidden();
         }
         match admission.shown() {
-            Some((_, limiter, decision, source)) => {
+            Some((_, limiter, decision, decided_by)) => {
                 let mut shared = Shared::new(limiter.clone());
                 shared.headers = self.headers;
                 shared.problem_json = self.problem_json;
-                shared.denial(decision, grpc, source)
+                shared.denial(decision, grpc, decided_by)
             }
             None => response::store_unavailable(),
         }
     }
 
     fn set_headers(&self, headers: &mut HeaderMap, admission: &Admission) {
-        if let Some((_, limiter, decision, source)) = admission.shown() {
+        if let Some((_, limiter, decision, decided_by)) = admission.shown() {
             let mut shared = Shared::new(limiter.clone());
             shared.headers = self.headers;
-            shared.set_headers(headers, decision, source);
+            shared.set_headers(headers, decision, decided_by);
         }
     }
 }

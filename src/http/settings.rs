@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::Response;
 
 use crate::decision::Decision;
-use crate::limiter::{Limiter, Source};
+use crate::limiter::{DecidedBy, Limiter};
 
 /// Builds the response to a denied request from its decision
 /// ([`Rejection::Custom`]).
@@ -52,7 +52,8 @@ impl Rejection {
     /// ```
     /// use bytes::Bytes;
     /// use http::{Response, StatusCode};
-    /// use tower_redis_ratelimit::{MemoryStore, Policy, RateLimitLayer, Rejection, key};
+    /// use tower_redis_ratelimit::{MemoryStore, Policy, RateLimitLayer, key};
+    /// use tower_redis_ratelimit::response::Rejection;
     ///
     /// let degrade = Rejection::custom(|decision| {
     ///     let body = format!("{{\"cached\":true,\"retry_in_ms\":{}}}", decision.retry_after().as_millis());
@@ -146,14 +147,14 @@ impl Shared {
         matches!(self.rejection, Rejection::Reject | Rejection::Custom(_))
     }
 
-    /// Put the rate-limit fields of `decision`, answered by `source`, on
+    /// Put the rate-limit fields of `decision`, answered by `decided_by`, on
     /// `headers`, in the chosen style. They describe the limit enforced (the
     /// fallback's share during an outage), under the layer's policy names.
     pub(crate) fn set_headers(
         &self,
         headers: &mut http::HeaderMap,
         decision: &Decision,
-        source: Source,
+        decided_by: DecidedBy,
     ) {
         if matches!(self.headers, HeaderStyle::XRateLimit | HeaderStyle::Both) {
             super::response::set_headers(headers, decision);
@@ -162,26 +163,26 @@ impl Shared {
             super::response::set_ietf_headers(
                 headers,
                 self.limiter.policy(),
-                self.limiter.enforced_policy(source),
+                self.limiter.enforced_policy(decided_by),
                 decision,
             );
         }
     }
 
-    /// The response to a request `decision`, answered by `source`, denies (a
+    /// The response to a request `decision`, answered by `decided_by`, denies (a
     /// gRPC call when `grpc`).
     pub(crate) fn denial(
         &self,
         decision: &Decision,
         grpc: bool,
-        source: Source,
+        decided_by: DecidedBy,
     ) -> Response<Bytes> {
         let policy = self.limiter.policy();
         let mut response = match &self.rejection {
             Rejection::Custom(respond) => {
                 let mut response = respond(decision);
                 let mut fields = http::HeaderMap::new();
-                self.set_headers(&mut fields, decision, source);
+                self.set_headers(&mut fields, decision, decided_by);
                 fields.insert(
                     http::header::RETRY_AFTER,
                     http::HeaderValue::from(super::response::retry_after_secs(decision)),
@@ -211,7 +212,7 @@ impl Shared {
             super::response::set_ietf_headers(
                 response.headers_mut(),
                 policy,
-                self.limiter.enforced_policy(source),
+                self.limiter.enforced_policy(decided_by),
                 decision,
             );
         }

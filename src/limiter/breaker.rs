@@ -27,7 +27,7 @@ impl CircuitBreaker {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_redis_ratelimit::CircuitBreaker;
+    /// use tower_redis_ratelimit::limiter::CircuitBreaker;
     ///
     /// let breaker = CircuitBreaker::new(3, Duration::from_millis(500));
     /// assert_eq!(breaker.failures, 3);

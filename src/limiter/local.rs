@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use hashbrown::HashTable;
 
-use super::{Check, Limiter, Source, Verdict};
+use super::{Check, DecidedBy, Limiter, Verdict};
 use crate::decision::Decision;
 use crate::policy::{Algorithm, Policy, PolicyError, Rate};
 
@@ -68,7 +68,7 @@ impl LocalQuota {
     ///
     /// # Errors
     /// A batch under 2 (nothing would be kept), or a `hold` of zero or
-    /// longer than [`MAX_WINDOW`](crate::MAX_WINDOW).
+    /// longer than [`MAX_WINDOW`](crate::policy::MAX_WINDOW).
     pub fn new(batch: u64, hold: Duration) -> Result<Self, PolicyError> {
         if batch < 2 {
             return Err(PolicyError::Invalid {
@@ -273,7 +273,7 @@ impl Units {
         self.left -= 1;
         Some(Verdict {
             decision: self.decision.clone(),
-            source: Source::LocalQuota,
+            decided_by: DecidedBy::LocalQuota,
             permit: None,
         })
     }
@@ -387,7 +387,7 @@ impl Local {
             crate::metrics::decision(limiter.name(), crate::metrics::Outcome::Limited);
             return Check::done(Ok(Verdict {
                 decision: Some(denied),
-                source: Source::DenyCache,
+                decided_by: DecidedBy::DenyCache,
                 permit: None,
             }));
         }

@@ -73,7 +73,7 @@ impl FailMode {
 /// Who answered a check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Source {
+pub enum DecidedBy {
     /// The store.
     Store,
     /// The deny cache: a denial the store gave earlier, still in force.
@@ -99,7 +99,7 @@ pub enum Source {
 #[must_use = "a verdict of a concurrency policy holds its slot until it is dropped"]
 pub struct Verdict {
     decision: Option<Decision>,
-    source: Source,
+    decided_by: DecidedBy,
     permit: Option<Permit>,
 }
 
@@ -115,8 +115,8 @@ impl Verdict {
     }
 
     /// Who answered.
-    pub fn source(&self) -> Source {
-        self.source
+    pub fn decided_by(&self) -> DecidedBy {
+        self.decided_by
     }
 
     /// How long to wait before a check can be admitted (zero when admitted).
@@ -135,14 +135,14 @@ impl Verdict {
 
     /// The decision, who answered, and the permit, apart (what the layer
     /// needs to render a verdict).
-    pub fn into_parts(self) -> (Option<Decision>, Source, Option<Permit>) {
-        (self.decision, self.source, self.permit)
+    pub fn into_parts(self) -> (Option<Decision>, DecidedBy, Option<Permit>) {
+        (self.decision, self.decided_by, self.permit)
     }
 
-    fn unlimited(source: Source) -> Self {
+    fn unlimited(decided_by: DecidedBy) -> Self {
         Self {
             decision: None,
-            source,
+            decided_by,
             permit: None,
         }
     }
@@ -404,7 +404,7 @@ impl Limiter {
     fn start(&self, key: String, policy: Option<Arc<Policy>>) -> Check {
         if self.is_allowed(&key) {
             crate::metrics::decision(&self.inner.name, Outcome::Skipped);
-            return Check::done(Ok(Verdict::unlimited(Source::AllowedKey)));
+            return Check::done(Ok(Verdict::unlimited(DecidedBy::AllowedKey)));
         }
         if policy.is_none()
             && let Some(local) = &self.inner.local
@@ -652,7 +652,7 @@ impl Limiter {
             crate::metrics::decision(&self.inner.name, Outcome::Limited);
             return Begun::Done(Ok(Verdict {
                 decision: Some(denied),
-                source: Source::DenyCache,
+                decided_by: DecidedBy::DenyCache,
                 permit: None,
             }));
         }
@@ -693,7 +693,7 @@ impl Limiter {
         ticket: Option<Ticket>,
     ) -> Result<Verdict, LimitError> {
         let name = &self.inner.name;
-        let (decision, source) = match outcome {
+        let (decision, decided_by) = match outcome {
             Ok(decision) => {
                 crate::metrics::store_latency(name, sent);
                 self.store_answered(ticket, true);
@@ -705,7 +705,7 @@ impl Limiter {
                         Outcome::Limited
                     },
                 );
-                (decision, Source::Store)
+                (decision, DecidedBy::Store)
             }
             Err(error) => {
                 // While the circuit is open nothing was asked: no news for
@@ -723,7 +723,7 @@ impl Limiter {
                         } else {
                             tracing::warn!(%error, "rate limit store failed; admitting (FailMode::Open)");
                         }
-                        return Ok(Verdict::unlimited(Source::FailOpen));
+                        return Ok(Verdict::unlimited(DecidedBy::FailOpen));
                     }
                     FailMode::Fallback { store, instances } => {
                         if circuit_open {
@@ -758,7 +758,7 @@ impl Limiter {
                             });
                         return Ok(Verdict {
                             decision: Some(decision),
-                            source: Source::Fallback,
+                            decided_by: DecidedBy::Fallback,
                             permit,
                         });
                     }
@@ -791,7 +791,7 @@ impl Limiter {
                 });
             return Ok(Verdict {
                 decision: Some(decision),
-                source,
+                decided_by,
                 permit,
             });
         }
@@ -807,7 +807,7 @@ impl Limiter {
         }
         Ok(Verdict {
             decision: Some(decision),
-            source,
+            decided_by,
             permit: None,
         })
     }
@@ -823,11 +823,11 @@ impl Limiter {
         }
     }
 
-    /// The policy a verdict of `source` was decided under: the limiter's,
-    /// or, for [`Source::Fallback`], the fallback's share of it.
-    pub fn enforced_policy(&self, source: Source) -> &Policy {
-        match (source, &self.inner.fallback_policy) {
-            (Source::Fallback, Some(policy)) => policy,
+    /// The policy a verdict of `decided_by` was decided under: the limiter's,
+    /// or, for [`DecidedBy::Fallback`], the fallback's share of it.
+    pub fn enforced_policy(&self, decided_by: DecidedBy) -> &Policy {
+        match (decided_by, &self.inner.fallback_policy) {
+            (DecidedBy::Fallback, Some(policy)) => policy,
             _ => &self.inner.policy,
         }
     }

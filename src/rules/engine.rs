@@ -13,7 +13,7 @@ use http::Method;
 
 use super::{Counting, Rule, RuleSet};
 use crate::decision::Decision;
-use crate::limiter::{CircuitBreaker, FailMode, LimitError, Limiter, Permit, Source};
+use crate::limiter::{CircuitBreaker, DecidedBy, FailMode, LimitError, Limiter, Permit};
 use crate::policy::{Algorithm, Policy};
 use crate::store::Store;
 
@@ -404,7 +404,7 @@ async fn decide(planned: Vec<Planned>) -> Result<Admission, LimitError> {
         }
         if let Some(denied) = p.limiter.cached_denial(&p.key) {
             crate::metrics::decision(p.limiter.name(), crate::metrics::Outcome::Limited);
-            let shown = Checked::new(p, Some(denied), Source::DenyCache, None);
+            let shown = Checked::new(p, Some(denied), DecidedBy::DenyCache, None);
             return Ok(Admission {
                 allowed: false,
                 shown: Some(0),
@@ -439,8 +439,8 @@ async fn decide(planned: Vec<Planned>) -> Result<Admission, LimitError> {
     for (p, verdict) in planned.iter().zip(verdicts) {
         match verdict {
             Ok(verdict) => {
-                let (decision, source, permit) = verdict.into_parts();
-                let mut checked = Checked::new(p, decision, source, permit);
+                let (decision, decided_by, permit) = verdict.into_parts();
+                let mut checked = Checked::new(p, decision, decided_by, permit);
                 checked.at = started;
                 checks.push(checked);
             }
@@ -473,7 +473,7 @@ async fn decide(planned: Vec<Planned>) -> Result<Admission, LimitError> {
                         tracing::warn!(%error, "rules: could not give back a concurrency slot of a denied request");
                     }
                 }) as BoxFuture<()>);
-            } else if c.source == Source::Store && c.cost > 0 && c.refundable() {
+            } else if c.decided_by == DecidedBy::Store && c.cost > 0 && c.refundable() {
                 let (limiter, key, cost) = (c.limiter.clone(), c.key.clone(), c.cost);
                 let lease = c.decision.as_ref().and_then(Decision::lease);
                 undo.push(Box::pin(async move {
@@ -482,8 +482,8 @@ async fn decide(planned: Vec<Planned>) -> Result<Admission, LimitError> {
                     }
                 }));
             }
-        } else if let (Some(block), Source::Store, Some(decision)) =
-            (p.block, c.source, &c.decision)
+        } else if let (Some(block), DecidedBy::Store, Some(decision)) =
+            (p.block, c.decided_by, &c.decision)
             && !decision.blocked()
         {
             let (limiter, key) = (c.limiter.clone(), c.key.clone());
@@ -525,7 +525,7 @@ struct Checked {
     key: String,
     cost: u64,
     decision: Option<Decision>,
-    source: Source,
+    decided_by: DecidedBy,
     permit: Option<Permit>,
     /// When the check was sent.
     at: Instant,
@@ -535,7 +535,7 @@ impl Checked {
     fn new(
         p: &Planned,
         decision: Option<Decision>,
-        source: Source,
+        decided_by: DecidedBy,
         permit: Option<Permit>,
     ) -> Self {
         Self {
@@ -545,7 +545,7 @@ impl Checked {
             key: p.key.clone(),
             cost: p.cost,
             decision,
-            source,
+            decided_by,
             permit,
             at: Instant::now(),
         }
@@ -622,10 +622,10 @@ impl Admission {
 
     /// The rule whose decision a response shows (the denying one waiting
     /// longest, or the admitting one with the fewest units left), its
-    /// limiter, decision and source.
-    pub fn shown(&self) -> Option<(&str, &Limiter, &Decision, Source)> {
+    /// limiter, decision and decided_by.
+    pub fn shown(&self) -> Option<(&str, &Limiter, &Decision, DecidedBy)> {
         let c = &self.checks[self.shown?];
-        Some((&c.rule, &c.limiter, c.decision.as_ref()?, c.source))
+        Some((&c.rule, &c.limiter, c.decision.as_ref()?, c.decided_by))
     }
 
     /// Every checked rule's name and decision (`None`: admitted without
@@ -640,7 +640,7 @@ impl Admission {
     /// concurrency slots to hold until the response ends.
     ///
     /// A refund is one atomic step in the store
-    /// ([`Command::Refund`](crate::Command::Refund)). Exact for the sliding
+    /// ([`Command::Refund`](crate::store::Command::Refund)). Exact for the sliding
     /// log (the request's own entries are removed) and for GCRA (its debt is
     /// additive). For the fixed and sliding window counters (a reward of the
     /// cost) a refund is skipped once the window that counted the request
@@ -657,8 +657,8 @@ impl Admission {
                 permits.push(permit);
                 continue;
             }
-            let counted =
-                c.decision.as_ref().is_some_and(Decision::allowed) && c.source == Source::Store;
+            let counted = c.decision.as_ref().is_some_and(Decision::allowed)
+                && c.decided_by == DecidedBy::Store;
             if !counted || c.cost == 0 || c.counting.counts(status) {
                 continue;
             }

@@ -4,7 +4,7 @@
 //! limiter per rule and policy, replaced whole at runtime); and its
 //! sources, a watched file ([`Rules::watch_file`]) or a versioned key in
 //! Redis ([`publish`], [`Rules::follow_redis`]). The HTTP glue is
-//! [`RulesLayer`](crate::RulesLayer). The README's "Limits as data" holds
+//! [`RulesLayer`](crate::rules::RulesLayer). The README's "Limits as data" holds
 //! the schema.
 //!
 //! ```
@@ -56,10 +56,11 @@ use crate::policy::{Algorithm, Policy};
 
 mod engine;
 mod json;
-mod source;
+mod watch;
 
+pub use crate::http::{RuleLimit, RulesLayer};
 pub use engine::{ActiveRules, Admission, Call, Rules, RulesCheck};
-pub use source::{PublishError, Watch, WatchStatus, publish};
+pub use watch::{PublishError, Watch, WatchStatus, publish};
 
 /// The longest `block` a rule may set: a day. (A typo of `15d` for `15m`
 /// would otherwise lock every breaching caller out for two weeks.)

@@ -12,6 +12,9 @@ use crate::policy::Policy;
 pub(crate) mod memory;
 pub(crate) mod redis;
 
+pub use memory::MemoryStore;
+pub use redis::{RedisStore, RedisStoreBuilder, TrackedConnection, TrackedManager};
+
 /// Keeps the state of every limited key and takes the decision for one
 /// request, atomically.
 ///
@@ -86,7 +89,7 @@ pub enum Command {
     Reset,
     /// Deny every request of the key for this long from now, in every
     /// process sharing the store (replacing an earlier block; zero lifts
-    /// it; at most [`MAX_WINDOW`](crate::MAX_WINDOW), and a block shorter
+    /// it; at most [`MAX_WINDOW`](crate::policy::MAX_WINDOW), and a block shorter
     /// than a microsecond lifts it). The counts are kept. A blocked key's
     /// decision: denied, nothing remaining, every rate's wait and reset the
     /// time left. (A [`Limiter`](crate::Limiter)'s allowed keys are never
@@ -99,9 +102,9 @@ pub enum Command {
     /// A penalty saturates where more would change no decision, or where
     /// each unit takes memory: the fixed window and sliding window counter
     /// count at most 2^53, a GCRA debt is at most twice
-    /// [`MAX_WINDOW`](crate::MAX_WINDOW), the sliding log adds at most its
+    /// [`MAX_WINDOW`](crate::policy::MAX_WINDOW), the sliding log adds at most its
     /// largest `max` entries and the concurrency limit takes at most `max`
-    /// slots, both at most [`MAX_COST`](crate::MAX_COST) (10,000) per
+    /// slots, both at most [`MAX_COST`](crate::policy::MAX_COST) (10,000) per
     /// command, since they keep one entry per unit. So a penalty far past
     /// the max followed by a reward admits sooner under the sliding log than
     /// under the window counters. A concurrency penalty takes anonymous
@@ -125,7 +128,7 @@ pub enum Command {
     /// rule counting by outcome sends after the response.
     Refund {
         /// The lease of the admitted check's decision.
-        lease: crate::Lease,
+        lease: crate::decision::Lease,
         /// The units it cost.
         units: u64,
     },

@@ -35,7 +35,7 @@ pub(crate) const DEFAULT_MAX_KEYS: usize = 100_000;
 /// [`RedisStore`](crate::RedisStore), decided on an injectable [`Clock`].
 ///
 /// Memory is bounded: keys longer than
-/// [`MAX_RAW_KEY_LEN`](crate::MAX_RAW_KEY_LEN) bytes are held as a
+/// [`MAX_RAW_KEY_LEN`](crate::store::MAX_RAW_KEY_LEN) bytes are held as a
 /// fixed-size hash, keys whose state no longer matters are dropped, and when
 /// more than `max_keys` keys are held the one of a small sample whose state
 /// ends soonest is evicted (as Redis's approximate LRU does), which forgets

@@ -62,7 +62,7 @@ pub(crate) const DEFAULT_BATCHES_IN_FLIGHT: usize = 2;
 /// Keys are laid out as `{prefix}:{algorithm}:{{key}}`, e.g.
 /// `rl:log:{203.0.113.9}`: the braces are a cluster hash tag, so every Redis
 /// key of one limited key lands in one slot. A key longer than
-/// [`MAX_RAW_KEY_LEN`](crate::MAX_RAW_KEY_LEN) bytes, or holding `{`, `}` or a leading `#`, is stored
+/// [`MAX_RAW_KEY_LEN`](crate::store::MAX_RAW_KEY_LEN) bytes, or holding `{`, `}` or a leading `#`, is stored
 /// as `#` and its SHA-1 instead, so a client-chosen key cannot break the
 /// layout. Every Redis key expires on its own once its state no longer
 /// matters (a GCRA key up to one longest window after its last TAT, so that
@@ -214,7 +214,8 @@ impl RedisStore {
     ///
     /// ```no_run
     /// use bb8_redis::bb8::Pool;
-    /// use tower_redis_ratelimit::{RedisStore, TrackedManager};
+    /// use tower_redis_ratelimit::RedisStore;
+    /// use tower_redis_ratelimit::store::TrackedManager;
     ///
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// let manager = TrackedManager::new("redis://127.0.0.1:6379")?;

@@ -451,7 +451,7 @@ pub(super) fn decode(reply: &[Value], policy: &Policy) -> Result<Decision, Store
         .ok_or_else(|| unexpected("a policy without rates".to_owned()))
 }
 
-/// The longest time (µs) a reply may carry: twice [`MAX_WINDOW`](crate::MAX_WINDOW).
+/// The longest time (µs) a reply may carry: twice [`MAX_WINDOW`](crate::policy::MAX_WINDOW).
 const MAX_MICROS: u64 = 2 * crate::policy::MAX_WINDOW.as_micros() as u64;
 
 fn non_negative(value: &Value, what: &str) -> Result<u64, StoreError> {

@@ -1,0 +1,297 @@
+//! Checks decided in batches (`RedisStore::with_batches`): many concurrent
+//! checks of the window counters and GCRA in one `EVALSHA`, against a real
+//! redis-server. Each test also shows that batches were formed (fewer
+//! `EVALSHA` calls than checks), so it exercises the batch script, not the
+//! single-check path.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::support::RedisServer;
+use tower_redis_ratelimit::store::Command;
+use tower_redis_ratelimit::{Policy, RedisStore, Store, StoreError};
+
+/// The batched algorithms.
+fn policy(algorithm: &str, text: &str) -> Policy {
+    let policy: Policy = text.parse().unwrap();
+    match algorithm {
+        "fixed-window" => policy.fixed_window().unwrap(),
+        "sliding-window" => policy.sliding_window().unwrap(),
+        "gcra" => policy.gcra().unwrap(),
+        other => panic!("{other}"),
+    }
+}
+
+const BATCHED: [&str; 3] = ["fixed-window", "sliding-window", "gcra"];
+
+/// A store with one batch in flight per algorithm: concurrent checks queue
+/// behind it and go out together.
+async fn one_batch_in_flight(server: &RedisServer) -> RedisStore {
+    RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .with_batches(1)
+        .with_timeout(Duration::from_secs(5))
+}
+
+/// `n` checks at once of `(key, policy)` pairs; the decisions in order.
+async fn all_at_once(
+    store: &RedisStore,
+    checks: Vec<(String, Policy)>,
+) -> Vec<Result<bool, StoreError>> {
+    let store = Arc::new(store.clone());
+    let barrier = Arc::new(tokio::sync::Barrier::new(checks.len()));
+    let tasks: Vec<_> = checks
+        .into_iter()
+        .map(|(key, policy)| {
+            let store = Arc::clone(&store);
+            let barrier = Arc::clone(&barrier);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.check(&key, &policy).await.map(|d| d.allowed())
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for task in tasks {
+        out.push(task.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_key_many_times_in_a_batch_admits_exactly_the_limit() {
+    let server = RedisServer::start();
+    let store = one_batch_in_flight(&server).await;
+    for algorithm in BATCHED {
+        let before = server.calls("evalsha");
+        let limit = policy(algorithm, "37/60s");
+        let checks = (0..300)
+            .map(|_| (format!("hot-{algorithm}"), limit.clone()))
+            .collect();
+        let decisions = all_at_once(&store, checks).await;
+        let admitted = decisions.iter().filter(|d| *d.as_ref().unwrap()).count();
+        assert_eq!(admitted, 37, "{algorithm}");
+        let calls = server.calls("evalsha") - before;
+        assert!(
+            calls < 150,
+            "{algorithm}: 300 checks took {calls} EVALSHA: not batched"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn policies_and_keys_mixed_in_batches_keep_their_own_limits() {
+    let server = RedisServer::start();
+    let store = one_batch_in_flight(&server).await;
+    for algorithm in BATCHED {
+        // Three policies (one with two rates, one with a cost) over six keys.
+        let policies = [
+            policy(algorithm, "5/60s"),
+            policy(algorithm, "8/60s, 12/120s"),
+            policy(algorithm, "9/60s").with_cost(3).unwrap(),
+        ];
+        let limits = [5, 8, 3];
+        let mut checks = Vec::new();
+        for _ in 0..40 {
+            for (p, limit) in policies.iter().enumerate() {
+                for k in 0..2 {
+                    checks.push((format!("{algorithm}-{p}-{k}"), limit.clone()));
+                }
+            }
+        }
+        let before = server.calls("evalsha");
+        let decisions = all_at_once(&store, checks.clone()).await;
+        for (p, limit) in limits.iter().enumerate() {
+            for k in 0..2 {
+                let key = format!("{algorithm}-{p}-{k}");
+                let admitted = checks
+                    .iter()
+                    .zip(&decisions)
+                    .filter(|((name, _), d)| *name == key && *d.as_ref().unwrap())
+                    .count();
+                assert_eq!(admitted, *limit, "{key}");
+            }
+        }
+        assert!(
+            server.calls("evalsha") - before < 120,
+            "{algorithm}: not batched"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_blocked_key_in_a_batch_is_denied_and_the_others_are_not() {
+    let server = RedisServer::start();
+    let store = one_batch_in_flight(&server).await;
+    for algorithm in BATCHED {
+        let limit = policy(algorithm, "100/60s");
+        let blocked = format!("blocked-{algorithm}");
+        store
+            .command(&blocked, &limit, Command::Block(Duration::from_secs(30)))
+            .await
+            .unwrap();
+        let mut checks = Vec::new();
+        for i in 0..60 {
+            checks.push((blocked.clone(), limit.clone()));
+            checks.push((format!("free-{algorithm}-{i}"), limit.clone()));
+        }
+        let decisions = all_at_once(&store, checks.clone()).await;
+        for ((key, _), decision) in checks.iter().zip(&decisions) {
+            assert_eq!(*decision.as_ref().unwrap(), *key != blocked, "{key}");
+        }
+        let decision = store.check(&blocked, &limit).await.unwrap();
+        assert!(decision.blocked(), "{algorithm}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unreadable_key_fails_only_its_own_check() {
+    let server = RedisServer::start();
+    let store = one_batch_in_flight(&server).await;
+    let limit = policy("gcra", "100/60s");
+    let broken = store.redis_key("gcra", "broken");
+    server.command(&["HSET", &broken, "60000000", "not a TAT"]);
+    let mut checks = Vec::new();
+    for i in 0..80 {
+        checks.push(("broken".to_owned(), limit.clone()));
+        checks.push((format!("fine-{i}"), limit.clone()));
+    }
+    let before = server.calls("evalsha");
+    let decisions = all_at_once(&store, checks.clone()).await;
+    for ((key, _), decision) in checks.iter().zip(&decisions) {
+        if key == "broken" {
+            let error = decision.as_ref().unwrap_err();
+            assert!(
+                matches!(error, StoreError::UnexpectedReply(what) if what.contains("unreadable TAT")),
+                "{error}"
+            );
+        } else {
+            assert!(*decision.as_ref().unwrap(), "{key}");
+        }
+    }
+    assert!(server.calls("evalsha") - before < 120, "not batched");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batches_off_sends_one_script_per_check() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .with_batches(0)
+        .with_timeout(Duration::from_secs(5));
+    let limit = policy("fixed-window", "1000/60s");
+    // The first check loads the script (NOSCRIPT, SCRIPT LOAD, EVALSHA).
+    assert!(store.check("warm", &limit).await.unwrap().allowed());
+    let before = server.calls("evalsha");
+    let checks = (0..100).map(|i| (format!("k{i}"), limit.clone())).collect();
+    let decisions = all_at_once(&store, checks).await;
+    assert!(decisions.iter().all(|d| *d.as_ref().unwrap()));
+    assert_eq!(server.calls("evalsha") - before, 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batched_decision_is_the_single_checks() {
+    // The same sequence of checks, batched and one by one, on two servers:
+    // the same admissions, and remaining counts that agree.
+    let batched_server = RedisServer::start();
+    let single_server = RedisServer::start();
+    let batched = RedisStore::connect(&batched_server.url())
+        .await
+        .unwrap()
+        .with_batches(1);
+    let single = RedisStore::connect(&single_server.url())
+        .await
+        .unwrap()
+        .with_batches(0);
+    for algorithm in BATCHED {
+        let limit = policy(algorithm, "6/60s, 9/120s");
+        for i in 0..12 {
+            let a = batched.check("seq", &limit).await.unwrap();
+            let b = single.check("seq", &limit).await.unwrap();
+            assert_eq!(a.allowed(), b.allowed(), "{algorithm} #{i}");
+            for (x, y) in a.rates().iter().zip(b.rates()) {
+                assert_eq!(x.remaining(), y.remaining(), "{algorithm} #{i}");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_of_another_type_fails_only_its_own_check() {
+    let server = RedisServer::start();
+    let store = one_batch_in_flight(&server).await;
+    for algorithm in BATCHED {
+        let limit = policy(algorithm, "100/60s");
+        let tag = match algorithm {
+            "fixed-window" => "fixed",
+            "sliding-window" => "swc",
+            _ => "gcra",
+        };
+        // Something else under the prefix: a string where a hash belongs.
+        let foreign = store.redis_key(tag, "foreign");
+        server.command(&["SET", &foreign, "not a hash"]);
+        let mut checks = Vec::new();
+        for i in 0..60 {
+            checks.push(("foreign".to_owned(), limit.clone()));
+            checks.push((format!("{algorithm}-fine-{i}"), limit.clone()));
+        }
+        let before = server.calls("evalsha");
+        let decisions = all_at_once(&store, checks.clone()).await;
+        for ((key, _), decision) in checks.iter().zip(&decisions) {
+            if key == "foreign" {
+                let error = decision.as_ref().unwrap_err();
+                assert!(error.to_string().contains("WRONGTYPE"), "{error}");
+            } else {
+                assert!(*decision.as_ref().unwrap(), "{algorithm} {key}");
+            }
+        }
+        assert!(
+            server.calls("evalsha") - before < 90,
+            "{algorithm}: not batched"
+        );
+        // Every other check counted exactly once (a peek answers as a
+        // request would be: 100 - the one counted - its own).
+        let fine = store
+            .command(&format!("{algorithm}-fine-0"), &limit, Command::Peek)
+            .await
+            .unwrap();
+        assert_eq!(fine.rates()[0].remaining(), 98, "{algorithm}");
+    }
+}
+
+#[tokio::test]
+async fn a_gcra_check_never_shortens_the_expiry_another_policy_needs() {
+    // Two GCRA policies on one Redis key (the same name): a penalty under
+    // the hour-long one sets the key's expiry an hour ahead, exactly (no
+    // recorded expiry); a check under the one-second policy must not bring
+    // it down to about a second, or the hour's debt would vanish with the
+    // key. Batched and one by one.
+    let server = RedisServer::start();
+    for batches in [1, 0] {
+        let store = RedisStore::connect(&server.url())
+            .await
+            .unwrap()
+            .with_batches(batches);
+        let hourly = policy("gcra", "5/1h");
+        let fast = policy("gcra", "10/1s");
+        let key = format!("shared-{batches}");
+        store
+            .command(&key, &hourly, Command::Penalty(5))
+            .await
+            .unwrap();
+        assert!(store.check(&key, &fast).await.unwrap().allowed());
+        let redis_key = store.redis_key("gcra", &key);
+        let pttl: i64 = server
+            .command(&["PTTL", &redis_key])
+            .trim()
+            .trim_start_matches(':')
+            .parse()
+            .unwrap();
+        assert!(pttl > 3_500_000, "batches {batches}: PTTL {pttl} ms");
+        // The hour's debt is still there.
+        assert!(!store.check(&key, &hourly).await.unwrap().allowed());
+    }
+}

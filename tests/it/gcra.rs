@@ -1,0 +1,222 @@
+//! GCRA (token bucket) on every store: MemoryStore on a manual clock (exact
+//! values) and RedisStore's Lua script against a real redis-server (real
+//! time, margins), plus Redis-only checks of exactness under contention and
+//! of the key's layout and expiry. Only what is its own: the refill
+//! arithmetic. What every algorithm does is in conformance.rs.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::support;
+
+use std::time::Duration;
+
+use crate::support::RedisServer;
+use crate::support::contention::admitted_under_contention;
+use crate::support::harness::{Harness, MS};
+use tower_redis_ratelimit::{Algorithm, Policy, RedisStore, Store};
+
+/// `max` admitted at once (remaining and reset counting down), then denied
+/// until one interval (`window / max`) has passed.
+async fn burst_then_denied(h: Harness) {
+    let p = h.policy_of("4/1s", Algorithm::Gcra);
+    let t0 = h.mark();
+    for (remaining, reset_ms) in [(3, 250), (2, 500), (1, 750), (0, 1000)] {
+        let d = h.check("k", &p).await;
+        assert!(d.allowed(), "request {} of the burst", 4 - remaining);
+        assert_eq!(d.algorithm(), Algorithm::Gcra);
+        assert_eq!((d.limit(), d.remaining()), (4, remaining));
+        assert_eq!(d.retry_after(), Duration::ZERO);
+        h.assert_near(
+            d.reset(),
+            (reset_ms * MS).saturating_sub(h.since(t0)),
+            "reset",
+        );
+    }
+    let d = h.check("k", &p).await;
+    assert!(!d.allowed());
+    assert_eq!((d.limit(), d.remaining()), (4, 0));
+    h.assert_near(
+        d.retry_after(),
+        (250 * MS).saturating_sub(h.since(t0)),
+        "retry_after",
+    );
+    h.assert_near(
+        d.reset(),
+        Duration::from_secs(1).saturating_sub(h.since(t0)),
+        "reset of a denied request",
+    );
+    // Denied requests take nothing: still denied, still the same wait.
+    assert!(!h.check("k", &p).await.allowed());
+}
+
+/// After the burst, one more request every `window / max`, never two.
+async fn steady_refill(h: Harness) {
+    let p = h.policy_of("4/1s", Algorithm::Gcra);
+    for _ in 0..4 {
+        assert!(h.check("k", &p).await.allowed());
+    }
+    assert!(!h.check("k", &p).await.allowed());
+    for round in 0..3 {
+        h.advance_past(250 * MS).await;
+        let d = h.check("k", &p).await;
+        assert!(d.allowed(), "round {round}: one token came back");
+        assert_eq!(d.remaining(), 0, "round {round}");
+        let d = h.check("k", &p).await;
+        assert!(!d.allowed(), "round {round}: only one token came back");
+    }
+    // A full window idle refills the whole bucket, and no more.
+    h.advance_past(Duration::from_secs(1)).await;
+    for remaining in [3, 2, 1, 0] {
+        let d = h.check("k", &p).await;
+        assert!(d.allowed());
+        assert_eq!(d.remaining(), remaining);
+    }
+    assert!(!h.check("k", &p).await.allowed());
+}
+
+/// A request of cost `c` takes `c` tokens: its reset is `c` intervals
+/// later, and a denied one waits until `c` tokens are back.
+async fn cost_takes_several_tokens(h: Harness) {
+    let p = h.policy_of("5/1s", Algorithm::Gcra).with_cost(2).unwrap();
+    let t0 = h.mark();
+    let d = h.check("k", &p).await;
+    assert!(d.allowed());
+    h.assert_near(d.reset(), 400 * MS, "reset after cost 2");
+    assert_eq!(h.check("k", &p).await.remaining(), 1);
+    let d = h.check("k", &p).await;
+    assert!(!d.allowed());
+    // Two tokens are back one interval (200 ms) after the bucket had one.
+    h.assert_near(
+        d.retry_after(),
+        (200 * MS).saturating_sub(h.since(t0)),
+        "retry_after of cost 2",
+    );
+}
+
+/// Remaining and reset follow the partial refill between requests.
+async fn remaining_and_reset_follow_the_refill(h: Harness) {
+    let p = h.policy_of("4/1s", Algorithm::Gcra);
+    let t0 = h.mark();
+    assert!(h.check("k", &p).await.allowed());
+    let d = h.check("k", &p).await;
+    assert_eq!(d.remaining(), 2);
+    h.assert_near(d.reset(), 500 * MS, "reset after two");
+    h.advance(100 * MS).await;
+    // 2.4 tokens, one taken: 1.4 left; full 750 ms after t0.
+    let d = h.check("k", &p).await;
+    assert!(d.allowed());
+    assert_eq!(d.remaining(), 1);
+    h.assert_near(
+        d.reset(),
+        (750 * MS).saturating_sub(h.since(t0)),
+        "reset after a partial refill",
+    );
+    h.advance_past(Duration::from_secs(1)).await;
+    let d = h.check("k", &p).await;
+    assert_eq!(d.remaining(), 3, "a full bucket again");
+    h.assert_near(d.reset(), 250 * MS, "reset of a fresh bucket");
+}
+
+support::every_store!([
+    burst_then_denied,
+    steady_refill,
+    cost_takes_several_tokens,
+    remaining_and_reset_follow_the_refill,
+]);
+
+/// Two independent stores (two pools, as two processes would have) send 500
+/// checks of one key at once: exactly the burst is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_admits_exactly_the_limit_under_contention() {
+    let server = RedisServer::start();
+    let policy = "100/60s".parse::<Policy>().unwrap().gcra().unwrap();
+    let admitted = admitted_under_contention(&server, policy, "hot", 500).await;
+    assert_eq!(admitted, 100);
+}
+
+/// One hash per key, one field per rate (the window in µs), gone once every
+/// TAT is in the past.
+#[tokio::test]
+async fn redis_key_holds_one_tat_per_rate_and_expires() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let policy: Policy = "2/200ms, 5/400ms"
+        .parse::<Policy>()
+        .unwrap()
+        .gcra()
+        .unwrap();
+    assert!(store.check("k", &policy).await.unwrap().allowed());
+    let key = store.redis_key("gcra", "k");
+    assert_eq!(key, "rl:gcra:{k}");
+    assert!(server.command(&["TYPE", &key]).contains("hash"));
+    let fields = server.command(&["HKEYS", &key]);
+    assert!(
+        fields.contains("200000") && fields.contains("400000"),
+        "{fields}"
+    );
+    let short = server.command(&["HGET", &key, "200000"]);
+    // "<whole µs> <fraction>": 200 ms / 2 = 100000 µs exactly, no fraction.
+    let value = short.lines().nth(1).unwrap();
+    let (whole, frac) = value.split_once(' ').unwrap();
+    let whole: u64 = whole.parse().unwrap();
+    let frac: f64 = frac.parse().unwrap();
+    assert!(
+        whole > 1_000_000_000_000_000,
+        "a TAT in µs since the epoch: {short}"
+    );
+    assert!((0.0..1.0).contains(&frac), "{short}");
+    let pttl: i64 = server
+        .command(&["PTTL", &key])
+        .trim()
+        .trim_start_matches(':')
+        .parse()
+        .unwrap();
+    // The latest TAT is 100 ms ahead (200 ms / 2; the other is 400 ms / 5);
+    // a check sets the expiry one longest window (400 ms) beyond it, so that
+    // the next checks need not set it again, and records it in field 'e'.
+    // (Expiries are whole milliseconds, rounded up.)
+    assert!(pttl > 200 && pttl <= 502, "PTTL {pttl}");
+    let recorded = server.command(&["HGET", &key, "e"]);
+    assert!(
+        recorded
+            .lines()
+            .nth(1)
+            .is_some_and(|e| e.parse::<u64>().is_ok()),
+        "{recorded}"
+    );
+    // A second admission within the window leaves the expiry as it was.
+    assert!(store.check("k", &policy).await.unwrap().allowed());
+    assert_eq!(server.command(&["HGET", &key, "e"]), recorded);
+    tokio::time::sleep(600 * MS).await;
+    assert!(server.command(&["EXISTS", &key]).starts_with(":0"));
+    // Denied requests write nothing.
+    let one: Policy = "1/1s".parse::<Policy>().unwrap().gcra().unwrap();
+    assert!(store.check("d", &one).await.unwrap().allowed());
+    let key = store.redis_key("gcra", "d");
+    let before = server.command(&["HGET", &key, "1000000"]);
+    assert!(!store.check("d", &one).await.unwrap().allowed());
+    assert_eq!(server.command(&["HGET", &key, "1000000"]), before);
+    // A flushed script cache (a Redis restart, a failover) is reloaded.
+    assert!(server.command(&["SCRIPT", "FLUSH"]).starts_with("+OK"));
+    assert!(store.check("e", &one).await.unwrap().allowed());
+}
+
+/// Awkward intervals (10 s / 7) at real timestamps: a burst of exactly max,
+/// on Redis as in memory (the TAT is kept as an offset, not a raw double).
+#[tokio::test]
+async fn redis_bursts_are_exact_for_awkward_intervals() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    for max in [7u64, 49] {
+        let policy: Policy = format!("{max}/10s")
+            .parse::<Policy>()
+            .unwrap()
+            .gcra()
+            .unwrap();
+        let key = format!("burst-{max}");
+        for i in 0..max {
+            let d = store.check(&key, &policy).await.unwrap();
+            assert!(d.allowed(), "request {i} of {max}");
+        }
+        assert!(!store.check(&key, &policy).await.unwrap().allowed());
+    }
+}

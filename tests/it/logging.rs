@@ -1,0 +1,63 @@
+//! What the layer logs: decisions at debug with the key hashed, never raw.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use crate::support::http::{ok_router, request};
+use tower::ServiceExt;
+use tower_redis_ratelimit::{MemoryStore, Policy, RateLimitLayer, key};
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn decisions_are_logged_with_the_key_hashed() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let limiter = RateLimitLayer::new(
+        MemoryStore::new(),
+        "1/10s".parse::<Policy>().unwrap(),
+        key::peer_ip(),
+    );
+    let app = ok_router(limiter);
+    for _ in 0..3 {
+        app.clone()
+            .oneshot(request("/", "203.0.113.77"))
+            .await
+            .unwrap();
+    }
+    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    assert!(logs.contains("rate limit: admitted"), "{logs}");
+    assert!(logs.contains("rate limit: denied"), "{logs}");
+    assert!(
+        !logs.contains("203.0.113.77"),
+        "the raw key was logged:\n{logs}"
+    );
+    // The hash of the store key ("1/10s:203.0.113.77"), the same every time.
+    let hash = &sha1_hex("1/10s:203.0.113.77")[..12];
+    assert_eq!(logs.matches(&format!("key={hash}")).count(), 3, "{logs}");
+}
+
+fn sha1_hex(text: &str) -> String {
+    // Computed here independently, with the same crate's SHA-1.
+    sha1_smol::Sha1::from(text.as_bytes()).digest().to_string()
+}

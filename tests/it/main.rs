@@ -1,0 +1,39 @@
+//! The integration tests, one binary: `tests/support` (real redis-server
+//! processes, the fault proxy) compiles once for all of them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+mod acl;
+mod algorithm_differential;
+mod batching;
+mod breaker;
+mod client_ip;
+mod command_faults;
+mod commands;
+mod concurrency_store;
+mod conformance;
+mod deny_cache;
+mod example_server;
+mod faults;
+mod fixed_window;
+mod gcra;
+mod grpc;
+mod http;
+mod http_strategies;
+mod key_encoding;
+mod limiter;
+mod local_quota;
+mod logging;
+mod memory_usage;
+mod metrics;
+mod network_faults;
+mod redis_cluster;
+mod redis_store;
+mod rules;
+mod rules_faults;
+mod sentinel;
+mod sliding_log;
+mod sliding_window;
+mod store_adversarial;
+mod tls;

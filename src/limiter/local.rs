@@ -271,11 +271,10 @@ impl Units {
             return None;
         }
         self.left -= 1;
-        Some(Verdict {
-            decision: self.decision.clone(),
-            decided_by: DecidedBy::LocalQuota,
-            permit: None,
-        })
+        Some(Verdict::without_permit(
+            self.decision.clone(),
+            DecidedBy::LocalQuota,
+        ))
     }
 }
 
@@ -385,11 +384,10 @@ impl Local {
         // nothing.)
         if let Some(denied) = limiter.cached_denial(&key) {
             crate::metrics::decision(limiter.name(), crate::metrics::Outcome::Limited);
-            return Check::done(Ok(Verdict {
-                decision: Some(denied),
-                decided_by: DecidedBy::DenyCache,
-                permit: None,
-            }));
+            return Check::done(Ok(Verdict::without_permit(
+                Some(denied),
+                DecidedBy::DenyCache,
+            )));
         }
         let (local, limiter) = (Arc::clone(self), limiter.clone());
         Check::boxed(Box::pin(async move {

@@ -8,172 +8,29 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::decision::Decision;
-use crate::key::KeyHash;
 use crate::metrics::Outcome;
-use crate::policy::{Algorithm, Policy, PolicyError};
-use crate::store::memory::MemoryStore;
-use crate::store::{BoxFuture, Command, DynStore, Store, StoreError};
+use crate::policy::{Policy, PolicyError};
+use crate::store::{Command, DynStore, Store, StoreError};
 
 mod breaker;
+mod check;
 mod deny_cache;
+mod error;
+mod fail_mode;
 mod lease;
 mod local;
+mod verdict;
 
 pub use breaker::CircuitBreaker;
+pub use check::Check;
+pub use error::LimitError;
+pub use fail_mode::FailMode;
 pub use lease::Permit;
 pub use local::LocalQuota;
+pub use verdict::{DecidedBy, Verdict};
 
-use breaker::{Breaker, Gate, Ticket};
+use breaker::Breaker;
 use deny_cache::{DEFAULT_DENY_CACHE_SIZE, DenyCache};
-
-/// What to do when the store cannot decide (Redis down, slow or failing,
-/// or the circuit breaker open).
-#[derive(Debug, Clone, Default)]
-#[non_exhaustive]
-pub enum FailMode {
-    /// Admit without limiting, and log the failure at warn (the default:
-    /// the limiter never takes the service down).
-    #[default]
-    Open,
-    /// Fail: [`Limiter::check`] returns [`LimitError::Store`], and the layer
-    /// answers `503 Service Unavailable`.
-    Closed,
-    /// Limit in this process while the store fails, with the same policy
-    /// divided among `instances` processes (each rate's max divided by
-    /// `instances`, rounded down, at least the cost), and go back to the
-    /// store when it answers again. Build it with [`FailMode::fallback`].
-    /// Decisions of the fallback carry the limit it enforces (the divided
-    /// maxes); the layer shows them under the same policy names.
-    Fallback {
-        /// Where the limits are held meanwhile.
-        store: MemoryStore,
-        /// How many processes share the limit.
-        instances: u32,
-    },
-}
-
-impl FailMode {
-    /// [`FailMode::Fallback`] to `store`, for `instances` processes sharing
-    /// the limit (1 when this process is alone).
-    ///
-    /// ```
-    /// use tower_redis_ratelimit::{FailMode, MemoryStore};
-    ///
-    /// // Four replicas: while Redis is down each allows a quarter of the limit.
-    /// let mode = FailMode::fallback(MemoryStore::new(), 4);
-    /// ```
-    pub fn fallback(store: MemoryStore, instances: u32) -> Self {
-        Self::Fallback {
-            store,
-            instances: instances.max(1),
-        }
-    }
-}
-
-/// Who answered a check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum DecidedBy {
-    /// The store.
-    Store,
-    /// The deny cache: a denial the store gave earlier, still in force.
-    DenyCache,
-    /// The fail mode's fallback store, while the store fails.
-    Fallback,
-    /// Nobody: the store failed and [`FailMode::Open`] admitted.
-    FailOpen,
-    /// Nobody: the key is one of the allowed keys.
-    AllowedKey,
-    /// A unit this process took from the store earlier
-    /// ([`Limiter::with_local_quota`]); the decision is that check's.
-    LocalQuota,
-}
-
-/// The answer of [`Limiter::check`]: admitted or not, by whom, and the
-/// decision (none when nothing limited the check: an allowed key, or a
-/// store failure under [`FailMode::Open`]).
-///
-/// Under a [`Concurrency`](crate::Algorithm::Concurrency) policy an admitted
-/// verdict holds a slot until it (or the [`Permit`] taken from it) is dropped.
-#[derive(Debug)]
-#[must_use = "a verdict of a concurrency policy holds its slot until it is dropped"]
-pub struct Verdict {
-    decision: Option<Decision>,
-    decided_by: DecidedBy,
-    permit: Option<Permit>,
-}
-
-impl Verdict {
-    /// Whether the check is admitted.
-    pub fn allowed(&self) -> bool {
-        self.decision.as_ref().is_none_or(Decision::allowed)
-    }
-
-    /// The decision, when something limited the check.
-    pub fn decision(&self) -> Option<&Decision> {
-        self.decision.as_ref()
-    }
-
-    /// Who answered.
-    pub fn decided_by(&self) -> DecidedBy {
-        self.decided_by
-    }
-
-    /// How long to wait before a check can be admitted (zero when admitted).
-    pub fn retry_after(&self) -> Duration {
-        match &self.decision {
-            Some(decision) if !decision.allowed() => decision.retry_after(),
-            _ => Duration::ZERO,
-        }
-    }
-
-    /// The concurrency slot this admitted verdict holds, if any: dropping
-    /// the permit gives the slot back.
-    pub fn into_permit(self) -> Option<Permit> {
-        self.permit
-    }
-
-    /// The decision, who answered, and the permit, apart (what the layer
-    /// needs to render a verdict).
-    pub fn into_parts(self) -> (Option<Decision>, DecidedBy, Option<Permit>) {
-        (self.decision, self.decided_by, self.permit)
-    }
-
-    fn unlimited(decided_by: DecidedBy) -> Self {
-        Self {
-            decision: None,
-            decided_by,
-            permit: None,
-        }
-    }
-}
-
-/// Why [`Limiter`] could not give an answer.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum LimitError {
-    /// Denied, and it would take longer than allowed to be admitted
-    /// ([`Limiter::until_ready`], [`Limiter::acquire`]).
-    #[error("rate limited: retry after {:?}", .0.retry_after())]
-    Limited(Box<Decision>),
-    /// The store failed and the fail mode is [`FailMode::Closed`] (or an
-    /// operator command failed).
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// The cost asked for cannot be counted under the policy.
-    #[error(transparent)]
-    Policy(#[from] PolicyError),
-}
-
-impl LimitError {
-    /// The denial, for [`LimitError::Limited`].
-    pub fn decision(&self) -> Option<&Decision> {
-        match self {
-            Self::Limited(decision) => Some(decision),
-            _ => None,
-        }
-    }
-}
 
 /// A rate limiter: a [`Store`], a [`Policy`], a name the keys are counted
 /// under, and what to do when the store fails ([`FailMode`], a circuit
@@ -215,26 +72,6 @@ struct Inner {
     fallback_policy: Option<Arc<Policy>>,
     /// Units of hot keys held in process (`None`: off).
     local: Option<Arc<local::Local>>,
-}
-
-/// A check started by [`Limiter::begin`]. (Unboxed: a request's verdict
-/// moves once, and boxing it would cost an allocation per request.)
-#[allow(clippy::large_enum_variant)]
-enum Begun {
-    /// Answered at once (an in-process store, the deny cache, an open
-    /// circuit).
-    Done(Result<Verdict, LimitError>),
-    /// Waiting for the store.
-    Waiting(Waiting),
-}
-
-/// A check waiting for the store. The future holds the key and hands it
-/// back with the answer.
-struct Waiting {
-    future: BoxFuture<(String, Result<Decision, StoreError>)>,
-    sent: Instant,
-    ticket: Option<Ticket>,
-    policy: Arc<Policy>,
 }
 
 impl Limiter {
@@ -412,20 +249,6 @@ impl Limiter {
             return local.check(self, key);
         }
         self.start_in_store(key, policy)
-    }
-
-    /// The check of `key` (as given) in the store (and the deny cache).
-    fn start_in_store(&self, key: String, policy: Option<Arc<Policy>>) -> Check {
-        let mut key = self.store_key(key);
-        match self.begin(&mut key, policy) {
-            Begun::Done(verdict) => Check::done(verdict),
-            Begun::Waiting(waiting) => Check {
-                state: CheckState::Waiting {
-                    limiter: self.clone(),
-                    waiting,
-                },
-            },
-        }
     }
 
     /// Check `key` until it is admitted, sleeping each denial's
@@ -637,192 +460,6 @@ impl Limiter {
             .filter(|_| self.inner.store.denials_are_final_dyn(&self.inner.policy))
     }
 
-    /// Start the check of store key `key` under `policy` (the limiter's
-    /// when `None`; only its denials use the deny cache). A check that must
-    /// wait takes the key and hands it back with the answer.
-    fn begin(&self, key: &mut String, policy: Option<Arc<Policy>>) -> Begun {
-        if policy.is_none()
-            && let Some(denied) = self.usable_deny_cache().and_then(|c| c.get(key))
-        {
-            tracing::debug!(
-                key = %KeyHash::stored(key),
-                retry_after_ms = denied.retry_after().as_millis() as u64,
-                "rate limit: denied (deny cache)"
-            );
-            crate::metrics::decision(&self.inner.name, Outcome::Limited);
-            return Begun::Done(Ok(Verdict {
-                decision: Some(denied),
-                decided_by: DecidedBy::DenyCache,
-                permit: None,
-            }));
-        }
-        let policy = policy.unwrap_or_else(|| Arc::clone(&self.inner.policy));
-        let sent = Instant::now();
-        let ticket = match self.inner.breaker.as_deref().map(Breaker::gate) {
-            Some(Gate::Skip) => {
-                return Begun::Done(self.finish(
-                    key,
-                    &policy,
-                    Err(StoreError::CircuitOpen),
-                    sent,
-                    None,
-                ));
-            }
-            Some(Gate::Ask(ticket)) => Some(ticket),
-            None => None,
-        };
-        if let Some(decision) = self.inner.store.check_in_process(key, &policy) {
-            return Begun::Done(self.finish(key, &policy, Ok(decision), sent, ticket));
-        }
-        let future =
-            Arc::clone(&self.inner.store).check_owned(std::mem::take(key), Arc::clone(&policy));
-        Begun::Waiting(Waiting {
-            future,
-            sent,
-            ticket,
-            policy,
-        })
-    }
-
-    fn finish(
-        &self,
-        key: &str,
-        policy: &Arc<Policy>,
-        outcome: Result<Decision, StoreError>,
-        sent: Instant,
-        ticket: Option<Ticket>,
-    ) -> Result<Verdict, LimitError> {
-        let name = &self.inner.name;
-        let (decision, decided_by) = match outcome {
-            Ok(decision) => {
-                crate::metrics::store_latency(name, sent);
-                self.store_answered(ticket, true);
-                crate::metrics::decision(
-                    name,
-                    if decision.allowed() {
-                        Outcome::Allowed
-                    } else {
-                        Outcome::Limited
-                    },
-                );
-                (decision, DecidedBy::Store)
-            }
-            Err(error) => {
-                // While the circuit is open nothing was asked: no news for
-                // the breaker, and no warning per check.
-                let circuit_open = matches!(error, StoreError::CircuitOpen);
-                if !circuit_open {
-                    crate::metrics::store_latency(name, sent);
-                    self.store_answered(ticket, false);
-                }
-                crate::metrics::decision(name, Outcome::StoreError);
-                match &self.inner.fail_mode {
-                    FailMode::Open => {
-                        if circuit_open {
-                            tracing::debug!("rate limit: circuit open; admitting (FailMode::Open)");
-                        } else {
-                            tracing::warn!(%error, "rate limit store failed; admitting (FailMode::Open)");
-                        }
-                        return Ok(Verdict::unlimited(DecidedBy::FailOpen));
-                    }
-                    FailMode::Fallback { store, instances } => {
-                        if circuit_open {
-                            tracing::debug!(
-                                "rate limit: circuit open; limiting in process (FailMode::Fallback)"
-                            );
-                        } else {
-                            tracing::warn!(%error, "rate limit store failed; limiting in process (FailMode::Fallback)");
-                        }
-                        let shared;
-                        let fallback_policy = match &self.inner.fallback_policy {
-                            Some(p) if Arc::ptr_eq(policy, &self.inner.policy) => p,
-                            _ => {
-                                shared = Arc::new(policy.shared_by(*instances));
-                                &shared
-                            }
-                        };
-                        let decision = store.check_now(key, fallback_policy);
-                        let permit = decision
-                            .lease()
-                            .filter(|_| {
-                                decision.allowed() && policy.algorithm() == Algorithm::Concurrency
-                            })
-                            .map(|lease| {
-                                Permit::new(
-                                    Arc::new(store.clone()),
-                                    Arc::clone(fallback_policy),
-                                    key.to_owned(),
-                                    lease,
-                                    Some(decision.clone()),
-                                )
-                            });
-                        return Ok(Verdict {
-                            decision: Some(decision),
-                            decided_by: DecidedBy::Fallback,
-                            permit,
-                        });
-                    }
-                    _ => {
-                        if circuit_open {
-                            tracing::debug!("rate limit: circuit open; failing (FailMode::Closed)");
-                        } else {
-                            tracing::warn!(%error, "rate limit store failed; failing (FailMode::Closed)");
-                        }
-                        return Err(LimitError::Store(error));
-                    }
-                }
-            }
-        };
-        if decision.allowed() {
-            tracing::debug!(key = %KeyHash::stored(key), remaining = decision.remaining(), "rate limit: admitted");
-            // A concurrency slot is held by a permit; the lease of an
-            // admitted sliding-log check only names its entries (a refund).
-            let permit = decision
-                .lease()
-                .filter(|_| policy.algorithm() == Algorithm::Concurrency)
-                .map(|lease| {
-                    Permit::new(
-                        Arc::clone(&self.inner.store),
-                        Arc::clone(policy),
-                        key.to_owned(),
-                        lease,
-                        Some(decision.clone()),
-                    )
-                });
-            return Ok(Verdict {
-                decision: Some(decision),
-                decided_by,
-                permit,
-            });
-        }
-        tracing::debug!(
-            key = %KeyHash::stored(key),
-            retry_after_ms = decision.retry_after().as_millis() as u64,
-            "rate limit: denied"
-        );
-        if Arc::ptr_eq(policy, &self.inner.policy)
-            && let Some(deny_cache) = self.usable_deny_cache()
-        {
-            deny_cache.insert(key, &decision, sent);
-        }
-        Ok(Verdict {
-            decision: Some(decision),
-            decided_by,
-            permit: None,
-        })
-    }
-
-    /// Tell the breaker how the store did with the check of `ticket`.
-    fn store_answered(&self, ticket: Option<Ticket>, ok: bool) {
-        if let (Some(breaker), Some(ticket)) = (&self.inner.breaker, ticket) {
-            if ok {
-                breaker.success(ticket);
-            } else {
-                breaker.failure(ticket);
-            }
-        }
-    }
-
     /// The policy a verdict of `decided_by` was decided under: the limiter's,
     /// or, for [`DecidedBy::Fallback`], the fallback's share of it.
     pub fn enforced_policy(&self, decided_by: DecidedBy) -> &Policy {
@@ -867,79 +504,4 @@ fn default_name(policy: &Policy) -> String {
         let _ = write!(name, ";{}", policy.execution());
     }
     name
-}
-
-/// The future of [`Limiter::check_owned`].
-#[must_use = "a check does nothing unless awaited"]
-pub struct Check {
-    state: CheckState,
-}
-
-// Unboxed: the verdict moves once per check; boxing it would allocate.
-#[allow(clippy::large_enum_variant)]
-enum CheckState {
-    Done(Option<Result<Verdict, LimitError>>),
-    Waiting {
-        limiter: Limiter,
-        waiting: Waiting,
-    },
-    /// A local quota's refill (a lock, then one or two checks).
-    Boxed(BoxFuture<Result<Verdict, LimitError>>),
-}
-
-impl Check {
-    fn done(verdict: Result<Verdict, LimitError>) -> Self {
-        Self {
-            state: CheckState::Done(Some(verdict)),
-        }
-    }
-
-    fn boxed(future: BoxFuture<Result<Verdict, LimitError>>) -> Self {
-        Self {
-            state: CheckState::Boxed(future),
-        }
-    }
-
-    /// The answer, taken, when the check was answered without waiting (an
-    /// in-process store, the deny cache, an open circuit): no need to poll.
-    pub fn now(&mut self) -> Option<Result<Verdict, LimitError>> {
-        match &mut self.state {
-            CheckState::Done(verdict) => verdict.take(),
-            CheckState::Waiting { .. } | CheckState::Boxed(_) => None,
-        }
-    }
-}
-
-impl fmt::Debug for Check {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.state {
-            CheckState::Done(_) => "done",
-            CheckState::Waiting { .. } | CheckState::Boxed(_) => "waiting",
-        };
-        f.debug_struct("Check").field("state", &state).finish()
-    }
-}
-
-impl std::future::Future for Check {
-    type Output = Result<Verdict, LimitError>;
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        let verdict = match &mut self.state {
-            CheckState::Done(verdict) => verdict.take(),
-            CheckState::Waiting { limiter, waiting } => {
-                let (key, outcome) = std::task::ready!(waiting.future.as_mut().poll(cx));
-                Some(limiter.finish(&key, &waiting.policy, outcome, waiting.sent, waiting.ticket))
-            }
-            CheckState::Boxed(future) => Some(std::task::ready!(future.as_mut().poll(cx))),
-        };
-        self.state = CheckState::Done(None);
-        std::task::Poll::Ready(verdict.unwrap_or_else(|| {
-            Err(LimitError::Store(StoreError::UnexpectedReply(
-                "a check polled after it completed".into(),
-            )))
-        }))
-    }
 }

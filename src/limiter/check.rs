@@ -1,0 +1,235 @@
+//! One check of a [`Limiter`]: started at once ([`Limiter::begin`]: the
+//! deny cache, the breaker, an in-process store), finished when the store
+//! answers ([`Limiter::finish`]), and [`Check`], the future between.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::breaker::{Breaker, Gate, Ticket};
+use super::{DecidedBy, LimitError, Limiter, Verdict};
+use crate::decision::Decision;
+use crate::key::KeyHash;
+use crate::metrics::Outcome;
+use crate::policy::Policy;
+use crate::store::{BoxFuture, StoreError};
+
+/// A check started by [`Limiter::begin`]. (Unboxed: a request's verdict
+/// moves once, and boxing it would cost an allocation per request.)
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Begun {
+    /// Answered at once (an in-process store, the deny cache, an open
+    /// circuit).
+    Done(Result<Verdict, LimitError>),
+    /// Waiting for the store.
+    Waiting(Waiting),
+}
+
+/// A check waiting for the store. The future holds the key and hands it
+/// back with the answer.
+pub(super) struct Waiting {
+    future: BoxFuture<(String, Result<Decision, StoreError>)>,
+    sent: Instant,
+    ticket: Option<Ticket>,
+    policy: Arc<Policy>,
+}
+
+impl Limiter {
+    /// The check of `key` (as given) in the store (and the deny cache).
+    pub(super) fn start_in_store(&self, key: String, policy: Option<Arc<Policy>>) -> Check {
+        let mut key = self.store_key(key);
+        match self.begin(&mut key, policy) {
+            Begun::Done(verdict) => Check::done(verdict),
+            Begun::Waiting(waiting) => Check {
+                state: CheckState::Waiting {
+                    limiter: self.clone(),
+                    waiting,
+                },
+            },
+        }
+    }
+
+    /// Start the check of store key `key` under `policy` (the limiter's
+    /// when `None`; only its denials use the deny cache). A check that must
+    /// wait takes the key and hands it back with the answer.
+    pub(super) fn begin(&self, key: &mut String, policy: Option<Arc<Policy>>) -> Begun {
+        if policy.is_none()
+            && let Some(denied) = self.usable_deny_cache().and_then(|c| c.get(key))
+        {
+            tracing::debug!(
+                key = %KeyHash::stored(key),
+                retry_after_ms = denied.retry_after().as_millis() as u64,
+                "rate limit: denied (deny cache)"
+            );
+            crate::metrics::decision(&self.inner.name, Outcome::Limited);
+            return Begun::Done(Ok(Verdict::without_permit(
+                Some(denied),
+                DecidedBy::DenyCache,
+            )));
+        }
+        let policy = policy.unwrap_or_else(|| Arc::clone(&self.inner.policy));
+        let sent = Instant::now();
+        let ticket = match self.inner.breaker.as_deref().map(Breaker::gate) {
+            Some(Gate::Skip) => {
+                return Begun::Done(self.finish(
+                    key,
+                    &policy,
+                    Err(StoreError::CircuitOpen),
+                    sent,
+                    None,
+                ));
+            }
+            Some(Gate::Ask(ticket)) => Some(ticket),
+            None => None,
+        };
+        if let Some(decision) = self.inner.store.check_in_process(key, &policy) {
+            return Begun::Done(self.finish(key, &policy, Ok(decision), sent, ticket));
+        }
+        let future =
+            Arc::clone(&self.inner.store).check_owned(std::mem::take(key), Arc::clone(&policy));
+        Begun::Waiting(Waiting {
+            future,
+            sent,
+            ticket,
+            policy,
+        })
+    }
+
+    /// The verdict of the check of store key `key` under `policy`, from
+    /// the store's `outcome`: counted in the metrics and the breaker, a
+    /// denial held in the deny cache, a failure handed to the fail mode.
+    fn finish(
+        &self,
+        key: &str,
+        policy: &Arc<Policy>,
+        outcome: Result<Decision, StoreError>,
+        sent: Instant,
+        ticket: Option<Ticket>,
+    ) -> Result<Verdict, LimitError> {
+        let name = &self.inner.name;
+        let decision = match outcome {
+            Ok(decision) => decision,
+            Err(error) => {
+                // While the circuit is open nothing was asked: no news for
+                // the breaker.
+                if !matches!(error, StoreError::CircuitOpen) {
+                    crate::metrics::store_latency(name, sent);
+                    self.store_answered(ticket, false);
+                }
+                crate::metrics::decision(name, Outcome::StoreError);
+                return self.fail(key, policy, error);
+            }
+        };
+        crate::metrics::store_latency(name, sent);
+        self.store_answered(ticket, true);
+        if decision.allowed() {
+            crate::metrics::decision(name, Outcome::Allowed);
+            tracing::debug!(key = %KeyHash::stored(key), remaining = decision.remaining(), "rate limit: admitted");
+            return Ok(Verdict::of(
+                Arc::clone(&self.inner.store),
+                policy,
+                key,
+                decision,
+                DecidedBy::Store,
+            ));
+        }
+        crate::metrics::decision(name, Outcome::Limited);
+        tracing::debug!(
+            key = %KeyHash::stored(key),
+            retry_after_ms = decision.retry_after().as_millis() as u64,
+            "rate limit: denied"
+        );
+        if Arc::ptr_eq(policy, &self.inner.policy)
+            && let Some(deny_cache) = self.usable_deny_cache()
+        {
+            deny_cache.insert(key, &decision, sent);
+        }
+        Ok(Verdict::without_permit(Some(decision), DecidedBy::Store))
+    }
+
+    /// Tell the breaker how the store did with the check of `ticket`.
+    fn store_answered(&self, ticket: Option<Ticket>, ok: bool) {
+        if let (Some(breaker), Some(ticket)) = (&self.inner.breaker, ticket) {
+            if ok {
+                breaker.success(ticket);
+            } else {
+                breaker.failure(ticket);
+            }
+        }
+    }
+}
+
+/// The future of [`Limiter::check_owned`].
+#[must_use = "a check does nothing unless awaited"]
+pub struct Check {
+    state: CheckState,
+}
+
+// Unboxed: the verdict moves once per check; boxing it would allocate.
+#[allow(clippy::large_enum_variant)]
+enum CheckState {
+    Done(Option<Result<Verdict, LimitError>>),
+    Waiting {
+        limiter: Limiter,
+        waiting: Waiting,
+    },
+    /// A local quota's refill (a lock, then one or two checks).
+    Boxed(BoxFuture<Result<Verdict, LimitError>>),
+}
+
+impl Check {
+    pub(super) fn done(verdict: Result<Verdict, LimitError>) -> Self {
+        Self {
+            state: CheckState::Done(Some(verdict)),
+        }
+    }
+
+    pub(super) fn boxed(future: BoxFuture<Result<Verdict, LimitError>>) -> Self {
+        Self {
+            state: CheckState::Boxed(future),
+        }
+    }
+
+    /// The answer, taken, when the check was answered without waiting (an
+    /// in-process store, the deny cache, an open circuit): no need to poll.
+    pub fn now(&mut self) -> Option<Result<Verdict, LimitError>> {
+        match &mut self.state {
+            CheckState::Done(verdict) => verdict.take(),
+            CheckState::Waiting { .. } | CheckState::Boxed(_) => None,
+        }
+    }
+}
+
+impl fmt::Debug for Check {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            CheckState::Done(_) => "done",
+            CheckState::Waiting { .. } | CheckState::Boxed(_) => "waiting",
+        };
+        f.debug_struct("Check").field("state", &state).finish()
+    }
+}
+
+impl std::future::Future for Check {
+    type Output = Result<Verdict, LimitError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let verdict = match &mut self.state {
+            CheckState::Done(verdict) => verdict.take(),
+            CheckState::Waiting { limiter, waiting } => {
+                let (key, outcome) = std::task::ready!(waiting.future.as_mut().poll(cx));
+                Some(limiter.finish(&key, &waiting.policy, outcome, waiting.sent, waiting.ticket))
+            }
+            CheckState::Boxed(future) => Some(std::task::ready!(future.as_mut().poll(cx))),
+        };
+        self.state = CheckState::Done(None);
+        std::task::Poll::Ready(verdict.unwrap_or_else(|| {
+            Err(LimitError::Store(StoreError::UnexpectedReply(
+                "a check polled after it completed".into(),
+            )))
+        }))
+    }
+}

@@ -16,7 +16,7 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use super::body::ResponseBody;
-use super::response;
+use super::denial;
 use super::settings::{Rejection, Shared};
 use crate::decision::Decision;
 use crate::key::KeyHash;
@@ -200,7 +200,7 @@ fn next_step(
         Ok(verdict) => verdict,
         // The store failed under FailMode::Closed (the engine logged it).
         Err(_) => {
-            return Next::Answer(response::unavailable(grpc));
+            return Next::Answer(denial::unavailable(grpc));
         }
     };
     let (decision, decided_by, permit) = verdict.into_parts();
@@ -278,7 +278,7 @@ impl Next {
 
 /// The answer of a future polled again after a panic inside poll.
 fn poisoned<B>() -> Response<ResponseBody<B>> {
-    response::store_unavailable().map(ResponseBody::full)
+    denial::store_unavailable().map(ResponseBody::full)
 }
 
 impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
@@ -337,7 +337,7 @@ where
                     return Poll::Ready(Ok(response.map(|body| ResponseBody::inner(body, permit))));
                 }
                 StateProj::Answered { response } => {
-                    let response = response.take().unwrap_or_else(response::store_unavailable);
+                    let response = response.take().unwrap_or_else(denial::store_unavailable);
                     return Poll::Ready(Ok(response.map(ResponseBody::full)));
                 }
             }

@@ -4,19 +4,20 @@
 //! its verdict; it decides nothing about limiting.
 
 mod body;
+mod denial;
+mod fields;
 mod future;
 mod layer;
-mod response;
 mod rules;
 mod service;
 mod settings;
 
 pub use body::ResponseBody;
-pub use future::ResponseFuture;
-pub use layer::RateLimitLayer;
-pub use response::{
+pub use fields::{
     RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
+pub use future::ResponseFuture;
+pub use layer::RateLimitLayer;
 pub use rules::{RuleLimit, RulesFuture, RulesLayer};
 pub use service::RateLimit;
 pub use settings::{HeaderStyle, Rejection, Responder};

@@ -16,7 +16,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::body::ResponseBody;
-use super::response;
+use super::denial;
 use super::settings::{HeaderStyle, Shared};
 use crate::key::{self, ClientIp, KeyError, KeyExtractor};
 use crate::limiter::LimitError;
@@ -257,12 +257,12 @@ impl Settings {
                 "rules: key not on the rule's `only` list; answering 403"
             );
             if grpc {
-                return response::grpc(
-                    response::grpc_status::PERMISSION_DENIED,
+                return denial::grpc(
+                    denial::grpc_status::PERMISSION_DENIED,
                     "not allowed to call this method",
                 );
             }
-            return response::forbidden();
+            return denial::forbidden();
         }
         match admission.shown() {
             Some((_, limiter, decision, decided_by)) => {
@@ -271,7 +271,7 @@ impl Settings {
                 shared.problem_json = self.problem_json;
                 shared.denial(decision, grpc, decided_by)
             }
-            None => response::store_unavailable(),
+            None => denial::store_unavailable(),
         }
     }
 
@@ -297,7 +297,7 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let grpc = response::is_grpc(request.headers());
+        let grpc = denial::is_grpc(request.headers());
         let active = self.shared.rules.current();
         let tier = self.shared.tier(&request, active.set().tier());
         let check = active.check(
@@ -317,7 +317,7 @@ where
             Err(error) => {
                 tracing::error!(%error, "rules: cannot pick a rule's key; answering 500");
                 State::Answered {
-                    response: Some(response::cannot_pick_key(&error, grpc)),
+                    response: Some(denial::cannot_pick_key(&error, grpc)),
                 }
             }
         };
@@ -383,7 +383,7 @@ where
                                 admission: Some(admission),
                             },
                             None => State::Answered {
-                                response: Some(response::store_unavailable()),
+                                response: Some(denial::store_unavailable()),
                             },
                         },
                         Ok(admission) => State::Answered {
@@ -394,7 +394,7 @@ where
                                 tracing::error!(%error, "rules: a check failed");
                             }
                             State::Answered {
-                                response: Some(response::unavailable(*this.grpc)),
+                                response: Some(denial::unavailable(*this.grpc)),
                             }
                         }
                     };
@@ -430,7 +430,7 @@ where
                     });
                 }
                 StateProj::Answered { response } => {
-                    let response = response.take().unwrap_or_else(response::store_unavailable);
+                    let response = response.take().unwrap_or_else(denial::store_unavailable);
                     return Poll::Ready(Ok(response.map(ResponseBody::full)));
                 }
             }

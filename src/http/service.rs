@@ -8,8 +8,8 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::body::ResponseBody;
+use super::denial;
 use super::future::ResponseFuture;
-use super::response;
 use super::settings::Shared;
 use crate::key::KeyExtractor;
 use crate::metrics::Outcome;
@@ -90,7 +90,7 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let grpc = response::is_grpc(request.headers());
+        let grpc = denial::is_grpc(request.headers());
         let limiter = &self.shared.limiter;
         match self.key.extract(&request) {
             Ok(Some(key)) if !limiter.is_allowed(&key) => {
@@ -102,7 +102,7 @@ where
             }
             Err(error) => {
                 tracing::error!(%error, "rate limiter cannot pick a key; answering 500");
-                ResponseFuture::answered(response::cannot_pick_key(&error, grpc))
+                ResponseFuture::answered(denial::cannot_pick_key(&error, grpc))
             }
         }
     }

@@ -157,10 +157,10 @@ impl Shared {
         decided_by: DecidedBy,
     ) {
         if matches!(self.headers, HeaderStyle::XRateLimit | HeaderStyle::Both) {
-            super::response::set_headers(headers, decision);
+            super::fields::set_headers(headers, decision);
         }
         if matches!(self.headers, HeaderStyle::Ietf | HeaderStyle::Both) {
-            super::response::set_ietf_headers(
+            super::fields::set_ietf_headers(
                 headers,
                 self.limiter.policy(),
                 self.limiter.enforced_policy(decided_by),
@@ -185,7 +185,7 @@ impl Shared {
                 self.set_headers(&mut fields, decision, decided_by);
                 fields.insert(
                     http::header::RETRY_AFTER,
-                    http::HeaderValue::from(super::response::retry_after_secs(decision)),
+                    http::HeaderValue::from(super::fields::retry_after_secs(decision)),
                 );
                 for (name, value) in &fields {
                     if !response.headers().contains_key(name) {
@@ -194,22 +194,22 @@ impl Shared {
                 }
                 return response;
             }
-            _ if grpc => super::response::grpc_too_many_requests(decision),
-            _ if self.problem_json => super::response::problem_json(decision, policy),
-            _ => super::response::too_many_requests(decision),
+            _ if grpc => super::denial::grpc_too_many_requests(decision),
+            _ if self.problem_json => super::denial::problem_json(decision, policy),
+            _ => super::denial::too_many_requests(decision),
         };
         // The builders set the X-RateLimit fields; switch to the chosen style.
         if self.headers == HeaderStyle::Ietf {
             for name in [
-                &super::response::X_RATELIMIT_LIMIT,
-                &super::response::X_RATELIMIT_REMAINING,
-                &super::response::X_RATELIMIT_RESET,
+                &super::fields::X_RATELIMIT_LIMIT,
+                &super::fields::X_RATELIMIT_REMAINING,
+                &super::fields::X_RATELIMIT_RESET,
             ] {
                 response.headers_mut().remove(name);
             }
         }
         if self.headers != HeaderStyle::XRateLimit {
-            super::response::set_ietf_headers(
+            super::fields::set_ietf_headers(
                 response.headers_mut(),
                 policy,
                 self.limiter.enforced_policy(decided_by),

@@ -1,0 +1,297 @@
+//! The rule schema as users write it: what is accepted, what is refused
+//! and how the refusal names the rule and field, and what rules match.
+
+use super::target::{parse_path, path_matches};
+use super::validate::parse_key;
+use super::*;
+use crate::policy::Algorithm;
+
+fn error(text: &str) -> RulesError {
+    RuleSet::from_toml(text).unwrap_err()
+}
+
+#[test]
+fn a_bad_rule_is_named_with_its_field() {
+    let e = error(
+        "[[rules]]\nname = \"ok\"\nkey = \"global\"\npolicy = \"1/s\"\n\
+         [[rules]]\nname = \"login\"\nkey = \"ip\"\npolicy = \"5 per minute\"\n",
+    );
+    assert_eq!(e.rule(), Some("\"login\" (#2)"));
+    assert_eq!(e.field(), "policy");
+    assert!(
+        e.to_string()
+            .starts_with("rule \"login\" (#2), field policy: "),
+        "{e}"
+    );
+
+    let e = error(
+        "[[rules]]\nname = \"a\"\nkey = \"ip\"\npolicy = \"1/s\"\ntiers = { pro = \"0/s\" }\n",
+    );
+    assert_eq!((e.field(), e.rule()), ("tiers.pro", Some("\"a\" (#1)")));
+    let e = error("[[rules]]\nkey = \"ip\"\npolicy = \"1/s\"\n");
+    assert_eq!((e.field(), e.rule()), ("name", Some("#1")));
+    let e = error("[[rules]]\nname = \"a\"\nkey = \"cookie\"\npolicy = \"1/s\"\n");
+    assert_eq!(e.field(), "key");
+    let e =
+        error("[[rules]]\nname = \"a\"\nkey = \"ip\"\npolicy = \"1/s\"\npath = \"/a/{*rest}/b\"\n");
+    assert_eq!(e.field(), "path");
+    let e =
+        error("[[rules]]\nname = \"a\"\nkey = \"ip\"\npolicy = \"1/s\"\ngrpc = \"pkg.Svc/M\"\n");
+    assert_eq!(e.field(), "grpc");
+    let e = error("[[rules]]\nname = \"a\"\nkey = \"ip\"\npolicy = \"5/s\"\ncost = 9\n");
+    assert_eq!(e.field(), "policy", "a cost above the max: {e}");
+    let e =
+        error("[[rules]]\nname = \"a\"\nkey = \"ip\"\npolicy = \"1/s\"\nmethods = [\"G ET\"]\n");
+    assert_eq!(e.field(), "methods");
+    let e = error(
+        "[[rules]]\nname = \"a\"\nkey = \"ip\"\npolicy = \"1/s\"\n\
+         [[rules]]\nname = \"a\"\nkey = \"ip\"\npolicy = \"2/s\"\n",
+    );
+    assert_eq!((e.field(), e.rule()), ("name", Some("\"a\" (#2)")));
+    // Unknown fields are errors, not silently ignored.
+    let e = error("[[rules]]\nname = \"a\"\nkey = \"ip\"\npolicy = \"1/s\"\npolcy = \"2/s\"\n");
+    assert_eq!(e.field(), "TOML");
+    assert!(e.problem().contains("polcy"), "{e}");
+}
+
+#[test]
+fn the_example_rule_set_is_valid() {
+    let rules = RuleSet::from_toml(include_str!("../../examples/rules.toml")).unwrap();
+    assert_eq!(rules.version(), Some(1));
+    let names = |method: &Method, path| {
+        rules
+            .matching(method, path)
+            .map(Rule::name)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names(&Method::GET, "/api/users"), ["global", "api"]);
+    assert_eq!(
+        names(&Method::GET, "/api/reports/7"),
+        ["global", "api", "reports"]
+    );
+    assert_eq!(names(&Method::POST, "/login"), ["global", "login"]);
+    assert_eq!(names(&Method::GET, "/login"), ["global"]);
+    let api = &rules.rules()[1];
+    assert_eq!(api.policy(Some("pro")).to_string(), "5000/min");
+    assert_eq!(api.policy(Some("enterprise")).to_string(), "100/min");
+    assert!(api.allows("10.0.0.5"));
+    assert_eq!(rules.rules()[3].policy(None).cost(), 10);
+}
+
+#[test]
+fn outcome_counting_and_blocks_are_validated() {
+    let rule = |extra: &str| {
+        RuleSet::from_toml(&format!(
+            "[[rules]]\nname = \"a\"\nkey = \"ip\"\npolicy = \"5/s\"\n{extra}"
+        ))
+    };
+    let counting = rule("count = [\"4xx\", \"500\"]\n").unwrap();
+    let counting = counting.rules()[0].counting();
+    assert!(counting.counts(Some(404)) && counting.counts(Some(500)));
+    assert!(!counting.counts(Some(200)) && !counting.counts(Some(503)));
+    let refund = rule("refund = [\"5xx\"]\n").unwrap();
+    assert!(
+        !refund.rules()[0].counting().counts(None),
+        "an inner error is a 500"
+    );
+    assert_eq!(
+        rule("count = [\"4xx\"]\nrefund = [\"5xx\"]\n")
+            .unwrap_err()
+            .field(),
+        "refund"
+    );
+    assert_eq!(rule("count = [\"6xx\"]\n").unwrap_err().field(), "count");
+    assert_eq!(rule("count = []\n").unwrap_err().field(), "count");
+    let grpc = rule("grpc = \"/pkg.Svc/*\"\ncount = [\"4xx\"]\n").unwrap_err();
+    assert!(grpc.problem().contains("trailers"), "{grpc}");
+    let concurrency = rule("algorithm = \"concurrency\"\nrefund = [\"5xx\"]\n").unwrap_err();
+    assert_eq!(concurrency.field(), "refund");
+    assert_eq!(
+        rule("block = \"15m\"\n").unwrap().rules()[0].block(),
+        Some(Duration::from_secs(900))
+    );
+    assert_eq!(rule("block = \"forever\"\n").unwrap_err().field(), "block");
+    assert_eq!(rule("only = []\n").unwrap_err().field(), "only");
+    let e = RuleSet::from_toml("[[rules]]\nname = \"a:b\"\nkey = \"ip\"\npolicy = \"5/s\"\n")
+        .unwrap_err();
+    assert_eq!(
+        e.field(),
+        "name",
+        "a `:` would reach into the store key layout"
+    );
+    let script = rule("execution = \"script\"\n").unwrap();
+    assert_eq!(
+        script.rules()[0].policy(None).execution(),
+        crate::policy::Execution::Script
+    );
+    assert_eq!(
+        rule("algorithm = \"gcra\"\nexecution = \"script\"\n")
+            .unwrap_err()
+            .field(),
+        "execution"
+    );
+    assert_eq!(
+        rule("execution = \"magic\"\n").unwrap_err().field(),
+        "execution"
+    );
+    let e = RuleSet::from_toml("tier = \"cookie\"\n").unwrap_err();
+    assert_eq!((e.field(), e.rule()), ("tier", None));
+}
+
+fn rule(extra: &str) -> Result<RuleSet, RulesError> {
+    RuleSet::from_toml(&format!(
+        "[[rules]]\nname = \"a\"\nkey = \"ip\"\npolicy = \"5/s\"\n{extra}"
+    ))
+}
+
+#[test]
+fn a_block_is_at_most_a_day() {
+    for at_the_bound in ["1d", "24h", "1440m", "86400s"] {
+        let set = rule(&format!("block = \"{at_the_bound}\"\n")).unwrap();
+        assert_eq!(set.rules()[0].block(), Some(MAX_BLOCK), "{at_the_bound}");
+    }
+    for past in ["86401s", "25h", "2d", "3650d"] {
+        let e = rule(&format!("block = \"{past}\"\n")).unwrap_err();
+        assert_eq!(
+            (e.rule(), e.field()),
+            (Some("\"a\" (#1)"), "block"),
+            "{past}"
+        );
+        assert!(e.problem().contains("longer than a day"), "{e}");
+    }
+}
+
+#[test]
+fn a_path_holds_no_query_nor_fragment() {
+    for path in ["/search?q=1", "/a?", "/page#top"] {
+        let e = rule(&format!("path = \"{path}\"\n")).unwrap_err();
+        assert_eq!(e.field(), "path", "{path}");
+        assert!(e.problem().contains("query"), "{e}");
+    }
+    assert!(rule("path = \"/search\"\n").is_ok());
+}
+
+#[test]
+fn an_execution_is_refused_for_another_algorithm_as_policy_refuses_it() {
+    for algorithm in ["gcra", "fixed-window", "sliding-window", "concurrency"] {
+        for execution in ["script", "transaction"] {
+            let e = rule(&format!(
+                "algorithm = \"{algorithm}\"\nexecution = \"{execution}\"\n"
+            ))
+            .unwrap_err();
+            assert_eq!(e.field(), "execution", "{algorithm} {execution}");
+            // The message is Policy's own: one validation for both.
+            let policy = "5/s"
+                .parse::<Policy>()
+                .unwrap()
+                .with_algorithm(algorithm.parse().unwrap())
+                .unwrap();
+            let direct = policy
+                .with_execution(execution.parse().unwrap())
+                .unwrap_err()
+                .to_string();
+            assert_eq!(e.problem(), direct);
+        }
+    }
+}
+
+#[test]
+fn a_rule_carries_its_own_local_quota() {
+    let set = rule("local_quota = \"3/250ms\"\ntiers = { pro = \"100/s\" }\n").unwrap();
+    let quota = set.rules()[0].local_quota().unwrap();
+    assert_eq!(
+        (quota.batch(), quota.hold()),
+        (3, Duration::from_millis(250))
+    );
+    let refused = |extra: &str, says: &str| {
+        let e = rule(extra).unwrap_err();
+        assert_eq!(e.field(), "local_quota", "{extra}: {e}");
+        assert!(e.problem().contains(says), "{extra}: {e}");
+    };
+    refused("local_quota = \"lots\"\n", "100/250ms");
+    refused("local_quota = \"1/s\"\n", "at least 2");
+    refused(
+        "local_quota = \"10/s\"\ntiers = { free = \"1/s\" }\n",
+        "with tiers.free",
+    );
+    refused(
+        "local_quota = \"10/s\"\nalgorithm = \"concurrency\"\n",
+        "in flight",
+    );
+    refused(
+        "local_quota = \"10/s\"\ncount = [\"4xx\"]\n",
+        "counting by outcome",
+    );
+    assert!(rule("").unwrap().rules()[0].local_quota().is_none());
+}
+
+#[test]
+fn debug_does_not_show_the_keys_of_allow_and_only_lists() {
+    let rules = RuleSet::from_toml(
+        "[[rules]]\nname = \"a\"\nkey = \"header:x-api-key\"\npolicy = \"5/s\"\n\
+         allow = [\"secret-1\"]\nonly = [\"secret-1\", \"secret-2\"]\n",
+    )
+    .unwrap();
+    let shown = format!("{rules:?}");
+    assert!(!shown.contains("secret"), "{shown}");
+    assert!(shown.contains("2 keys"), "{shown}");
+}
+
+#[test]
+fn json_reads_the_same_schema() {
+    let rules = RuleSet::from_json(
+        r#"{"version": 3, "rules": [{"name": "g", "key": "global", "policy": "10/s", "algorithm": "gcra"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(rules.version(), Some(3));
+    assert_eq!(rules.rules()[0].policy(None).algorithm(), Algorithm::Gcra);
+    let e = RuleSet::from_json(r#"{"rules": [{"name": "g", "key": "global"}]}"#).unwrap_err();
+    assert_eq!(e.field(), "policy");
+}
+
+#[test]
+fn paths_match_like_axum_routes() {
+    let pattern = parse_path("/users/{id}/posts/{*rest}").unwrap();
+    assert!(path_matches(&pattern, "/users/7/posts/a"));
+    assert!(path_matches(&pattern, "/users/7/posts/a/b"));
+    assert!(!path_matches(&pattern, "/users/7/posts"));
+    assert!(!path_matches(&pattern, "/users/7/posts/"));
+    assert!(!path_matches(&pattern, "/users//posts/a"));
+    let exact = parse_path("/login").unwrap();
+    assert!(path_matches(&exact, "/login"));
+    assert!(!path_matches(&exact, "/login/x"));
+    assert!(!path_matches(&exact, "/logins"));
+    let root = parse_path("/").unwrap();
+    assert!(path_matches(&root, "/"));
+    assert!(!path_matches(&root, "/a"));
+}
+
+#[test]
+fn grpc_rules_match_a_method_or_a_service() {
+    let rules = RuleSet::from_toml(
+        "[[rules]]\nname = \"m\"\nkey = \"ip\"\npolicy = \"1/s\"\ngrpc = \"/pkg.Svc/Get\"\n\
+         [[rules]]\nname = \"s\"\nkey = \"ip\"\npolicy = \"1/s\"\ngrpc = \"/pkg.Svc/*\"\n",
+    )
+    .unwrap();
+    let names = |path| {
+        rules
+            .matching(&Method::POST, path)
+            .map(Rule::name)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names("/pkg.Svc/Get"), ["m", "s"]);
+    assert_eq!(names("/pkg.Svc/Put"), ["s"]);
+    assert!(names("/pkg.Other/Get").is_empty());
+}
+
+#[test]
+fn keys_combine_built_in_extractors() {
+    assert_eq!(
+        parse_key("client_ip+header:x-api-key").unwrap(),
+        [
+            KeyPart::ClientIp,
+            KeyPart::Header(HeaderName::from_static("x-api-key"))
+        ]
+    );
+    assert!(parse_key("ip+").is_err());
+}

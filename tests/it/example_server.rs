@@ -1,4 +1,4 @@
-//! `examples/server.rs`, the program people copy into production, run as
+//! `examples/server/`, the program people copy into production, run as
 //! a process: its settings, bad values, trusted proxies, fail modes,
 //! header styles and graceful shutdown.
 //!

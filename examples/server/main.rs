@@ -1,0 +1,155 @@
+//! A rate-limited axum server, configured from the environment.
+//!
+//! ```sh
+//! cargo run --example server                                  # in-memory store
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example server  # shared through Redis
+//! # TLS, and a primary found through Redis Sentinel (crate features):
+//! REDIS_URL=rediss://redis.internal:6380 REDIS_CA_CERT=ca.pem \
+//!   cargo run --example server --features tls
+//! REDIS_URL=redis+sentinel://10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379/mymaster \
+//!   cargo run --example server --features sentinel
+//! ```
+//!
+//! | variable     | default          | meaning                                              |
+//! |--------------|------------------|------------------------------------------------------|
+//! | `BIND`       | `127.0.0.1:3000` | address to listen on                                 |
+//! | `HEADER_TIMEOUT` | `10s`        | a connection must send a request's headers within this, or it is closed (an idle kept-alive connection waits for its next request under it too) |
+//! | `SHUTDOWN_GRACE` | `20s`        | after `SIGTERM`, how long the requests in flight may take; then the remaining connections are closed and the server exits 0 |
+//! | `REDIS_URL`  | unset            | unset: limits held in this process; set: in Redis: `redis://[user:password@]host:port[/db]`, `rediss://…` (TLS, `--features tls`), `redis+sentinel://[user:password@]host[:port][,host[:port]…]/service[/db]` (`--features sentinel`; `rediss+sentinel://` with both) |
+//! | `REDIS_CA_CERT` | unset         | with a TLS URL: a PEM file of the CA(s) to trust instead of the system's roots |
+//! | `REDIS_CLIENT_CERT`, `REDIS_CLIENT_KEY` | unset | with a TLS URL: PEM files of a client certificate and its key (mutual TLS) |
+//! | `RATE_LIMIT` | `5/10s`          | the policy, such as `3/s, 20/min`; `off`: no limit (for benchmarks) |
+//! | `KEY`        | `ip`             | `ip` (the peer address) or `header:NAME`             |
+//! | `EXECUTION`  | `transaction`    | how Redis runs the sliding log: `transaction` or `script` (refused with another `ALGORITHM`) |
+//! | `ALGORITHM`  | `sliding-log`    | `sliding-log`, `fixed-window`, `sliding-window`, `gcra` or `concurrency` |
+//! | `DENY_CACHE` | `on`             | `off`: ask the store about every request of a denied key |
+//! | `BATCHES`    | `2`              | with `REDIS_URL`: batches of checks in flight per algorithm (`RedisStore::with_batches`); `0`: one script per check |
+//! | `LOCAL_QUOTA` | unset           | `N/HOLD` (`100/250ms`): admit hot keys locally from batches of `N` units taken from the store, each used within `HOLD`; at most `INSTANCES × N` more admitted in a window (none more under `fixed-window`). With `RULES`, set `local_quota` on the rules instead |
+//! | `TRUSTED_PROXIES` | unset       | comma-separated addresses or CIDR blocks of your reverse proxies (`10.0.0.0/8, fd00::/8`); set: the key's address is the client's, read from `PROXY_HEADER` when the peer is one of them |
+//! | `PROXY_HEADER` | `x-forwarded-for` | with `TRUSTED_PROXIES`: `x-forwarded-for`, `forwarded` or `x-real-ip` |
+//! | `FAIL_MODE`  | `open`           | when the store fails: `open` (admit), `closed` (answer 503) or `fallback:N` (limit in process to 1/N of the policy, for N instances) |
+//! | `HEADERS`    | `x`              | rate-limit fields: `x` (`X-RateLimit-*`), `ietf` (`RateLimit-Policy`, `RateLimit`) or `both` |
+//! | `RULES`      | unset            | limits as data instead of `RATE_LIMIT`/`KEY`/`ALGORITHM`/`EXECUTION`: a rules file (`examples/rules.toml`; TOML, or JSON if it ends in `.json`), re-read every second, or `redis`: the rule set published at `RULES_KEY` in `REDIS_URL`, followed as it changes |
+//! | `RULES_KEY`  | `rl:rules`       | with `RULES=redis`: the key (and pub/sub channel) of the rule set |
+//!
+//! With `RULES`, every path is served (`hello`), `POST /login` answers 200
+//! when the header `x-password` is `demo` and 401 otherwise (to show a rule
+//! counting failed logins only), and `/health` is never limited. A rule set
+//! that does not validate stops the start (exit 2); at runtime it is
+//! rejected and logged, and the rules in force stay. Publish a rule set to
+//! Redis with `tower_redis_ratelimit::rules::publish` (it validates first),
+//! or by hand: `HSET rl:rules rules "<text>"`, `HINCRBY rl:rules version 1`,
+//! then `PUBLISH rl:rules <version>`.
+//!
+//! With `ALGORITHM=concurrency`, `RATE_LIMIT` is one rate read as "at most N
+//! requests in flight / lease time": `5/30s` allows 5 at once, and a slot of
+//! a crashed process frees itself after 30 s.
+//!
+//! An empty variable counts as unset. `GET /` answers `hello` and is
+//! limited; `GET /health` is never limited. A bad setting is reported on
+//! stderr, naming the variable, and the program exits with status 2.
+//! `SIGTERM` or Ctrl-C stops the server gracefully: it stops accepting,
+//! lets the requests in flight finish within `SHUTDOWN_GRACE`, and exits
+//! with status 0, even while clients hold half-sent requests or stop
+//! reading.
+
+use std::process::ExitCode;
+
+mod app;
+mod serve;
+mod settings;
+mod store;
+
+use axum::Router;
+use tokio::net::TcpListener;
+use tower_redis_ratelimit::MemoryStore;
+use tracing_subscriber::EnvFilter;
+
+use crate::app::{router, rules_router};
+use crate::serve::{ConnectionLimits, serve};
+use crate::settings::{BadSetting, Settings};
+use crate::store::{connect_redis, without_password};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    init_logging();
+    let (listener, app, limits) = match setup().await {
+        Ok(ready) => ready,
+        Err(bad) => {
+            eprintln!("{bad}");
+            return ExitCode::from(2);
+        }
+    };
+    serve(listener, app, limits).await;
+    ExitCode::SUCCESS
+}
+
+/// Logs at `info` unless `RUST_LOG` says otherwise.
+fn init_logging() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colours only on a terminal, not in log files.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .init();
+}
+
+/// Reads the settings, opens the store and binds the listener.
+async fn setup() -> Result<(TcpListener, Router, ConnectionLimits), BadSetting> {
+    let settings = Settings::from_env()?;
+    let app = match (&settings.rules, &settings.redis_url) {
+        (Some(source), None) => rules_router(MemoryStore::new(), source, &settings).await?,
+        (Some(source), Some(url)) => {
+            rules_router(connect_redis(url).await?, source, &settings).await?
+        }
+        (None, None) => router(MemoryStore::new(), &settings)?,
+        (None, Some(url)) => router(connect_redis(url).await?, &settings)?,
+    };
+    let listener = TcpListener::bind(&settings.bind).await.map_err(|error| {
+        BadSetting::new(
+            "BIND",
+            format!("cannot listen on {:?}: {error}", settings.bind),
+        )
+    })?;
+    log_start(&settings, &listener);
+    Ok((listener, app, settings.limits))
+}
+
+/// The one line logged at start: what is limited, how, and where.
+fn log_start(settings: &Settings, listener: &TcpListener) {
+    let store = match &settings.redis_url {
+        None => "memory".to_owned(),
+        Some(url) => format!("redis {}", without_password(url)),
+    };
+    let addr = listener
+        .local_addr()
+        .map_or_else(|_| settings.bind.clone(), |addr| addr.to_string());
+    if let Some(source) = &settings.rules {
+        tracing::info!(
+            store = %store,
+            rules = %source,
+            trusted_proxies = settings.client_ip.is_some(),
+            fail_mode = %settings.fail_mode_text,
+            headers = %settings.headers_text,
+            "listening on http://{addr}"
+        );
+        return;
+    }
+    let Some(policy) = &settings.policy else {
+        tracing::info!("listening on http://{addr}, RATE_LIMIT=off: nothing is limited");
+        return;
+    };
+    tracing::info!(
+        store = %store,
+        policy = %policy,
+        key = %settings.key,
+        trusted_proxies = settings.client_ip.is_some(),
+        fail_mode = %settings.fail_mode_text,
+        headers = %settings.headers_text,
+        algorithm = %policy.algorithm(),
+        execution = %policy.execution(),
+        deny_cache = settings.deny_cache,
+        "listening on http://{addr}"
+    );
+}

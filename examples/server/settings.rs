@@ -1,0 +1,320 @@
+//! The settings, read from the environment: a bad value names its
+//! variable.
+
+use std::fmt;
+use std::time::Duration;
+
+use tower_redis_ratelimit::key::ProxyHeader;
+use tower_redis_ratelimit::limiter::LocalQuota;
+use tower_redis_ratelimit::policy::Execution;
+use tower_redis_ratelimit::response::HeaderStyle;
+use tower_redis_ratelimit::{Algorithm, FailMode, MemoryStore, Policy, Rate, key};
+
+use crate::serve::ConnectionLimits;
+
+/// What the server is configured with.
+pub(crate) struct Settings {
+    pub(crate) bind: String,
+    /// `RULES`: limits as data instead of one policy.
+    pub(crate) rules: Option<RulesSource>,
+    pub(crate) redis_url: Option<String>,
+    /// The policy, with its algorithm and execution; `None`: `RATE_LIMIT=off`.
+    pub(crate) policy: Option<Policy>,
+    pub(crate) key: ClientKey,
+    pub(crate) deny_cache: bool,
+    /// `LOCAL_QUOTA`: hot keys admitted locally.
+    pub(crate) local_quota: Option<LocalQuota>,
+    /// `HEADER_TIMEOUT` and `SHUTDOWN_GRACE`.
+    pub(crate) limits: ConnectionLimits,
+    /// `TRUSTED_PROXIES` (and `PROXY_HEADER`): the client's address behind them.
+    pub(crate) client_ip: Option<key::ClientIp>,
+    pub(crate) fail_mode: FailMode,
+    pub(crate) fail_mode_text: String,
+    pub(crate) headers: HeaderStyle,
+    pub(crate) headers_text: String,
+}
+
+impl Settings {
+    pub(crate) fn from_env() -> Result<Self, BadSetting> {
+        let bind = var("BIND")?.unwrap_or_else(|| "127.0.0.1:3000".to_owned());
+        let redis_url = var("REDIS_URL")?;
+
+        let rules = match var("RULES")? {
+            None => None,
+            Some(text) if text == "redis" => {
+                if redis_url.is_none() {
+                    return Err(BadSetting::new("RULES", "`redis` needs REDIS_URL"));
+                }
+                Some(RulesSource::Redis(
+                    var("RULES_KEY")?.unwrap_or_else(|| "rl:rules".to_owned()),
+                ))
+            }
+            Some(path) => Some(RulesSource::File(path.into())),
+        };
+        if rules.is_some() {
+            for single in ["RATE_LIMIT", "KEY", "ALGORITHM", "EXECUTION"] {
+                if var(single)?.is_some() {
+                    return Err(BadSetting::new(
+                        single,
+                        "the rules (RULES) say what is limited and how: set one of them",
+                    ));
+                }
+            }
+            if var("LOCAL_QUOTA")?.is_some() {
+                return Err(BadSetting::new(
+                    "LOCAL_QUOTA",
+                    "with RULES, a local quota belongs to each rule that needs one: \
+                     set `local_quota = \"100/250ms\"` on those rules",
+                ));
+            }
+        }
+
+        let rate_limit = var("RATE_LIMIT")?.unwrap_or_else(|| "5/10s".to_owned());
+        let policy: Option<Policy> = match rate_limit.as_str() {
+            "off" => None,
+            text => Some(
+                text.parse()
+                    .map_err(|error| BadSetting::new("RATE_LIMIT", error))?,
+            ),
+        };
+
+        let algorithm = match var("ALGORITHM")? {
+            None => Algorithm::SlidingLog,
+            Some(text) => text
+                .parse()
+                .map_err(|error| BadSetting::new("ALGORITHM", error))?,
+        };
+        let execution = var("EXECUTION")?
+            .map(|text| {
+                text.parse::<Execution>()
+                    .map_err(|error| BadSetting::new("EXECUTION", error))
+            })
+            .transpose()?;
+        let policy = policy
+            .map(|policy| {
+                let policy = policy
+                    .with_algorithm(algorithm)
+                    .map_err(|error| BadSetting::new("ALGORITHM", error))?;
+                match execution {
+                    // Refused for an algorithm other than the sliding log,
+                    // as a rule's `execution` is.
+                    Some(execution) => policy
+                        .with_execution(execution)
+                        .map_err(|error| BadSetting::new("EXECUTION", error)),
+                    None => Ok(policy),
+                }
+            })
+            .transpose()?;
+
+        let deny_cache = match var("DENY_CACHE")?.as_deref() {
+            None | Some("on") => true,
+            Some("off") => false,
+            Some(other) => {
+                return Err(BadSetting::new(
+                    "DENY_CACHE",
+                    format!("unknown value {other:?}: use `on` or `off`"),
+                ));
+            }
+        };
+
+        let local_quota = var("LOCAL_QUOTA")?
+            .map(|text| {
+                text.parse::<LocalQuota>()
+                    .map_err(|error| BadSetting::new("LOCAL_QUOTA", error))
+            })
+            .transpose()?;
+
+        let limits = ConnectionLimits {
+            header_timeout: duration("HEADER_TIMEOUT")?.unwrap_or(Duration::from_secs(10)),
+            grace: duration("SHUTDOWN_GRACE")?.unwrap_or(Duration::from_secs(20)),
+        };
+
+        let key = match var("KEY")? {
+            None => ClientKey::PeerIp,
+            Some(text) => {
+                ClientKey::parse(&text).map_err(|problem| BadSetting::new("KEY", problem))?
+            }
+        };
+
+        let proxy_header = match var("PROXY_HEADER")?.as_deref() {
+            None | Some("x-forwarded-for") => ProxyHeader::XForwardedFor,
+            Some("forwarded") => ProxyHeader::Forwarded,
+            Some("x-real-ip") => ProxyHeader::XRealIp,
+            Some(other) => {
+                return Err(BadSetting::new(
+                    "PROXY_HEADER",
+                    format!(
+                        "unknown header {other:?}: use `x-forwarded-for`, `forwarded` or `x-real-ip`"
+                    ),
+                ));
+            }
+        };
+        let client_ip = match var("TRUSTED_PROXIES")? {
+            None => None,
+            Some(text) => {
+                let entries: Vec<&str> = text
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|e| !e.is_empty())
+                    .collect();
+                if entries.is_empty() {
+                    return Err(BadSetting::new(
+                        "TRUSTED_PROXIES",
+                        "no address or CIDR block in it",
+                    ));
+                }
+                let client_ip = key::client_ip()
+                    .trusting(entries)
+                    .map_err(|error| BadSetting::new("TRUSTED_PROXIES", error))?
+                    .header(proxy_header);
+                Some(client_ip)
+            }
+        };
+
+        let fail_mode_text = var("FAIL_MODE")?.unwrap_or_else(|| "open".to_owned());
+        let fail_mode = match fail_mode_text.as_str() {
+            "open" => FailMode::Open,
+            "closed" => FailMode::Closed,
+            text => match text.strip_prefix("fallback:").map(str::parse::<u32>) {
+                Some(Ok(instances)) if instances > 0 => {
+                    FailMode::fallback(MemoryStore::new(), instances)
+                }
+                _ => {
+                    return Err(BadSetting::new(
+                        "FAIL_MODE",
+                        format!(
+                            "unknown fail mode {text:?}: use `open`, `closed` or `fallback:N` \
+                             (N instances sharing the limit, at least 1)"
+                        ),
+                    ));
+                }
+            },
+        };
+
+        let headers_text = var("HEADERS")?.unwrap_or_else(|| "x".to_owned());
+        let headers = match headers_text.as_str() {
+            "x" => HeaderStyle::XRateLimit,
+            "ietf" => HeaderStyle::Ietf,
+            "both" => HeaderStyle::Both,
+            other => {
+                return Err(BadSetting::new(
+                    "HEADERS",
+                    format!("unknown style {other:?}: use `x`, `ietf` or `both`"),
+                ));
+            }
+        };
+
+        Ok(Self {
+            bind,
+            rules,
+            redis_url,
+            policy,
+            key,
+            deny_cache,
+            local_quota,
+            limits,
+            client_ip,
+            fail_mode,
+            fail_mode_text,
+            headers,
+            headers_text,
+        })
+    }
+}
+
+/// The value of environment variable `name`; `None` if it is unset or empty.
+pub(crate) fn var(name: &'static str) -> Result<Option<String>, BadSetting> {
+    match std::env::var(name) {
+        Ok(value) if value.is_empty() => Ok(None),
+        Ok(value) => Ok(Some(value)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(BadSetting::new(name, "not valid UTF-8")),
+    }
+}
+
+/// The duration in environment variable `name`, written as a rate's
+/// window (`500ms`, `10s`, `1m`); `None` if it is unset or empty.
+pub(crate) fn duration(name: &'static str) -> Result<Option<Duration>, BadSetting> {
+    var(name)?
+        .map(|text| {
+            format!("1/{}", text.trim())
+                .parse::<Rate>()
+                .map(|rate| rate.window())
+                .map_err(|_| {
+                    BadSetting::new(
+                        name,
+                        format!("{text:?} is not a duration such as `500ms`, `10s` or `1m`"),
+                    )
+                })
+        })
+        .transpose()
+}
+
+/// Where the rules come from (`RULES`).
+pub(crate) enum RulesSource {
+    /// A file, re-read every second.
+    File(std::path::PathBuf),
+    /// A key in Redis, followed.
+    Redis(String),
+}
+
+impl fmt::Display for RulesSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::File(path) => write!(f, "file {}", path.display()),
+            Self::Redis(key) => write!(f, "redis key {key}"),
+        }
+    }
+}
+
+/// Which key requests are counted under (`KEY`).
+pub(crate) enum ClientKey {
+    /// `ip`: the address of the connecting peer.
+    PeerIp,
+    /// `header:NAME`: the value of a request header, else the peer address.
+    Header(key::Header),
+}
+
+impl ClientKey {
+    pub(crate) fn parse(text: &str) -> Result<Self, String> {
+        if text == "ip" {
+            return Ok(Self::PeerIp);
+        }
+        if let Some(name) = text.strip_prefix("header:") {
+            return key::Header::new(name)
+                .map(Self::Header)
+                .map_err(|_| format!("{name:?} is not a valid HTTP header name"));
+        }
+        Err(format!("unknown key {text:?}: use `ip` or `header:NAME`"))
+    }
+}
+
+impl fmt::Display for ClientKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::PeerIp => f.write_str("ip"),
+            Self::Header(header) => write!(f, "header:{} (else ip)", header.name()),
+        }
+    }
+}
+
+/// A setting the server cannot run with: which variable, and why.
+pub(crate) struct BadSetting {
+    pub(crate) variable: &'static str,
+    pub(crate) problem: String,
+}
+
+impl BadSetting {
+    pub(crate) fn new(variable: &'static str, problem: impl fmt::Display) -> Self {
+        Self {
+            variable,
+            problem: problem.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for BadSetting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.variable, self.problem)
+    }
+}

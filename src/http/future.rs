@@ -130,7 +130,7 @@ where
         key: String,
         grpc: bool,
     ) -> Self {
-        let kept = shared.keeps_keys().then(|| key.clone());
+        let kept = shared.rendering.keeps_keys().then(|| key.clone());
         let mut check = shared.deciding.check_owned(key);
         let step = match check.now() {
             Some(verdict) => {
@@ -209,7 +209,7 @@ fn next_step(
         decision => return Next::Call(decision, decided_by, permit),
     };
     let retry_after_ms = decision.retry_after().as_millis() as u64;
-    match &shared.rejection {
+    match &shared.rendering.rejection {
         Rejection::Shadow => {
             tracing::info!(key = %KeyHash::of(shared.limiter.name(), key.unwrap_or_default()), retry_after_ms, policy = %shared.limiter.policy(), "rate limit (shadow): would deny; letting through");
             Next::Call(Some(decision), decided_by, None)

@@ -66,14 +66,14 @@ impl<K> RateLimitLayer<K> {
     /// What to do with denied requests (default [`Rejection::Reject`]).
     #[must_use]
     pub fn with_rejection(self, rejection: Rejection) -> Self {
-        self.map(|s| s.rejection = rejection)
+        self.map(|s| s.rendering.rejection = rejection)
     }
 
     /// Which rate-limit fields responses carry (default
     /// [`HeaderStyle::XRateLimit`]).
     #[must_use]
     pub fn with_headers(self, style: HeaderStyle) -> Self {
-        self.map(|s| s.headers = style)
+        self.map(|s| s.rendering.headers = style)
     }
 
     /// Answer denials with an RFC 9457 `application/problem+json` body
@@ -85,7 +85,7 @@ impl<K> RateLimitLayer<K> {
     /// a `detail` with the retry time, and `retry_after` in seconds.
     #[must_use]
     pub fn with_problem_json(self) -> Self {
-        self.map(|s| s.problem_json = true)
+        self.map(|s| s.rendering.problem_json = true)
     }
 
     /// The policy enforced.
@@ -120,8 +120,8 @@ impl<K> fmt::Debug for RateLimitLayer<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("limiter", &self.shared.limiter)
-            .field("rejection", &self.shared.rejection)
-            .field("headers", &self.shared.headers)
+            .field("rejection", &self.shared.rendering.rejection)
+            .field("headers", &self.shared.rendering.headers)
             .finish_non_exhaustive()
     }
 }

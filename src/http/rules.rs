@@ -17,7 +17,7 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::denial;
-use super::settings::{HeaderStyle, Shared};
+use super::settings::{HeaderStyle, Rendering};
 use crate::key::{self, ClientIp, KeyError, KeyExtractor};
 use crate::limiter::LimitError;
 use crate::rules::{Admission, Call, KeyPart, Rule, Rules, RulesCheck, Tier, TierFrom};
@@ -79,8 +79,7 @@ struct Settings {
     client_ip: ClientIp,
     tier: Option<Arc<TierFn>>,
     cost: Option<Arc<CostFn>>,
-    headers: HeaderStyle,
-    problem_json: bool,
+    rendering: Rendering,
 }
 
 impl RulesLayer {
@@ -92,8 +91,7 @@ impl RulesLayer {
                 client_ip: key::client_ip(),
                 tier: None,
                 cost: None,
-                headers: HeaderStyle::default(),
-                problem_json: false,
+                rendering: Rendering::default(),
             }),
         }
     }
@@ -134,13 +132,13 @@ impl RulesLayer {
     /// Which rate-limit fields responses carry (default `X-RateLimit-*`).
     #[must_use]
     pub fn with_headers(self, style: HeaderStyle) -> Self {
-        self.map(|s| s.headers = style)
+        self.map(|s| s.rendering.headers = style)
     }
 
     /// Deny with `application/problem+json` (RFC 9457) instead of text.
     #[must_use]
     pub fn with_problem_json(self) -> Self {
-        self.map(|s| s.problem_json = true)
+        self.map(|s| s.rendering.problem_json = true)
     }
 
     fn map(mut self, change: impl FnOnce(&mut Settings)) -> Self {
@@ -155,7 +153,7 @@ impl fmt::Debug for RulesLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RulesLayer")
             .field("rules", &self.shared.rules)
-            .field("headers", &self.shared.headers)
+            .field("headers", &self.shared.rendering.headers)
             .finish_non_exhaustive()
     }
 }
@@ -266,10 +264,7 @@ impl Settings {
         }
         match admission.shown() {
             Some((_, limiter, decision, decided_by)) => {
-                let mut shared = Shared::new(limiter.clone());
-                shared.headers = self.headers;
-                shared.problem_json = self.problem_json;
-                shared.denial(decision, grpc, decided_by)
+                self.rendering.denial(limiter, decision, grpc, decided_by)
             }
             None => denial::store_unavailable(),
         }
@@ -277,9 +272,8 @@ impl Settings {
 
     fn set_headers(&self, headers: &mut HeaderMap, admission: &Admission) {
         if let Some((_, limiter, decision, decided_by)) = admission.shown() {
-            let mut shared = Shared::new(limiter.clone());
-            shared.headers = self.headers;
-            shared.set_headers(headers, decision, decided_by);
+            self.rendering
+                .set_headers(headers, limiter, decision, decided_by);
         }
     }
 }

@@ -100,6 +100,16 @@ pub enum HeaderStyle {
     Both,
 }
 
+/// How a layer renders verdicts: its HTTP settings, apart from any limiter
+/// (a [`RulesLayer`](crate::rules::RulesLayer) renders the verdicts of the
+/// limiter of whichever rule decided, with one `Rendering`).
+#[derive(Clone, Default)]
+pub(crate) struct Rendering {
+    pub(crate) rejection: Rejection,
+    pub(crate) headers: HeaderStyle,
+    pub(crate) problem_json: bool,
+}
+
 /// What every request of one layer shares, whatever its key extractor: the
 /// engine, and how its verdicts are rendered.
 #[derive(Clone)]
@@ -110,9 +120,7 @@ pub(crate) struct Shared {
     /// when denials are not answered at once (a delayed or shadowed denial
     /// is not final for the request).
     pub(crate) deciding: Limiter,
-    pub(crate) rejection: Rejection,
-    pub(crate) headers: HeaderStyle,
-    pub(crate) problem_json: bool,
+    pub(crate) rendering: Rendering,
 }
 
 impl Shared {
@@ -120,21 +128,45 @@ impl Shared {
         Self {
             deciding: limiter.clone(),
             limiter,
-            rejection: Rejection::default(),
-            headers: HeaderStyle::default(),
-            problem_json: false,
+            rendering: Rendering::default(),
         }
     }
 
-    /// Make `deciding` follow `limiter` and `rejection` again.
+    /// Make `deciding` follow `limiter` and the rejection again.
     pub(crate) fn settle(&mut self) {
-        self.deciding = if self.answers_at_once() {
+        self.deciding = if self.rendering.answers_at_once() {
             self.limiter.clone()
         } else {
             self.limiter.clone().without_deny_cache()
         };
     }
 
+    /// Put the rate-limit fields of `decision`, answered by `decided_by`, on
+    /// `headers` ([`Rendering::set_headers`] for this layer's limiter).
+    pub(crate) fn set_headers(
+        &self,
+        headers: &mut http::HeaderMap,
+        decision: &Decision,
+        decided_by: DecidedBy,
+    ) {
+        self.rendering
+            .set_headers(headers, &self.limiter, decision, decided_by);
+    }
+
+    /// The response to a denied request ([`Rendering::denial`] for this
+    /// layer's limiter).
+    pub(crate) fn denial(
+        &self,
+        decision: &Decision,
+        grpc: bool,
+        decided_by: DecidedBy,
+    ) -> Response<Bytes> {
+        self.rendering
+            .denial(&self.limiter, decision, grpc, decided_by)
+    }
+}
+
+impl Rendering {
     /// Whether requests keep their key past the check (to check again after
     /// a delay, or to log a shadowed denial).
     pub(crate) fn keeps_keys(&self) -> bool {
@@ -147,12 +179,14 @@ impl Shared {
         matches!(self.rejection, Rejection::Reject | Rejection::Custom(_))
     }
 
-    /// Put the rate-limit fields of `decision`, answered by `decided_by`, on
-    /// `headers`, in the chosen style. They describe the limit enforced (the
-    /// fallback's share during an outage), under the layer's policy names.
+    /// Put the rate-limit fields of `decision`, answered by `decided_by` for
+    /// `limiter`, on `headers`, in the chosen style. They describe the limit
+    /// enforced (the fallback's share during an outage), under the
+    /// limiter's policy names.
     pub(crate) fn set_headers(
         &self,
         headers: &mut http::HeaderMap,
+        limiter: &Limiter,
         decision: &Decision,
         decided_by: DecidedBy,
     ) {
@@ -162,27 +196,28 @@ impl Shared {
         if matches!(self.headers, HeaderStyle::Ietf | HeaderStyle::Both) {
             super::fields::set_ietf_headers(
                 headers,
-                self.limiter.policy(),
-                self.limiter.enforced_policy(decided_by),
+                limiter.policy(),
+                limiter.enforced_policy(decided_by),
                 decision,
             );
         }
     }
 
-    /// The response to a request `decision`, answered by `decided_by`, denies (a
-    /// gRPC call when `grpc`).
+    /// The response to a request whose `decision` by `limiter`, answered by
+    /// `decided_by`, denies (a gRPC call when `grpc`).
     pub(crate) fn denial(
         &self,
+        limiter: &Limiter,
         decision: &Decision,
         grpc: bool,
         decided_by: DecidedBy,
     ) -> Response<Bytes> {
-        let policy = self.limiter.policy();
+        let policy = limiter.policy();
         let mut response = match &self.rejection {
             Rejection::Custom(respond) => {
                 let mut response = respond(decision);
                 let mut fields = http::HeaderMap::new();
-                self.set_headers(&mut fields, decision, decided_by);
+                self.set_headers(&mut fields, limiter, decision, decided_by);
                 fields.insert(
                     http::header::RETRY_AFTER,
                     http::HeaderValue::from(super::fields::retry_after_secs(decision)),
@@ -212,7 +247,7 @@ impl Shared {
             super::fields::set_ietf_headers(
                 response.headers_mut(),
                 policy,
-                self.limiter.enforced_policy(decided_by),
+                limiter.enforced_policy(decided_by),
                 decision,
             );
         }

@@ -193,12 +193,7 @@ async fn the_cluster_speaks_tls() {
     use support::tls::tls_args;
 
     let ca = Ca::new("test CA");
-    let client_pair = ca.client("app");
     let dir = support::tls::tempdir::Dir::new("tls-cluster");
-    let pair_cert = dir.path().join("client.crt");
-    let pair_key = dir.path().join("client.key");
-    std::fs::write(&pair_cert, &client_pair.cert).unwrap();
-    std::fs::write(&pair_key, &client_pair.key).unwrap();
     let server_pair = ca.server(&["localhost", "127.0.0.1"]);
     let mut nodes = Vec::new();
     let mut tls_ports = Vec::new();
@@ -214,23 +209,9 @@ async fn the_cluster_speaks_tls() {
         nodes.push(node);
         tls_ports.push(tls_port);
     }
-    let ca_file = dir.path().join("ca.crt");
-    std::fs::write(&ca_file, ca.pem()).unwrap();
-    let cli_args: Vec<String> = [
-        "--tls".as_ref(),
-        "--cacert".as_ref(),
-        ca_file.as_os_str(),
-        "--cert".as_ref(),
-        pair_cert.as_os_str(),
-        "--key".as_ref(),
-        pair_key.as_os_str(),
-    ]
-    .iter()
-    .map(|arg: &&std::ffi::OsStr| arg.to_string_lossy().into_owned())
-    .collect();
-    // The nodes' plain ports answer CLUSTER INFO; redis-cli joins them
+    // The nodes' plain ports answer CLUSTER INFO; they meet each other
     // through their TLS ports.
-    support::create_cluster_with(&cli_args, &tls_ports, "TLS cluster", &nodes, |_| true);
+    support::create_cluster(&tls_ports, "TLS cluster", &nodes, |_| true);
     let urls: Vec<String> = tls_ports
         .iter()
         .map(|p| format!("rediss://127.0.0.1:{p}"))

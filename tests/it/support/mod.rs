@@ -167,10 +167,6 @@ impl Drop for RedisServer {
     }
 }
 
-const CLI_HINT: &str = "redis-cli was not found on PATH. The Redis Cluster tests create \
-their cluster with `redis-cli --cluster create`: install it with `sudo apt-get install \
-redis-tools` (Debian/Ubuntu), or run `scripts/test`, which installs it.";
-
 /// The arguments of a `redis-server` that is a cluster node.
 pub const CLUSTER_NODE_ARGS: [&str; 6] = [
     "--cluster-enabled",
@@ -238,58 +234,50 @@ impl RedisCluster {
 }
 
 /// Join the cluster-enabled servers `nodes` (reached by clients on `ports`:
-/// their own, or their proxies') into one cluster of masters with
-/// `redis-cli --cluster create`, then wait until every node reports
-/// `cluster_state:ok`, all 16384 slots assigned, 3 nodes known, and `ready`
-/// holds for it. `name` says which cluster in the panic message.
-fn create_cluster(
+/// their own, their TLS ports or their proxies') into one cluster of
+/// masters, as `redis-cli --cluster create` does but without its
+/// one-second waits: distinct config epochs, a third of the slots each,
+/// and a `CLUSTER MEET` of every node at the address it announces. Then
+/// wait until every node reports `cluster_state:ok`, all 16384 slots
+/// assigned, 3 nodes known, and `ready` holds for it. `name` says which
+/// cluster in the panic message.
+pub fn create_cluster(
     ports: &[u16],
     name: &str,
     nodes: &[RedisServer],
     ready: impl Fn(&RedisServer) -> bool,
 ) {
-    create_cluster_with(&[], ports, name, nodes, ready);
-}
-
-/// [`create_cluster`] with `cli_args` before `--cluster create` (`--tls`
-/// and its certificates, for a TLS cluster).
-pub fn create_cluster_with(
-    cli_args: &[String],
-    ports: &[u16],
-    name: &str,
-    nodes: &[RedisServer],
-    ready: impl Fn(&RedisServer) -> bool,
-) {
-    // One cluster forms at a time in a test process: a fault test starts a
-    // cluster per algorithm, and a dozen forming at once on two cores could
-    // take longer than the deadline below (seen: 20 s, with 12 at once).
-    static FORMING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one_at_a_time = FORMING
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let addresses: Vec<String> = ports
         .iter()
         .map(|port| format!("127.0.0.1:{port}"))
         .collect();
-    let output = match Command::new("redis-cli")
-        .args(cli_args)
-        .arg("--cluster")
-        .arg("create")
-        .args(&addresses)
-        .args(["--cluster-replicas", "0", "--cluster-yes"])
-        .stdin(Stdio::null())
-        .output()
-    {
-        Ok(output) => output,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{CLI_HINT}"),
-        Err(e) => panic!("running redis-cli --cluster create: {e}"),
+    let expect_ok = |node: &RedisServer, args: &[&str]| {
+        let reply = node.command(args);
+        assert!(
+            reply.starts_with("+OK"),
+            "{args:?} on the {name} node {} answered {reply:?}",
+            node.port()
+        );
     };
-    assert!(
-        output.status.success(),
-        "redis-cli --cluster create failed: {}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let count = nodes.len();
+    for (i, node) in nodes.iter().enumerate() {
+        let epoch = (i + 1).to_string();
+        expect_ok(node, &["CLUSTER", "SET-CONFIG-EPOCH", &epoch]);
+        let (first, last) = (16384 * i / count, 16384 * (i + 1) / count - 1);
+        expect_ok(
+            node,
+            &[
+                "CLUSTER",
+                "ADDSLOTSRANGE",
+                &first.to_string(),
+                &last.to_string(),
+            ],
+        );
+    }
+    for node in &nodes[1..] {
+        let (ip, port, bus) = announced_address(node);
+        expect_ok(&nodes[0], &["CLUSTER", "MEET", &ip, &port, &bus]);
+    }
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let all_ready = nodes.iter().all(|node| {
@@ -306,8 +294,30 @@ pub fn create_cluster_with(
             Instant::now() < deadline,
             "the {name} on {addresses:?} did not reach cluster_state:ok within 20 s"
         );
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The address `node` gives the cluster for itself (`ip`, client port, bus
+/// port), from the `myself` line of `CLUSTER NODES`: the one its peers must
+/// meet (an announced proxy, or its TLS port). A node that has met no peer
+/// yet does not know its IP: it is on loopback.
+fn announced_address(node: &RedisServer) -> (String, String, String) {
+    let nodes = node.command(&["CLUSTER", "NODES"]);
+    let myself = nodes
+        .lines()
+        .find(|line| line.contains("myself"))
+        .unwrap_or_else(|| panic!("no myself line in CLUSTER NODES: {nodes:?}"));
+    let address = myself.split(' ').nth(1).unwrap_or_default();
+    let address = address.split(',').next().unwrap_or_default();
+    let (host, bus) = address
+        .split_once('@')
+        .unwrap_or_else(|| panic!("no bus port in {myself:?}"));
+    let (ip, port) = host
+        .rsplit_once(':')
+        .unwrap_or_else(|| panic!("no port in {myself:?}"));
+    let ip = if ip.is_empty() { "127.0.0.1" } else { ip };
+    (ip.to_owned(), port.to_owned(), bus.to_owned())
 }
 
 /// The hash slot of `key` (`CLUSTER KEYSLOT` on `node`).

@@ -186,7 +186,7 @@ async fn a_tracked_pool_and_a_connection_manager_speak_tls() {
 }
 
 /// A cluster of three TLS-only nodes (`--port 0`, TLS between the nodes
-/// too), created with `redis-cli --tls --cluster create`.
+/// too), joined at their TLS ports.
 #[cfg(feature = "cluster")]
 #[tokio::test]
 async fn the_cluster_speaks_tls() {

@@ -185,8 +185,8 @@ pub struct RedisCluster {
 }
 
 impl RedisCluster {
-    /// Start three cluster-enabled servers, join them with `redis-cli
-    /// --cluster create` and wait until every node reports `cluster_state:ok`.
+    /// Start three cluster-enabled servers, join them ([`create_cluster`])
+    /// and wait until every node reports `cluster_state:ok`.
     pub fn start() -> Self {
         let nodes: Vec<RedisServer> = (0..3)
             .map(|_| RedisServer::start_with(&CLUSTER_NODE_ARGS))

@@ -1048,9 +1048,9 @@ impl std::fmt::Debug for ProxiedCluster {
 }
 
 impl ProxiedCluster {
-    /// Start three proxied cluster nodes, join them with `redis-cli
-    /// --cluster create` (through the proxies) and wait until every node
-    /// reports `cluster_state:ok`.
+    /// Start three proxied cluster nodes, join them at the addresses they
+    /// announce, their proxies ([`create_cluster`](super::create_cluster)),
+    /// and wait until every node reports `cluster_state:ok`.
     pub fn start() -> Self {
         let mut proxies = Vec::new();
         let mut nodes = Vec::new();

@@ -404,7 +404,7 @@ async fn ceiling_transaction(settings: &Settings) {
 /// The same raw client sending one `EVALSHA` of GCRA per request, to compare
 /// it with `redis-benchmark` running the same command.
 async fn ceiling_script(settings: &Settings) {
-    let sha = script_sha(settings, tower_redis_ratelimit::scripts::GCRA_SCRIPT).await;
+    let sha = script_sha(settings, tower_redis_ratelimit::store::scripts::GCRA_SCRIPT).await;
     let rate = raw_ceiling(settings, move |rng, _now, out| {
         let k = rng.next() % 10_000;
         let key = format!("rl:gcra:{{k{k}}}");

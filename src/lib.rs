@@ -40,18 +40,6 @@ pub mod header {
     };
 }
 
-/// The Lua scripts `RedisStore` runs, as sent to Redis (for the crate's
-/// benchmarks and differential tests; not a stable interface).
-#[doc(hidden)]
-pub mod scripts {
-    pub use crate::store::redis::{
-        CONCURRENCY_COMMAND_SCRIPT, CONCURRENCY_SCRIPT, FIXED_WINDOW_BATCH_SCRIPT,
-        FIXED_WINDOW_COMMAND_SCRIPT, FIXED_WINDOW_SCRIPT, GCRA_BATCH_SCRIPT, GCRA_COMMAND_SCRIPT,
-        GCRA_SCRIPT, SLIDING_LOG_COMMAND_SCRIPT, SLIDING_LOG_SCRIPT, SLIDING_WINDOW_BATCH_SCRIPT,
-        SLIDING_WINDOW_COMMAND_SCRIPT, SLIDING_WINDOW_SCRIPT,
-    };
-}
-
 /// The bb8 pool of Redis connections this crate is built on (with `bb8`
 /// inside), so that a pool you pass to [`RedisStore::from_pool`] matches its version.
 pub use bb8_redis;

@@ -1,6 +1,29 @@
 //! Local-first limiting of hot keys ([`LocalQuota`]): each process takes a
 //! batch of a key's quota from the store at once and admits from it
 //! locally, so a hot key costs the store one check per batch.
+//!
+//! When the store cannot give a whole batch, the check falls back to an
+//! ordinary check of one request, and the key's checks stay checks of one
+//! request until that refusal's wait ends (at most `hold`). A local
+//! admission carries the decision of the check that took the batch.
+//! `block`, `reset` and `penalty` through the limiter drop what this
+//! process holds of the key (other processes use theirs for at most
+//! `hold`). A batch is never asked of a fallback store, nor while the
+//! circuit is open; one taken by a check cancelled before its answer is
+//! spent unused. Units are held per limiter name.
+//!
+//! Making room for a new key costs a check the same whatever the keys held
+//! (a bounded look at the oldest keys of one of 16 shards, each with its
+//! own lock), so a flood of distinct keys slows neither new keys nor the
+//! hot keys held.
+//!
+//! The bound per algorithm: under the sliding log at most `max + N ×
+//! batch` in any window (a unit counted at `t` and used until `t + hold`
+//! can leave the store's window before the request it admitted does);
+//! under GCRA and the sliding window counter `N × batch` more than their
+//! own bursts (each alone can admit up to `2 × max − 1` in one sliding
+//! window); under the fixed window none more (a unit is only used in the
+//! window that counted it).
 
 use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
@@ -17,44 +40,29 @@ use crate::policy::{Algorithm, Policy, PolicyError, Rate};
 
 /// How a [`Limiter`] admits hot keys locally
 /// ([`Limiter::with_local_quota`]): a check of a key this process holds no
-/// units of takes `batch` units from the store in one check (all or
-/// nothing, like any check of that cost), admits this request and keeps
-/// the rest; the next checks of the key take a kept unit with no round
-/// trip. Kept units are used for at most `hold` (for the fixed window, at
-/// most until the window that counted them ends) and then dropped, still
-/// counted: unused units are quota this process took and did not use.
+/// units of takes `batch` units from the store in one check, admits this
+/// request and keeps the rest; the next checks of the key take a kept unit
+/// with no round trip. Kept units are used within `hold`, then dropped,
+/// still counted. A key near its limit is decided in the store, request by
+/// request.
 ///
-/// When the store cannot give a whole batch, the check falls back to an
-/// ordinary check of one request, and the key's checks stay checks of one
-/// request until that refusal's wait ends (at most `hold`): a key near its
-/// limit is decided exactly, request by request, one round trip each.
+/// **The bound.** Every unit was counted in the store before it is used:
+/// with `N` processes, at most `N × batch` more requests are admitted in
+/// any window than the algorithm alone admits (none more under the fixed
+/// window). A process holds units of at most 10,000 keys per limiter; past
+/// that a key is checked in the store as without a local quota. The
+/// [production guide](crate::guide::production) says when to use it and
+/// how to choose `batch` and `hold`.
 ///
-/// A local admission carries the decision of the check that took the
-/// batch. `block`, `reset` and `penalty` through the limiter drop what
-/// this process holds of the key (other processes use theirs for at most
-/// `hold`). A batch is never asked of a fallback store, nor while the
-/// circuit is open; one taken by a check cancelled before its answer is
-/// spent unused. Units are held per limiter name.
+/// ```
+/// use tower_redis_ratelimit::limiter::LocalQuota;
+/// use tower_redis_ratelimit::{Limiter, MemoryStore, Policy};
 ///
-/// A process holds units of at most 10,000 keys per limiter; past that a
-/// key is checked in the store as without a local quota. Making room costs
-/// a check the same whatever the keys held (a bounded look at the oldest
-/// keys of one of 16 shards, each with its own lock), so a flood of
-/// distinct keys neither slows new keys nor the hot keys held.
-///
-/// **The bound.** Every unit a process admits was counted in the store
-/// before it was used. With `N` processes, at most `N × batch` units are
-/// held at any moment, so in any window of the policy at most `N × batch`
-/// more requests are admitted than the algorithm alone admits: under the
-/// sliding log at most `max + N × batch` (a unit counted at `t` and used
-/// until `t + hold` can leave the store's window before the request it
-/// admitted does), under GCRA and the sliding window counter `N × batch`
-/// more than their own bursts (each alone can admit up to `2 × max − 1` in
-/// one sliding window); under the fixed window none more: at most `max` in
-/// each of its windows (a unit is only used in the window that counted
-/// it). A key then costs the store one check per
-/// `batch` admitted requests (plus one per denial that the deny cache does
-/// not answer).
+/// let quota: LocalQuota = "100/250ms".parse()?; // batches of 100, each used within 250 ms
+/// let limiter = Limiter::new(MemoryStore::new(), "10000/s".parse::<Policy>()?).with_local_quota(quota)?;
+/// # let _ = limiter;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LocalQuota {
     batch: u64,

@@ -15,6 +15,18 @@ pub(crate) mod redis;
 pub use memory::MemoryStore;
 pub use redis::{RedisStore, RedisStoreBuilder, TrackedConnection, TrackedManager};
 
+/// The Lua scripts `RedisStore` runs, as sent to Redis (for the crate's
+/// benchmarks and differential tests; not a stable interface).
+#[doc(hidden)]
+pub mod scripts {
+    pub use crate::store::redis::{
+        CONCURRENCY_COMMAND_SCRIPT, CONCURRENCY_SCRIPT, FIXED_WINDOW_BATCH_SCRIPT,
+        FIXED_WINDOW_COMMAND_SCRIPT, FIXED_WINDOW_SCRIPT, GCRA_BATCH_SCRIPT, GCRA_COMMAND_SCRIPT,
+        GCRA_SCRIPT, SLIDING_LOG_COMMAND_SCRIPT, SLIDING_LOG_SCRIPT, SLIDING_WINDOW_BATCH_SCRIPT,
+        SLIDING_WINDOW_COMMAND_SCRIPT, SLIDING_WINDOW_SCRIPT,
+    };
+}
+
 /// Keeps the state of every limited key and takes the decision for one
 /// request, atomically.
 ///

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use tower_redis_ratelimit::policy::{MAX_COST, MAX_MAX, MAX_WINDOW};
-use tower_redis_ratelimit::store::scripts;
 use tower_redis_ratelimit::store::Command;
+use tower_redis_ratelimit::store::scripts;
 use tower_redis_ratelimit::{Algorithm, Decision, Policy, Rate, Store};
 
 use super::RedisServer;

@@ -20,6 +20,7 @@ const NAME: &str = "metrics-test-api";
 
 #[tokio::test]
 async fn decisions_and_store_latency_are_counted_per_policy() {
+    let _alone = crate::alone().await;
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     recorder.install().unwrap();

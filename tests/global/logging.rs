@@ -24,6 +24,7 @@ impl Write for Captured {
 
 #[tokio::test]
 async fn decisions_are_logged_with_the_key_hashed() {
+    let _alone = crate::alone().await;
     let captured = Captured::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()

@@ -1,6 +1,6 @@
-//! One check of a [`Limiter`]: started at once ([`Limiter::begin`]: the
+//! One check of a [`Limiter`](crate::Limiter): started at once ([`Limiter::begin`](crate::Limiter::begin): the
 //! deny cache, the breaker, an in-process store), finished when the store
-//! answers ([`Limiter::finish`]), and [`Check`], the future between.
+//! answers ([`Limiter::finish`](crate::Limiter::finish)), and [`Check`], the future between.
 
 use std::fmt;
 use std::sync::Arc;
@@ -14,7 +14,7 @@ use crate::metrics::Outcome;
 use crate::policy::Policy;
 use crate::store::{BoxFuture, StoreError};
 
-/// A check started by [`Limiter::begin`]. (Unboxed: a request's verdict
+/// A check started by [`Limiter::begin`](crate::Limiter::begin). (Unboxed: a request's verdict
 /// moves once, and boxing it would cost an allocation per request.)
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Begun {
@@ -159,7 +159,7 @@ impl Limiter {
     }
 }
 
-/// The future of [`Limiter::check_owned`].
+/// The future of [`Limiter::check_owned`](crate::Limiter::check_owned).
 #[must_use = "a check does nothing unless awaited"]
 pub struct Check {
     state: CheckState,

@@ -1,18 +1,18 @@
-//! [`LimitError`]: why a [`Limiter`](super::Limiter) gave no answer.
+//! [`LimitError`]: why a [`Limiter`](crate::Limiter)(super::Limiter) gave no answer.
 
 use crate::decision::Decision;
 use crate::policy::PolicyError;
 use crate::store::StoreError;
 
-/// Why [`Limiter`] could not give an answer.
+/// Why [`Limiter`](crate::Limiter) could not give an answer.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LimitError {
     /// Denied, and it would take longer than allowed to be admitted
-    /// ([`Limiter::until_ready`], [`Limiter::acquire`]).
+    /// ([`Limiter::until_ready`](crate::Limiter::until_ready), [`Limiter::acquire`](crate::Limiter::acquire)).
     #[error("rate limited: retry after {:?}", .0.retry_after())]
     Limited(Box<Decision>),
-    /// The store failed and the fail mode is [`FailMode::Closed`] (or an
+    /// The store failed and the fail mode is [`FailMode::Closed`](crate::FailMode::Closed) (or an
     /// operator command failed).
     #[error(transparent)]
     Store(#[from] StoreError),

@@ -1,4 +1,4 @@
-//! [`FailMode`]: what a [`Limiter`] answers when its store cannot.
+//! [`FailMode`]: what a [`Limiter`](crate::Limiter) answers when its store cannot.
 
 use std::sync::Arc;
 
@@ -16,13 +16,13 @@ pub enum FailMode {
     /// the limiter never takes the service down).
     #[default]
     Open,
-    /// Fail: [`Limiter::check`] returns [`LimitError::Store`], and the layer
+    /// Fail: [`Limiter::check`](crate::Limiter::check) returns [`LimitError::Store`], and the layer
     /// answers `503 Service Unavailable`.
     Closed,
     /// Limit in this process while the store fails, with the same policy
     /// divided among `instances` processes (each rate's max divided by
     /// `instances`, rounded down, at least the cost), and go back to the
-    /// store when it answers again. Build it with [`FailMode::fallback`].
+    /// store when it answers again. Build it with [`FailMode::fallback`](crate::FailMode::fallback).
     /// Decisions of the fallback carry the limit it enforces (the divided
     /// maxes); the layer shows them under the same policy names.
     Fallback {
@@ -34,7 +34,7 @@ pub enum FailMode {
 }
 
 impl FailMode {
-    /// [`FailMode::Fallback`] to `store`, for `instances` processes sharing
+    /// [`FailMode::Fallback`](crate::FailMode::Fallback) to `store`, for `instances` processes sharing
     /// the limit (1 when this process is alone).
     ///
     /// ```

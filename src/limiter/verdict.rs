@@ -18,18 +18,18 @@ pub enum DecidedBy {
     DenyCache,
     /// The fail mode's fallback store, while the store fails.
     Fallback,
-    /// Nobody: the store failed and [`FailMode::Open`] admitted.
+    /// Nobody: the store failed and [`FailMode::Open`](crate::FailMode::Open) admitted.
     FailOpen,
     /// Nobody: the key is one of the allowed keys.
     AllowedKey,
     /// A unit this process took from the store earlier
-    /// ([`Limiter::with_local_quota`]); the decision is that check's.
+    /// ([`Limiter::with_local_quota`](crate::Limiter::with_local_quota)); the decision is that check's.
     LocalQuota,
 }
 
-/// The answer of [`Limiter::check`]: admitted or not, by whom, and the
+/// The answer of [`Limiter::check`](crate::Limiter::check): admitted or not, by whom, and the
 /// decision (none when nothing limited the check: an allowed key, or a
-/// store failure under [`FailMode::Open`]).
+/// store failure under [`FailMode::Open`](crate::FailMode::Open)).
 ///
 /// Under a [`Concurrency`](crate::Algorithm::Concurrency) policy an admitted
 /// verdict holds a slot until it (or the [`Permit`] taken from it) is dropped.

@@ -131,7 +131,7 @@ pub enum Algorithm {
     /// process: a lease is taken before the inner service is called and
     /// released when the response body is finished or dropped. A lease of
     /// a crashed process expires after the rate's window (the lease time,
-    /// see [`Policy::concurrency`]).
+    /// see [`Policy::concurrency`](crate::policy::Policy::concurrency)).
     ///
     /// ```
     /// use std::time::Duration;
@@ -217,7 +217,7 @@ impl FromStr for Algorithm {
 
 /// How [`RedisStore`](crate::RedisStore) runs the sliding log. Other stores
 /// ignore it: their decisions are the same either way. Only the sliding log
-/// takes one ([`Policy::with_execution`] refuses it for another algorithm).
+/// takes one ([`Policy::with_execution`](crate::policy::Policy::with_execution) refuses it for another algorithm).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum Execution {

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::{Algorithm, Rate};
 
-/// Why a [`Rate`] or [`Policy`] cannot be built.
+/// Why a [`Rate`] or [`Policy`](crate::policy::Policy) cannot be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PolicyError {
@@ -23,7 +23,7 @@ pub enum PolicyError {
         /// The rate as written.
         rate: String,
     },
-    /// A window outside [`MIN_WINDOW`]..=[`MAX_WINDOW`].
+    /// A window outside [`MIN_WINDOW`](crate::policy::MIN_WINDOW)..=[`MAX_WINDOW`](crate::policy::MAX_WINDOW).
     #[error("window {window:?} is out of range: it must be between 1ms and 10 years")]
     WindowOutOfRange {
         /// The window given.
@@ -75,13 +75,13 @@ pub enum PolicyError {
         /// The text given.
         input: String,
     },
-    /// A `max` above [`MAX_MAX`].
+    /// A `max` above [`MAX_MAX`](crate::policy::MAX_MAX).
     #[error("max {max} is too large: at most 2^53 (9007199254740992)")]
     MaxTooLarge {
         /// The max given.
         max: u64,
     },
-    /// A minimum spacing outside 1µs..=[`MAX_WINDOW`].
+    /// A minimum spacing outside 1µs..=[`MAX_WINDOW`](crate::policy::MAX_WINDOW).
     #[error(
         "minimum spacing {spacing:?} is out of range: it must be zero (none) or between 1µs and 10 years"
     )]
@@ -89,7 +89,7 @@ pub enum PolicyError {
         /// The spacing given.
         spacing: Duration,
     },
-    /// A cost above [`MAX_COST`].
+    /// A cost above [`MAX_COST`](crate::policy::MAX_COST).
     #[error("cost {cost} is too large: at most 10000 (the sliding log keeps one entry per unit)")]
     CostTooLarge {
         /// The cost given.

@@ -31,7 +31,7 @@ pub mod scripts {
 /// request, atomically.
 ///
 /// Implement it to put the state somewhere else; the crate ships
-/// [`MemoryStore`](memory::MemoryStore) and [`RedisStore`](redis::RedisStore).
+/// [`MemoryStore`] and [`RedisStore`].
 pub trait Store: Send + Sync + 'static {
     /// Count one request of `key` (of `policy.cost()` units) against
     /// `policy`, and say whether it is admitted. A denied request must not
@@ -66,7 +66,7 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// The decision at once, when the store takes it in process (as
-    /// [`MemoryStore`](memory::MemoryStore) does): the caller then needs no
+    /// [`MemoryStore`] does): the caller then needs no
     /// future. The default, `None`, means "call [`check`](Self::check)".
     /// A store that answers `Some` must count exactly as `check` would.
     fn check_in_process(&self, key: &str, policy: &Policy) -> Option<Decision> {
@@ -152,7 +152,7 @@ pub enum Command {
 pub enum StoreError {
     /// The backend failed: an error reply, or the connection failed. The
     /// source is the backend's own error (a [`RedisError`](::redis::RedisError) for
-    /// [`RedisStore`](redis::RedisStore)).
+    /// [`RedisStore`]).
     #[error("{backend}: {source}")]
     Backend {
         /// Which backend (`"redis"`).
@@ -240,7 +240,7 @@ pub(crate) trait DynStore: Send + Sync + 'static {
     ) -> BoxFuture<(String, Result<Decision, StoreError>)>;
 
     /// The decision at once, when the store takes it in process
-    /// ([`MemoryStore`](memory::MemoryStore)): no boxed future to allocate
+    /// ([`MemoryStore`]): no boxed future to allocate
     /// and poll. `None` for any other store.
     fn check_in_process(&self, key: &str, policy: &Policy) -> Option<Decision>;
 

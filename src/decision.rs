@@ -21,6 +21,8 @@ pub struct Decision {
     retry_after: Duration,
     rates: Rates,
     lease: Option<Lease>,
+    /// For an admitted sliding-log check: the id of the entries it wrote.
+    entries: Option<RefundId>,
     /// Denied by a block ([`Limiter::block`](crate::Limiter::block)), not
     /// by a rate.
     blocked: bool,
@@ -53,6 +55,7 @@ impl Rates {
 /// A concurrency slot held by an admitted request
 /// ([`Algorithm::Concurrency`]); the layer gives it back through
 /// [`Store::release`](crate::Store::release) when the response is done.
+/// (What a refund names is a [`RefundId`].)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Lease(u128);
 
@@ -65,6 +68,36 @@ impl Lease {
     /// The lease's id.
     pub fn id(self) -> u128 {
         self.0
+    }
+}
+
+/// What an admitted check wrote, named so that it can be given back
+/// exactly ([`Command::Refund`](crate::store::Command::Refund)): a sliding
+/// log's entries, or a concurrency limit's slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RefundId(u128);
+
+impl RefundId {
+    /// A refund id of `id`, as a store gave it.
+    pub fn new(id: u128) -> Self {
+        Self(id)
+    }
+
+    /// The id.
+    pub fn id(self) -> u128 {
+        self.0
+    }
+}
+
+impl From<Lease> for RefundId {
+    fn from(lease: Lease) -> Self {
+        Self(lease.id())
+    }
+}
+
+impl From<RefundId> for Lease {
+    fn from(id: RefundId) -> Self {
+        Self(id.0)
     }
 }
 
@@ -84,12 +117,18 @@ impl Decision {
         self.rates.as_slice()
     }
 
-    /// The concurrency slot this admitted request holds, or, for an
-    /// admitted sliding-log request, the id of the entries it wrote (what
-    /// [`Command::Refund`](crate::store::Command::Refund) removes); `None`
-    /// otherwise.
+    /// The concurrency slot this admitted request holds
+    /// ([`Algorithm::Concurrency`]); `None` otherwise.
     pub fn lease(&self) -> Option<Lease> {
         self.lease
+    }
+
+    /// What [`Command::Refund`](crate::store::Command::Refund) gives back
+    /// of this admitted request exactly: the sliding log's entries, or the
+    /// concurrency slot; `None` for the other algorithms (a refund of them
+    /// is a reward) and for a denial.
+    pub fn refund_id(&self) -> Option<RefundId> {
+        self.entries.or(self.lease.map(RefundId::from))
     }
 
     /// Whether the key was denied by a block (an operator's
@@ -123,6 +162,12 @@ impl Decision {
     #[inline]
     pub(crate) fn with_lease(mut self, lease: Lease) -> Self {
         self.lease = Some(lease);
+        self
+    }
+
+    /// This admitted sliding-log decision, with the id of its entries.
+    pub(crate) fn with_entries(mut self, entries: RefundId) -> Self {
+        self.entries = Some(entries);
         self
     }
 
@@ -278,6 +323,7 @@ impl DecisionBuilder {
             algorithm: self.algorithm,
             rates,
             lease: None,
+            entries: None,
             blocked: false,
             rate: state.rate,
             remaining: state.remaining,

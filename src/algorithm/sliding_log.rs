@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::built;
-use crate::decision::{Decision, DecisionBuilder, Lease, RateState};
+use crate::decision::{Decision, DecisionBuilder, RateState, RefundId};
 use crate::policy::{Policy, Rate, duration_micros};
 
 /// The entries of one key: timestamps in µs, oldest first, one per unit of cost.
@@ -195,24 +195,24 @@ pub(crate) fn check(entries: &mut State, now: u64, policy: &Policy) -> (Decision
     (decision, expiry(entries, policy))
 }
 
-/// The lease an admitted check's decision carries: the time of its
+/// The refund id an admitted check's decision carries: the time of its
 /// entries (entries at one time are alike, so removing any of them is
 /// removing the check's).
-pub(crate) fn lease_of(now: u64) -> Lease {
-    Lease::new(u128::from(now))
+pub(crate) fn entries_of(now: u64) -> RefundId {
+    RefundId::new(u128::from(now))
 }
 
 /// Remove the `units` entries one admitted check wrote (its decision's
-/// `lease`, see [`lease_of`]), as far as they are still there.
+/// refund id, see [`entries_of`]), as far as they are still there.
 pub(crate) fn refund(
     entries: &mut State,
     now: u64,
     policy: &Policy,
-    lease: Lease,
+    id: RefundId,
     units: u64,
 ) -> u64 {
     trim(entries, now, policy);
-    if let Ok(at) = u64::try_from(lease.id()) {
+    if let Ok(at) = u64::try_from(id.id()) {
         let mut left = units;
         entries.retain(|&entry| {
             if left > 0 && entry == at {

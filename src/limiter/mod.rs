@@ -423,16 +423,15 @@ impl Limiter {
     }
 
     /// Give back one admitted check of `key` costing `units`, whose
-    /// decision carried `lease` ([`Command::Refund`]); without a lease, a
-    /// reward.
+    /// decision carried `id` ([`Command::Refund`]); without one, a reward.
     pub(crate) async fn refund(
         &self,
         key: &str,
-        lease: Option<crate::decision::Lease>,
+        id: Option<crate::decision::RefundId>,
         units: u64,
     ) -> Result<Decision, StoreError> {
-        match lease {
-            Some(lease) => self.command(key, Command::Refund { lease, units }).await,
+        match id {
+            Some(id) => self.command(key, Command::Refund { id, units }).await,
             None => self.command(key, Command::Reward(units)).await,
         }
     }

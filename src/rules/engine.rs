@@ -475,9 +475,9 @@ async fn decide(planned: Vec<Planned>) -> Result<Admission, LimitError> {
                 }) as BoxFuture<()>);
             } else if c.decided_by == DecidedBy::Store && c.cost > 0 && c.refundable() {
                 let (limiter, key, cost) = (c.limiter.clone(), c.key.clone(), c.cost);
-                let lease = c.decision.as_ref().and_then(Decision::lease);
+                let id = c.decision.as_ref().and_then(Decision::refund_id);
                 undo.push(Box::pin(async move {
-                    if let Err(error) = limiter.refund(&key, lease, cost).await {
+                    if let Err(error) = limiter.refund(&key, id, cost).await {
                         tracing::warn!(%error, "rules: could not give back the quota a denied request took");
                     }
                 }));
@@ -671,9 +671,9 @@ impl Admission {
                 continue;
             };
             let (limiter, key, cost) = (c.limiter, c.key, c.cost);
-            let lease = decision.lease();
+            let id = decision.refund_id();
             runtime.spawn(async move {
-                if let Err(error) = limiter.refund(&key, lease, cost).await {
+                if let Err(error) = limiter.refund(&key, id, cost).await {
                     tracing::warn!(%error, rule = limiter.name(), "rules: could not refund a request; it stays counted");
                 }
             });

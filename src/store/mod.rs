@@ -132,15 +132,15 @@ pub enum Command {
     /// nothing.
     Reward(u64),
     /// Give back the `units` one admitted check counted, the check whose
-    /// decision carried `lease` ([`Decision::lease`](crate::Decision::lease)):
+    /// decision carried `id` ([`Decision::refund_id`](crate::Decision::refund_id)):
     /// where the algorithm keeps entries per request, exactly that check's
     /// (the sliding log's entries, the concurrency limit's slot: removing
     /// them again does nothing), elsewhere as [`Reward`](Self::Reward)
     /// (the window counters and GCRA hold no request's identity). What a
     /// rule counting by outcome sends after the response.
     Refund {
-        /// The lease of the admitted check's decision.
-        lease: crate::decision::Lease,
+        /// The refund id of the admitted check's decision.
+        id: crate::decision::RefundId,
         /// The units it cost.
         units: u64,
     },

@@ -942,11 +942,11 @@ async fn a_sliding_log_refund_removes_the_requests_own_entries() {
     let first = memory.check("k", &policy).await.unwrap();
     clock.advance(Duration::from_secs(1));
     assert!(memory.check("k", &policy).await.unwrap().allowed());
-    let lease = first
-        .lease()
+    let id = first
+        .refund_id()
         .expect("an admitted sliding-log check names its entries");
     memory
-        .command("k", &policy, Command::Refund { lease, units: 1 })
+        .command("k", &policy, Command::Refund { id, units: 1 })
         .await
         .unwrap();
     clock.advance(Duration::from_millis(2_500));
@@ -976,14 +976,14 @@ async fn a_sliding_log_refund_removes_the_requests_own_entries() {
             store.check(&key, &policy).await.unwrap().allowed(),
             "{execution}"
         );
-        let lease = first.lease().unwrap();
+        let id = first.refund_id().unwrap();
         store
-            .command(&key, &policy, Command::Refund { lease, units: 1 })
+            .command(&key, &policy, Command::Refund { id, units: 1 })
             .await
             .unwrap();
         // Refunding it again changes nothing.
         store
-            .command(&key, &policy, Command::Refund { lease, units: 1 })
+            .command(&key, &policy, Command::Refund { id, units: 1 })
             .await
             .unwrap();
         tokio::time::sleep(
@@ -1016,7 +1016,7 @@ async fn a_sliding_log_refund_removes_the_requests_own_entries() {
                 &key3,
                 &base,
                 Command::Refund {
-                    lease: check.lease().unwrap(),
+                    id: check.refund_id().unwrap(),
                     units: 3,
                 },
             )
@@ -1077,13 +1077,13 @@ async fn a_concurrency_refund_frees_the_requests_own_slot() {
     let policy = Policy::concurrency(3).unwrap();
     async fn scenario<S: Store>(store: &S, policy: &Policy, what: &str) {
         let older = store.check("k", policy).await.unwrap().lease().unwrap();
-        let newer = store.check("k", policy).await.unwrap().lease().unwrap();
+        let newer = store.check("k", policy).await.unwrap().refund_id().unwrap();
         store
             .command(
                 "k",
                 policy,
                 Command::Refund {
-                    lease: newer,
+                    id: newer,
                     units: 1,
                 },
             )

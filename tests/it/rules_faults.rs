@@ -873,8 +873,8 @@ async fn lost_refund_in_store(rig: &Rig, loss: Loss) -> Result<(), String> {
     if peeked.remaining() + 1 != MAX - PRE - COST {
         return Err(format!("B's peek: {peeked:?}, not {} used", PRE + COST));
     }
-    let lease = taken
-        .lease()
+    let id = taken
+        .refund_id()
         .ok_or("an admitted sliding-log check names no entries")?;
     let redis_key = a.redis_key("log", &key);
     let proxy = rig.proxy(0, &redis_key);
@@ -882,7 +882,7 @@ async fn lost_refund_in_store(rig: &Rig, loss: Loss) -> Result<(), String> {
     loss.arm(proxy, target.clone(), TIMEOUT);
     arm_sentinel(loss, proxy, target);
     let _ = a
-        .command(&key, &policy, Command::Refund { lease, units: COST })
+        .command(&key, &policy, Command::Refund { id, units: COST })
         .await;
     let used = async {
         let peeked = b

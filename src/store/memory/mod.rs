@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 
 use crate::algorithm::{self, concurrency, fixed_window, gcra, sliding_log, sliding_window};
 use crate::clock::{Clock, SystemClock};
-use crate::decision::{Decision, Lease};
+use crate::decision::{Decision, Lease, RefundId};
 use crate::policy::{Algorithm, Policy, duration_micros};
 use crate::store::{Command, Store, StoreError, bounded_key};
 
@@ -135,7 +135,10 @@ impl State {
                 let (decision, expires_at) = sliding_log::check(log, now, policy);
                 if decision.allowed() {
                     // What a refund of this check removes.
-                    return (decision.with_lease(sliding_log::lease_of(now)), expires_at);
+                    return (
+                        decision.with_entries(sliding_log::entries_of(now)),
+                        expires_at,
+                    );
                 }
                 (decision, expires_at)
             }
@@ -191,12 +194,12 @@ impl State {
 
     /// Give back one admitted check (its decision's `lease`): its own
     /// entries where the state keeps them, else as a reward.
-    fn refund(&mut self, now: u64, policy: &Policy, lease: Lease, units: u64) -> u64 {
+    fn refund(&mut self, now: u64, policy: &Policy, id: RefundId, units: u64) -> u64 {
         match self {
             _ if !self.matches(policy.algorithm()) => self.reward(now, policy, 0),
-            Self::Log(log) => sliding_log::refund(log, now, policy, lease, units),
+            Self::Log(log) => sliding_log::refund(log, now, policy, id, units),
             Self::Leases(leases) => {
-                leases.release(lease);
+                leases.release(id.into());
                 concurrency::reward(leases, now, 0)
             }
             _ => self.reward(now, policy, units),
@@ -393,10 +396,10 @@ impl MemoryStore {
                     }
                 }
             }
-            Command::Refund { lease, units } => {
+            Command::Refund { id, units } => {
                 let units = algorithm::units(units);
                 if let Some(entry) = shard.keys[algorithm].find_mut(hash, |e| &*e.key == key) {
-                    entry.expires_at = entry.state.refund(now, policy, lease, units);
+                    entry.expires_at = entry.state.refund(now, policy, id, units);
                 }
             }
             Command::Peek => {}

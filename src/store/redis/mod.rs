@@ -633,7 +633,7 @@ impl Store for RedisStore {
         // An admitted sliding-log check carries the id of its entries: what
         // a refund of it removes.
         if decision.allowed() && policy.algorithm() == Algorithm::SlidingLog {
-            return Ok(decision.with_lease(lease));
+            return Ok(decision.with_entries(lease.into()));
         }
         Ok(decision)
     }

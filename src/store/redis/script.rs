@@ -368,8 +368,8 @@ pub(super) async fn command<C: ConnectionLike>(
         Command::Block(duration) => ("block", algorithm::block_micros(duration)),
         Command::Penalty(units) => ("penalty", algorithm::units(units)),
         Command::Reward(units) => ("reward", algorithm::units(units)),
-        Command::Refund { lease, units } => {
-            refunded = Some(member(lease));
+        Command::Refund { id, units } => {
+            refunded = Some(member(id.into()));
             ("refund", algorithm::units(units))
         }
     };

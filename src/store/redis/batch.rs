@@ -23,7 +23,7 @@ use std::time::Duration;
 use redis::Value;
 use tokio::sync::oneshot;
 
-use super::connection::{Source, is_connection_error, is_demoted};
+use super::connection::{Connections, is_connection_error, is_demoted};
 use super::script::{self, BatchItem, Keys};
 use super::{MAX_REDIRECTS, REDIRECT_PAUSE, not_run};
 use crate::decision::Decision;
@@ -70,7 +70,12 @@ impl Batcher {
     }
 
     /// Queue a check; start a batch when fewer than the limit are in flight.
-    pub(super) fn submit(self: &Arc<Self>, source: &Source, timeout: Duration, waiting: Waiting) {
+    pub(super) fn submit(
+        self: &Arc<Self>,
+        connections: &Connections,
+        timeout: Duration,
+        waiting: Waiting,
+    ) {
         let start = {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             state.queue.push(waiting);
@@ -89,7 +94,7 @@ impl Batcher {
                 batcher: Arc::clone(self),
                 armed: true,
             };
-            tokio::spawn(Arc::clone(self).send_while_queued(source.clone(), timeout, guard));
+            tokio::spawn(Arc::clone(self).send_while_queued(connections.clone(), timeout, guard));
         }
     }
 
@@ -99,7 +104,7 @@ impl Batcher {
     /// task; every check also waits within its own store's timeout.)
     async fn send_while_queued(
         self: Arc<Self>,
-        source: Source,
+        connections: Connections,
         timeout: Duration,
         mut guard: Running,
     ) {
@@ -114,12 +119,12 @@ impl Batcher {
                 let take = state.queue.len().min(MAX_BATCH);
                 state.queue.drain(..take).collect()
             };
-            self.decide(&source, timeout, batch).await;
+            self.decide(&connections, timeout, batch).await;
         }
     }
 
     /// Send one batch and answer each of its checks.
-    async fn decide(&self, source: &Source, timeout: Duration, batch: Vec<Waiting>) {
+    async fn decide(&self, connections: &Connections, timeout: Duration, batch: Vec<Waiting>) {
         // A check whose caller gave up is not sent: it would count an
         // admission nobody is told of.
         let batch: Vec<Waiting> = batch
@@ -129,7 +134,7 @@ impl Batcher {
         if batch.is_empty() {
             return;
         }
-        let sent = tokio::time::timeout(timeout, self.send(source, &batch))
+        let sent = tokio::time::timeout(timeout, self.send(connections, &batch))
             .await
             .unwrap_or(Err(StoreError::Timeout(timeout)));
         match sent {
@@ -155,7 +160,11 @@ impl Batcher {
 
     /// One `EVALSHA` for the batch, sent again only when Redis refused it
     /// before running it.
-    async fn send(&self, source: &Source, batch: &[Waiting]) -> Result<Vec<Value>, StoreError> {
+    async fn send(
+        &self,
+        connections: &Connections,
+        batch: &[Waiting],
+    ) -> Result<Vec<Value>, StoreError> {
         let items: Vec<BatchItem<'_>> = batch
             .iter()
             .map(|waiting| BatchItem {
@@ -169,7 +178,7 @@ impl Batcher {
         let cmd = script::batch_command(self.script, &items);
         let mut redirects = 0;
         loop {
-            let mut conn = source.get().await?;
+            let mut conn = connections.get().await?;
             match script::run_batch(conn.get(), self.script, &cmd).await {
                 Err(error) if not_run(&error) && redirects < MAX_REDIRECTS => {
                     if is_demoted(&error) {

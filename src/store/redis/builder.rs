@@ -8,7 +8,7 @@ use bb8_redis::bb8;
 use redis::IntoConnectionInfo;
 use redis::{ErrorKind, RedisError};
 
-use super::connection::{Source, TrackedManager};
+use super::connection::{Connections, TrackedManager};
 use super::{CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, RedisStore};
 use crate::store::StoreError;
 
@@ -207,7 +207,7 @@ impl RedisStoreBuilder {
         store
             .with_timeout_do(store.clock.measure(conn.conn()))
             .await?;
-        if let Source::Tracked(pool, _) = &store.source {
+        if let Connections::Tracked(pool, _) = &store.connections {
             // Fails only when the pool is full, and it is empty.
             let _ = pool.add(conn);
         }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::connection::{AnyConn, Source, is_connection_error};
+use super::connection::{AnyConn, Connections, is_connection_error};
 use crate::store::StoreError;
 
 /// How many times a clean-up in the background tries to remove its entries.
@@ -25,7 +25,7 @@ const BACKGROUND_PAUSE: Duration = Duration::from_millis(100);
 /// retry's own).
 pub(super) struct Cleanup {
     conn: Option<AnyConn>,
-    source: Source,
+    connections: Connections,
     key: String,
     members: Vec<String>,
     timeout: Duration,
@@ -35,10 +35,15 @@ pub(super) struct Cleanup {
 impl Cleanup {
     /// A clean-up of `members` of `key`, armed: it runs when dropped unless
     /// disarmed, once it is bound to a connection.
-    pub(super) fn new(source: &Source, key: &str, members: Vec<String>, timeout: Duration) -> Self {
+    pub(super) fn new(
+        connections: &Connections,
+        key: &str,
+        members: Vec<String>,
+        timeout: Duration,
+    ) -> Self {
         Self {
             conn: None,
-            source: source.clone(),
+            connections: connections.clone(),
             key: key.to_owned(),
             members,
             timeout,
@@ -68,7 +73,7 @@ impl Cleanup {
         let Some(conn) = self.conn.clone() else {
             return;
         };
-        let removal = remove(conn, &self.source, &self.key, &self.members);
+        let removal = remove(conn, &self.connections, &self.key, &self.members);
         match tokio::time::timeout(budget, removal).await {
             Ok(Ok(())) => {}
             Ok(Err(error)) => tracing::warn!(
@@ -96,7 +101,7 @@ impl Drop for Cleanup {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let source = self.source.clone();
+        let connections = self.connections.clone();
         let key = std::mem::take(&mut self.key);
         let members = std::mem::take(&mut self.members);
         let timeout = self.timeout;
@@ -109,7 +114,7 @@ impl Drop for Cleanup {
                 if attempt > 0 {
                     tokio::time::sleep(BACKGROUND_PAUSE).await;
                 }
-                let removal = remove(conn.clone(), &source, &key, &members);
+                let removal = remove(conn.clone(), &connections, &key, &members);
                 match tokio::time::timeout(timeout, removal).await {
                     Ok(Ok(())) => return,
                     Ok(Err(error)) if !is_connection_error(&error) => {
@@ -131,16 +136,16 @@ impl Drop for Cleanup {
 }
 
 /// `ZREM` the members on `conn`; when `conn` is broken, on a fresh
-/// connection from `source`.
+/// connection from `connections`.
 async fn remove(
     mut conn: AnyConn,
-    source: &Source,
+    connections: &Connections,
     key: &str,
     members: &[String],
 ) -> Result<(), StoreError> {
     match zrem(&mut conn, key, members).await {
         Err(error) if is_connection_error(&error) => {
-            let mut fresh = source.get().await?;
+            let mut fresh = connections.get().await?;
             let removed = zrem(fresh.get(), key, members).await;
             if let Err(error) = &removed
                 && is_connection_error(error)

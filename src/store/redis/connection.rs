@@ -251,9 +251,10 @@ impl ConnectionLike for AnyConn {
     }
 }
 
-/// The pool behind a RedisStore.
+/// Where a RedisStore's connections come from: a pool, one
+/// self-reconnecting connection, or a cluster connection.
 #[derive(Clone)]
-pub(super) enum Source {
+pub(super) enum Connections {
     /// Built by `connect`: broken connections are dropped, no checkout PING.
     Tracked(Pool<TrackedManager>, Arc<Refusals>),
     /// A bb8-redis pool passed to `from_pool`: its own settings apply (bb8
@@ -268,7 +269,7 @@ pub(super) enum Source {
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
-impl Source {
+impl Connections {
     /// A connection for one check. Pooled connections are multiplexed: the
     /// check runs on a clone, and the pooled connection goes back at once,
     /// so checks in flight are not bounded by the pool size (bb8 hands a
@@ -452,7 +453,7 @@ fn run_error(error: RunError<RedisError>) -> StoreError {
     }
 }
 
-/// A connection taken from a [`Source`] for one check.
+/// A connection taken from [`Connections`] for one call.
 pub(super) struct Conn {
     any: AnyConn,
     /// How to retire a pooled [`TrackedConnection`] that failed: its

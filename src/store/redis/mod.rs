@@ -39,7 +39,7 @@ pub use script::{
 use batch::{Batchers, Waiting};
 use cleanup::Cleanup;
 use clock_sync::ClockSync;
-use connection::{Source, is_connection_error, is_demoted};
+use connection::{Connections, is_connection_error, is_demoted};
 use reply::member;
 
 /// The default bound on every Redis call (pool checkout included).
@@ -86,7 +86,7 @@ pub(crate) const DEFAULT_BATCHES_IN_FLIGHT: usize = 2;
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
-    source: Source,
+    connections: Connections,
     prefix: Arc<str>,
     timeout: Duration,
     clock: Arc<ClockSync>,
@@ -100,7 +100,7 @@ impl fmt::Debug for RedisStore {
         f.debug_struct("RedisStore")
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
-            .field("pool", &self.source.state())
+            .field("pool", &self.connections.state())
             .field("batched", &self.batchers.is_some())
             .finish_non_exhaustive()
     }
@@ -205,7 +205,7 @@ impl RedisStore {
     /// Nothing is sent until the first check, which also measures the offset
     /// to Redis's clock.
     pub fn from_pool(pool: Pool<RedisConnectionManager>) -> Self {
-        Self::from_source(Source::Bb8Redis(pool, Arc::default()))
+        Self::from_connections(Connections::Bb8Redis(pool, Arc::default()))
     }
 
     /// Use a bb8 pool of [`TrackedManager`] built with your own settings
@@ -224,7 +224,7 @@ impl RedisStore {
     /// # Ok(()) }
     /// ```
     pub fn from_tracked_pool(pool: Pool<TrackedManager>) -> Self {
-        Self::from_source(Source::Tracked(pool, Arc::default()))
+        Self::from_connections(Connections::Tracked(pool, Arc::default()))
     }
 
     /// Use one multiplexed [`redis::aio::ConnectionManager`]: every check is
@@ -254,7 +254,7 @@ impl RedisStore {
     /// # Ok(()) }
     /// ```
     pub fn from_connection_manager(manager: redis::aio::ConnectionManager) -> Self {
-        Self::from_source(Source::Manager(manager))
+        Self::from_connections(Connections::Manager(manager))
     }
 
     /// Connect to a Redis Cluster through any of its nodes (`nodes` are
@@ -324,15 +324,15 @@ impl RedisStore {
     /// check, or an operator's penalty or reward, twice.
     #[cfg(feature = "cluster")]
     pub fn from_cluster_connection(conn: redis::cluster_async::ClusterConnection) -> Self {
-        Self::from_source(Source::Cluster(conn))
+        Self::from_connections(Connections::Cluster(conn))
     }
 
-    fn from_source(source: Source) -> Self {
+    fn from_connections(connections: Connections) -> Self {
         let batchers =
-            (!source.is_cluster()).then(|| Arc::new(Batchers::new(DEFAULT_BATCHES_IN_FLIGHT)));
+            (!connections.is_cluster()).then(|| Arc::new(Batchers::new(DEFAULT_BATCHES_IN_FLIGHT)));
         Self {
             batchers,
-            source,
+            connections,
             prefix: Arc::from(DEFAULT_PREFIX),
             timeout: DEFAULT_TIMEOUT,
             clock: Arc::new(ClockSync::new(
@@ -399,7 +399,7 @@ impl RedisStore {
     /// log and the concurrency limit are checked one by one.
     #[must_use]
     pub fn with_batches(mut self, in_flight: usize) -> Self {
-        self.batchers = (!self.source.is_cluster() && in_flight > 0)
+        self.batchers = (!self.connections.is_cluster() && in_flight > 0)
             .then(|| Arc::new(Batchers::new(in_flight)));
         self
     }
@@ -441,9 +441,9 @@ impl RedisStore {
     /// Redis unreachable, or no answer within the timeout.
     pub async fn ping(&self) -> Result<(), StoreError> {
         self.with_timeout_do(async {
-            let mut conn = self.source.get().await?;
+            let mut conn = self.connections.get().await?;
             #[cfg(feature = "cluster")]
-            if let Source::Cluster(cluster) = &self.source {
+            if let Connections::Cluster(cluster) = &self.connections {
                 return connection::ping_every_master(&mut cluster.clone())
                     .await
                     .map_err(StoreError::from);
@@ -514,7 +514,7 @@ impl Store for RedisStore {
                 policy: policy.clone(),
                 reply,
             };
-            batcher.submit(&self.source, self.timeout, waiting);
+            batcher.submit(&self.connections, self.timeout, waiting);
             return match tokio::time::timeout(self.timeout, answer).await {
                 Ok(Ok(decision)) => decision,
                 Ok(Err(_)) => Err(StoreError::UnexpectedReply(
@@ -541,13 +541,13 @@ impl Store for RedisStore {
         // admission that counts once, as the fail mode decides.)
         let mut pending = match (policy.algorithm(), policy.execution()) {
             (Algorithm::SlidingLog, Execution::Transaction) => Some(Cleanup::new(
-                &self.source,
+                &self.connections,
                 &redis_key,
                 sliding_log::members(&id, policy.cost()),
                 self.timeout,
             )),
             (Algorithm::Concurrency, _) => Some(Cleanup::new(
-                &self.source,
+                &self.connections,
                 &redis_key,
                 vec![id.clone()],
                 self.timeout,
@@ -559,7 +559,7 @@ impl Store for RedisStore {
                 let mut retried = false;
                 let mut redirects = 0;
                 loop {
-                    let mut conn = self.source.get().await?;
+                    let mut conn = self.connections.get().await?;
                     if let Some(pending) = &mut pending {
                         pending.bind(conn.get());
                     }
@@ -660,7 +660,7 @@ impl RedisStore {
             let mut retried = false;
             let mut redirects = 0;
             loop {
-                let mut conn = self.source.get().await?;
+                let mut conn = self.connections.get().await?;
                 match script::command(conn.get(), keys, policy, command, &id).await {
                     Err(error)
                         if is_connection_error(&error)
@@ -701,7 +701,7 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         let redis_key = self.redis_key(policy.algorithm().tag(), key);
         self.with_timeout_do(async {
-            let mut conn = self.source.get().await?;
+            let mut conn = self.connections.get().await?;
             let released = script::release(conn.get(), &redis_key, lease).await;
             if let Err(error) = &released
                 && is_connection_error(error)

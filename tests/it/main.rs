@@ -13,6 +13,7 @@ mod command_faults;
 mod commands;
 mod concurrency_store;
 mod conformance;
+mod demotion;
 mod deny_cache;
 mod example_server;
 mod faults;

@@ -23,9 +23,9 @@ use std::time::Duration;
 use redis::Value;
 use tokio::sync::oneshot;
 
-use super::connection::{Connections, is_connection_error, is_demoted};
+use super::call::Call;
+use super::connection::Connections;
 use super::script::{self, BatchItem, Keys};
-use super::{MAX_REDIRECTS, REDIRECT_PAUSE, not_run};
 use crate::decision::Decision;
 use crate::policy::{Algorithm, Policy};
 use crate::store::StoreError;
@@ -134,9 +134,7 @@ impl Batcher {
         if batch.is_empty() {
             return;
         }
-        let sent = tokio::time::timeout(timeout, self.send(connections, &batch))
-            .await
-            .unwrap_or(Err(StoreError::Timeout(timeout)));
+        let sent = self.send(connections, timeout, &batch).await;
         match sent {
             Ok(replies) if replies.len() == batch.len() => {
                 for (waiting, reply) in batch.into_iter().zip(replies) {
@@ -158,11 +156,16 @@ impl Batcher {
         }
     }
 
-    /// One `EVALSHA` for the batch, sent again only when Redis refused it
-    /// before running it.
+    /// One `EVALSHA` for the batch, within `timeout`, sent again only when
+    /// Redis refused it before running it. Each check runs in its own
+    /// `pcall`, so a replica's `READONLY` comes back as the checks' errors,
+    /// not the batch's. A replica wrote nothing: the checks it answered
+    /// without an error counted nothing either, and the batch goes again,
+    /// on a new connection.
     async fn send(
         &self,
         connections: &Connections,
+        timeout: Duration,
         batch: &[Waiting],
     ) -> Result<Vec<Value>, StoreError> {
         let items: Vec<BatchItem<'_>> = batch
@@ -175,42 +178,15 @@ impl Batcher {
                 policy: &waiting.policy,
             })
             .collect();
-        let cmd = script::batch_command(self.script, &items);
-        let mut redirects = 0;
-        loop {
-            let mut conn = connections.get().await?;
-            match script::run_batch(conn.get(), self.script, &cmd).await {
-                Err(error) if not_run(&error) && redirects < MAX_REDIRECTS => {
-                    if is_demoted(&error) {
-                        conn.mark_broken();
-                    }
-                    redirects += 1;
-                    tracing::debug!(%error, "redis did not run the batch; sending it again");
-                    tokio::time::sleep(REDIRECT_PAUSE * redirects).await;
-                }
-                Err(error) => {
-                    if is_connection_error(&error) || is_demoted(&error) {
-                        conn.mark_broken();
-                    }
-                    return Err(error);
-                }
-                Ok(replies) if replies.iter().any(script::refused_as_replica) => {
-                    // Each check runs in its own `pcall`, so a replica's
-                    // `READONLY` comes back as the checks' errors, not the
-                    // batch's. A replica wrote nothing: the checks it
-                    // answered without an error counted nothing either, and
-                    // the batch goes again, on a new connection.
-                    conn.mark_broken();
-                    if redirects == MAX_REDIRECTS {
-                        return Ok(replies);
-                    }
-                    redirects += 1;
-                    tracing::debug!("redis answered the batch as a replica; sending it again");
-                    tokio::time::sleep(REDIRECT_PAUSE * redirects).await;
-                }
-                Ok(replies) => return Ok(replies),
-            }
-        }
+        let eval = script::batch(self.script, &items);
+        Call::new(connections, timeout, "batch")
+            .script(Some(eval.script()))
+            .replica_reply(|replies: &Vec<Value>| replies.iter().any(script::refused_as_replica))
+            .run(|mut conn| {
+                let eval = &eval;
+                async move { eval.send(conn.get()).await }
+            })
+            .await
     }
 }
 

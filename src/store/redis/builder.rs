@@ -8,6 +8,7 @@ use bb8_redis::bb8;
 use redis::IntoConnectionInfo;
 use redis::{ErrorKind, RedisError};
 
+use super::call::within;
 use super::connection::{Connections, TrackedManager};
 use super::{CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, RedisStore};
 use crate::store::StoreError;
@@ -204,9 +205,7 @@ impl RedisStoreBuilder {
             .connection_timeout(CONNECT_TIMEOUT)
             .build_unchecked(manager);
         let store = RedisStore::from_tracked_pool(pool);
-        store
-            .with_timeout_do(store.clock.measure(conn.conn()))
-            .await?;
+        within(store.timeout, store.clock.measure(conn.conn())).await?;
         if let Connections::Tracked(pool, _) = &store.connections {
             // Fails only when the pool is full, and it is empty.
             let _ = pool.add(conn);
@@ -259,9 +258,7 @@ impl RedisStoreBuilder {
         .unwrap_or(Err(StoreError::Timeout(CONNECT_TIMEOUT)))?;
         let mut measuring = conn.clone();
         let store = RedisStore::from_cluster_connection(conn);
-        store
-            .with_timeout_do(store.clock.measure(&mut measuring))
-            .await?;
+        within(store.timeout, store.clock.measure(&mut measuring)).await?;
         Ok(store)
     }
 

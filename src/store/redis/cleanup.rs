@@ -1,9 +1,13 @@
 //! Taking a request's entries (or its lease) back out of a sorted set when
 //! the request must not count.
 
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use super::connection::{AnyConn, Connections, is_connection_error};
+use redis::aio::ConnectionLike;
+
+use super::call::Call;
+use super::connection::{Conn, Connections, is_connection_error};
 use crate::store::StoreError;
 
 /// How many times a clean-up in the background tries to remove its entries.
@@ -24,7 +28,9 @@ const BACKGROUND_PAUSE: Duration = Duration::from_millis(100);
 /// retried leaves nothing to clean up behind the retry (its entries are the
 /// retry's own).
 pub(super) struct Cleanup {
-    conn: Option<AnyConn>,
+    /// The connection of the request's last attempt (bound as each
+    /// attempt goes out, from inside the send loop).
+    conn: Mutex<Option<Conn>>,
     connections: Connections,
     key: String,
     members: Vec<String>,
@@ -42,7 +48,7 @@ impl Cleanup {
         timeout: Duration,
     ) -> Self {
         Self {
-            conn: None,
+            conn: Mutex::new(None),
             connections: connections.clone(),
             key: key.to_owned(),
             members,
@@ -52,8 +58,16 @@ impl Cleanup {
     }
 
     /// The request's next attempt goes out on `conn`.
-    pub(super) fn bind(&mut self, conn: &AnyConn) {
-        self.conn = Some(conn.clone());
+    pub(super) fn bind(&self, conn: &Conn) {
+        *self.conn.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
+    }
+
+    /// The connection it is bound to.
+    fn bound(&self) -> Option<Conn> {
+        self.conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// The members this guard takes out.
@@ -70,20 +84,19 @@ impl Cleanup {
     /// logged. Cut short (by `budget`, or a dropped future), the guard is
     /// dropped still armed, and the removal goes on in a spawned task.
     pub(super) async fn run(self, budget: Duration) {
-        let Some(conn) = self.conn.clone() else {
+        let Some(conn) = self.bound() else {
             return;
         };
-        let removal = remove(conn, &self.connections, &self.key, &self.members);
-        match tokio::time::timeout(budget, removal).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::warn!(
-                %error,
-                "could not remove a denied request's entry; it counts until its window passes"
-            ),
-            Err(_) => {
+        match remove(conn, &self.connections, budget, &self.key, &self.members).await {
+            Ok(()) => {}
+            Err(StoreError::Timeout(_)) => {
                 tracing::debug!("removing a denied request's entry goes on in the background");
                 return;
             }
+            Err(error) => tracing::warn!(
+                %error,
+                "could not remove a denied request's entry; it counts until its window passes"
+            ),
         }
         let mut done = self;
         done.armed = false;
@@ -95,7 +108,7 @@ impl Drop for Cleanup {
         if !self.armed {
             return;
         }
-        let Some(conn) = self.conn.take() else {
+        let Some(conn) = self.bound() else {
             return;
         };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -114,15 +127,14 @@ impl Drop for Cleanup {
                 if attempt > 0 {
                     tokio::time::sleep(BACKGROUND_PAUSE).await;
                 }
-                let removal = remove(conn.clone(), &connections, &key, &members);
-                match tokio::time::timeout(timeout, removal).await {
-                    Ok(Ok(())) => return,
-                    Ok(Err(error)) if !is_connection_error(&error) => {
+                match remove(conn.clone(), &connections, timeout, &key, &members).await {
+                    Ok(()) => return,
+                    Err(error @ StoreError::Timeout(_)) => last = Some(error),
+                    Err(error) if !is_connection_error(&error) => {
                         last = Some(error);
                         break;
                     }
-                    Ok(Err(error)) => last = Some(error),
-                    Err(_) => last = Some(StoreError::Timeout(timeout)),
+                    Err(error) => last = Some(error),
                 }
             }
             if let Some(error) = last {
@@ -135,30 +147,30 @@ impl Drop for Cleanup {
     }
 }
 
-/// `ZREM` the members on `conn`; when `conn` is broken, on a fresh
-/// connection from `connections`.
+/// `ZREM` the members, within `timeout`: first on `conn` (after the
+/// request's own commands), then, should that fail, on fresh connections
+/// (removing them twice does what removing them once does).
 async fn remove(
-    mut conn: AnyConn,
+    conn: Conn,
     connections: &Connections,
+    timeout: Duration,
     key: &str,
     members: &[String],
 ) -> Result<(), StoreError> {
-    match zrem(&mut conn, key, members).await {
-        Err(error) if is_connection_error(&error) => {
-            let mut fresh = connections.get().await?;
-            let removed = zrem(fresh.get(), key, members).await;
-            if let Err(error) = &removed
-                && is_connection_error(error)
-            {
-                fresh.mark_broken();
-            }
-            removed
-        }
-        other => other,
-    }
+    Call::new(connections, timeout, "clean-up")
+        .repeatable(true)
+        .first_on(conn)
+        .run(|mut conn| async move { zrem(conn.get(), key, members).await })
+        .await
 }
 
-async fn zrem(conn: &mut AnyConn, key: &str, members: &[String]) -> Result<(), StoreError> {
+/// `ZREM key members…`: take a request's entries, or a lease, out of a
+/// sorted set.
+pub(super) async fn zrem<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    members: &[String],
+) -> Result<(), StoreError> {
     redis::cmd("ZREM")
         .arg(key)
         .arg(members)

@@ -453,7 +453,9 @@ fn run_error(error: RunError<RedisError>) -> StoreError {
     }
 }
 
-/// A connection taken from [`Connections`] for one call.
+/// A connection taken from [`Connections`] for one call. Cloning shares
+/// it, and how to retire it.
+#[derive(Clone)]
 pub(super) struct Conn {
     any: AnyConn,
     /// How to retire a pooled [`TrackedConnection`] that failed: its

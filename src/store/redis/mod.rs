@@ -18,6 +18,7 @@ use crate::store::{Command, Store, StoreError, bounded_key};
 
 mod batch;
 mod builder;
+mod call;
 mod cleanup;
 mod clock_sync;
 mod connection;
@@ -37,9 +38,10 @@ pub use script::{
 };
 
 use batch::{Batchers, Waiting};
+use call::Call;
 use cleanup::Cleanup;
 use clock_sync::ClockSync;
-use connection::{Connections, is_connection_error, is_demoted};
+use connection::Connections;
 use reply::member;
 
 /// The default bound on every Redis call (pool checkout included).
@@ -440,32 +442,22 @@ impl RedisStore {
     /// # Errors
     /// Redis unreachable, or no answer within the timeout.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        self.with_timeout_do(async {
-            let mut conn = self.connections.get().await?;
-            #[cfg(feature = "cluster")]
-            if let Connections::Cluster(cluster) = &self.connections {
-                return connection::ping_every_master(&mut cluster.clone())
-                    .await
-                    .map_err(StoreError::from);
-            }
-            let pong = redis::cmd("PING").query_async::<()>(conn.get()).await;
-            if let Err(error) = &pong
-                && (error.is_io_error() || error.is_connection_dropped())
-            {
-                conn.mark_broken();
-            }
-            pong.map_err(StoreError::from)
-        })
-        .await
+        self.call("ping")
+            .run(|mut conn| async move {
+                #[cfg(feature = "cluster")]
+                if let Connections::Cluster(cluster) = &self.connections {
+                    return connection::ping_every_master(&mut cluster.clone())
+                        .await
+                        .map_err(StoreError::from);
+                }
+                Ok(redis::cmd("PING").query_async::<()>(conn.get()).await?)
+            })
+            .await
     }
 
-    async fn with_timeout_do<T>(
-        &self,
-        work: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        tokio::time::timeout(self.timeout, work)
-            .await
-            .unwrap_or(Err(StoreError::Timeout(self.timeout)))
+    /// A call on this store's connections, within its timeout.
+    fn call<T>(&self, what: &'static str) -> Call<'_, T> {
+        Call::new(&self.connections, self.timeout, what)
     }
 }
 
@@ -532,6 +524,10 @@ impl Store for RedisStore {
         };
         let lease = self.ids.next();
         let id = member(lease);
+        let eval = match (policy.algorithm(), policy.execution()) {
+            (Algorithm::SlidingLog, Execution::Transaction) => None,
+            _ => Some(script::check(keys, policy, &id)?),
+        };
         // The entries the sliding log's transaction writes, or the lease the
         // concurrency limit takes: the same on every attempt, so a retry
         // after a lost reply counts once. Until the outcome is known, an
@@ -539,7 +535,7 @@ impl Store for RedisStore {
         // the last attempt's commands on the same connection. (The script
         // writes only admitted requests: an error after it ran leaves an
         // admission that counts once, as the fail mode decides.)
-        let mut pending = match (policy.algorithm(), policy.execution()) {
+        let pending = match (policy.algorithm(), policy.execution()) {
             (Algorithm::SlidingLog, Execution::Transaction) => Some(Cleanup::new(
                 &self.connections,
                 &redis_key,
@@ -554,67 +550,37 @@ impl Store for RedisStore {
             )),
             _ => None,
         };
+        // A connection broken by a Redis restart or a lost reply: the check
+        // is sent again where a repeat is harmless (the request's entries
+        // or lease are the same). The counters and GCRA would count it
+        // twice: their failure goes to the fail mode instead.
         let decision = self
-            .with_timeout_do(async {
-                let mut retried = false;
-                let mut redirects = 0;
-                loop {
-                    let mut conn = self.connections.get().await?;
-                    if let Some(pending) = &mut pending {
-                        pending.bind(conn.get());
-                    }
-                    let members = pending.as_ref().map_or(&[][..], Cleanup::members);
-                    let result = match (policy.algorithm(), policy.execution()) {
-                        (Algorithm::SlidingLog, Execution::Transaction) => {
-                            sliding_log::transaction(
-                                conn.get(),
-                                keys,
-                                policy,
-                                members,
-                                &self.clock,
-                            )
-                            .await
+            .call("check")
+            .script(eval.as_ref().map(script::Eval::script))
+            .repeatable(idempotent(policy.algorithm()))
+            .run(|mut conn| {
+                let pending = pending.as_ref();
+                if let Some(pending) = pending {
+                    pending.bind(&conn);
+                }
+                let members = pending.map_or(&[][..], Cleanup::members);
+                let (eval, clock) = (eval.as_ref(), &self.clock);
+                async move {
+                    match eval {
+                        None => {
+                            sliding_log::transaction(conn.get(), keys, policy, members, clock).await
                         }
-                        _ => script::check(conn.get(), keys, policy, lease, &id).await,
-                    };
-                    match result {
-                        // A connection broken by a Redis restart or a lost
-                        // reply: drop it and try once more on a fresh one,
-                        // where a repeat is harmless (the request's entries
-                        // or lease are the same). The counters and GCRA would
-                        // count it twice: their failure goes to the fail mode
-                        // instead.
-                        Err(error)
-                            if is_connection_error(&error)
-                                && !retried
-                                && idempotent(policy.algorithm()) =>
-                        {
-                            conn.mark_broken();
-                            retried = true;
-                            tracing::debug!(%error, "redis connection failed; retrying on a fresh one");
-                        }
-                        // Refused before it ran (a cluster redirect, a node
-                        // loading or failing over): any check may be sent
-                        // again, a few times.
-                        Err(error) if not_run(&error) && redirects < MAX_REDIRECTS => {
-                            if is_demoted(&error) {
-                                conn.mark_broken();
-                            }
-                            redirects += 1;
-                            tracing::debug!(%error, "redis did not run the check; sending it again");
-                            tokio::time::sleep(REDIRECT_PAUSE * redirects).await;
-                        }
-                        Err(error) => {
-                            if is_connection_error(&error) || is_demoted(&error) {
-                                conn.mark_broken();
-                            }
-                            return Err(error);
-                        }
-                        Ok(done) => return Ok(done),
+                        Some(eval) => script::decode(&eval.send(conn.get()).await?, policy),
                     }
                 }
             })
             .await?;
+        // Admitted by the concurrency limit, the decision holds its lease.
+        let decision = if decision.allowed() && policy.algorithm() == Algorithm::Concurrency {
+            decision.with_lease(lease)
+        } else {
+            decision
+        };
         if let Some(mut pending) = pending {
             if decision.allowed() || policy.algorithm() == Algorithm::Concurrency {
                 // Admitted: the entries count (a lease is the caller's to
@@ -641,8 +607,8 @@ impl Store for RedisStore {
 
 impl RedisStore {
     /// Run an operator's command: one script, atomic, within the timeout;
-    /// sent again only when it cannot have run twice (see
-    /// [`command_idempotent`] and [`not_run`]).
+    /// sent again after a lost reply only when it cannot have run twice
+    /// (see [`command_idempotent`]).
     async fn run_command(
         &self,
         key: &str,
@@ -656,43 +622,20 @@ impl RedisStore {
             block: &block_key,
         };
         let id = member(self.ids.next());
-        self.with_timeout_do(async {
-            let mut retried = false;
-            let mut redirects = 0;
-            loop {
-                let mut conn = self.connections.get().await?;
-                match script::command(conn.get(), keys, policy, command, &id).await {
-                    Err(error)
-                        if is_connection_error(&error)
-                            && !retried
-                            && command_idempotent(command) =>
-                    {
-                        conn.mark_broken();
-                        retried = true;
-                        tracing::debug!(%error, "redis connection failed; sending the command again on a fresh one");
-                    }
-                    Err(error) if not_run(&error) && redirects < MAX_REDIRECTS => {
-                        if is_demoted(&error) {
-                            conn.mark_broken();
-                        }
-                        redirects += 1;
-                        tracing::debug!(%error, "redis did not run the command; sending it again");
-                        tokio::time::sleep(REDIRECT_PAUSE * redirects).await;
-                    }
-                    Err(error) => {
-                        if is_connection_error(&error) || is_demoted(&error) {
-                            conn.mark_broken();
-                        }
-                        return Err(error);
-                    }
-                    Ok(decision) => return Ok(decision),
-                }
-            }
-        })
-        .await
+        let eval = script::command(keys, policy, command, &id)?;
+        self.call("command")
+            .script(Some(eval.script()))
+            .repeatable(command_idempotent(command))
+            .run(|mut conn| {
+                let eval = &eval;
+                async move { script::decode(&eval.send(conn.get()).await?, policy) }
+            })
+            .await
     }
 
-    /// Give back a concurrency lease, within the timeout.
+    /// Give back a concurrency lease (one `ZREM`), within the timeout. Like
+    /// every give-back (a refund), it is not sent again after a connection
+    /// error: whatever happened to it counts at most once.
     async fn release_lease(
         &self,
         key: &str,
@@ -700,17 +643,12 @@ impl RedisStore {
         lease: Lease,
     ) -> Result<(), StoreError> {
         let redis_key = self.redis_key(policy.algorithm().tag(), key);
-        self.with_timeout_do(async {
-            let mut conn = self.connections.get().await?;
-            let released = script::release(conn.get(), &redis_key, lease).await;
-            if let Err(error) = &released
-                && is_connection_error(error)
-            {
-                conn.mark_broken();
-            }
-            released
-        })
-        .await
+        self.call("release")
+            .run(|mut conn| {
+                let redis_key = &redis_key;
+                async move { cleanup::zrem(conn.get(), redis_key, &[member(lease)]).await }
+            })
+            .await
     }
 }
 
@@ -749,34 +687,6 @@ const ACL_COMMANDS: &[&str] = &[
     "+cluster|slots",
     "+asking",
 ];
-
-/// How many times a check Redis refused before running it is sent again.
-const MAX_REDIRECTS: u32 = 3;
-/// The pause before sending it again, times the number of the try.
-const REDIRECT_PAUSE: Duration = Duration::from_millis(5);
-
-/// Whether Redis (or the cluster client) refused `error`'s command before
-/// running any of it, so that sending it again cannot count it twice.
-fn not_run(error: &StoreError) -> bool {
-    use redis::{ErrorKind, ServerErrorKind};
-    let Some(error) = error.backend_error::<redis::RedisError>() else {
-        return false;
-    };
-    matches!(
-        error.kind(),
-        ErrorKind::ClusterConnectionNotFound
-            | ErrorKind::Server(
-                ServerErrorKind::Moved
-                    | ServerErrorKind::Ask
-                    | ServerErrorKind::TryAgain
-                    | ServerErrorKind::ClusterDown
-                    | ServerErrorKind::MasterDown
-                    | ServerErrorKind::ReadOnly
-                    | ServerErrorKind::BusyLoading
-                    | ServerErrorKind::ExecAbort
-            )
-    )
-}
 
 /// The part of a block's Redis key that names it (`{prefix}:block:{key}`).
 const BLOCK_TAG: &str = "block";

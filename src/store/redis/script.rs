@@ -17,7 +17,7 @@ use redis::aio::ConnectionLike;
 use super::reply::{int_reply, member};
 use crate::algorithm;
 use crate::algorithm::CONCURRENCY_RETRY_CAP;
-use crate::decision::{Decision, DecisionBuilder, Lease, RateStatus};
+use crate::decision::{Decision, DecisionBuilder, RateStatus};
 use crate::policy::{Algorithm, Policy, duration_micros};
 use crate::store::{Command, StoreError};
 
@@ -212,47 +212,36 @@ fn algorithm_args(cmd: &mut redis::Cmd, policy: &Policy, id: &str) -> Result<(),
     Ok(())
 }
 
-/// Send an `EVALSHA`; after `NOSCRIPT` (a Redis restarted or flushed since
-/// the script was loaded) load the script and send it again.
-async fn run<C: ConnectionLike>(
-    conn: &mut C,
-    script: &redis::Script,
-    cmd: &redis::Cmd,
-) -> redis::RedisResult<Vec<Value>> {
-    match cmd.query_async(conn).await {
-        Err(error)
-            if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-        {
-            script.load_async(conn).await?;
-            cmd.query_async(conn).await
-        }
-        result => result,
+/// One `EVALSHA` of a script, ready to send (the send loop,
+/// [`Call`](super::call::Call), loads the script after `NOSCRIPT`).
+pub(super) struct Eval {
+    script: &'static redis::Script,
+    cmd: redis::Cmd,
+}
+
+impl Eval {
+    /// The script it runs.
+    pub(super) fn script(&self) -> &'static redis::Script {
+        self.script
+    }
+
+    /// Send it once: the script's reply.
+    pub(super) async fn send<C: ConnectionLike>(
+        &self,
+        conn: &mut C,
+    ) -> Result<Vec<Value>, StoreError> {
+        Ok(self.cmd.query_async(conn).await?)
     }
 }
 
-/// Check one request by `lease` (its id: the sliding log's entries, the
-/// concurrency limit's lease): one `EVALSHA` (reloading the script after
-/// `NOSCRIPT`), atomic, on Redis's clock. Admitted by the concurrency limit,
-/// the decision holds `lease`.
-pub(super) async fn check<C: ConnectionLike>(
-    conn: &mut C,
-    keys: Keys<'_>,
-    policy: &Policy,
-    lease: Lease,
-    id: &str,
-) -> Result<Decision, StoreError> {
+/// The check of one request by `id` (the sliding log's entries, the
+/// concurrency limit's lease): one `EVALSHA`, atomic, on Redis's clock,
+/// whose reply [`decode`] reads.
+pub(super) fn check(keys: Keys<'_>, policy: &Policy, id: &str) -> Result<Eval, StoreError> {
     let script = &scripts(policy.algorithm()).check;
     let mut cmd = evalsha(script, keys);
     algorithm_args(&mut cmd, policy, id)?;
-    let reply = run(conn, script, &cmd).await?;
-    let decision = decode(&reply, policy)?;
-    Ok(
-        if decision.allowed() && policy.algorithm() == Algorithm::Concurrency {
-            decision.with_lease(lease)
-        } else {
-            decision
-        },
-    )
+    Ok(Eval { script, cmd })
 }
 
 /// One check in a batch: its keys and policy.
@@ -263,8 +252,9 @@ pub(super) struct BatchItem<'a> {
 
 /// The `EVALSHA` of `script` (a [`batch_script`]) for a batch of checks,
 /// all on a single Redis: the keys, each distinct policy's arguments once,
-/// and each check's policy when there are several.
-pub(super) fn batch_command(script: &redis::Script, items: &[BatchItem<'_>]) -> redis::Cmd {
+/// and each check's policy when there are several. Its reply holds each
+/// check's reply, in order ([`decode_batched`]).
+pub(super) fn batch(script: &'static redis::Script, items: &[BatchItem<'_>]) -> Eval {
     let key_bytes: usize = items
         .iter()
         .map(|item| item.keys.state.len() + item.keys.block.len())
@@ -306,17 +296,7 @@ pub(super) fn batch_command(script: &redis::Script, items: &[BatchItem<'_>]) -> 
             cmd.arg(index);
         }
     }
-    cmd
-}
-
-/// Send a batch's `EVALSHA` of `script` (reloading it after `NOSCRIPT`):
-/// the reply of each check, in order.
-pub(super) async fn run_batch<C: ConnectionLike>(
-    conn: &mut C,
-    script: &redis::Script,
-    cmd: &redis::Cmd,
-) -> Result<Vec<Value>, StoreError> {
-    Ok(run(conn, script, cmd).await?)
+    Eval { script, cmd }
 }
 
 /// The decision of one check's reply in a batch: as [`decode`], and
@@ -349,16 +329,15 @@ pub(super) fn refused_as_replica(reply: &Value) -> bool {
             if message.starts_with(b"READONLY")))
 }
 
-/// Run an operator's command: one `EVALSHA` of the algorithm's command
-/// script, atomic, on Redis's clock. `id` names the members a penalty
-/// writes (unique across processes).
-pub(super) async fn command<C: ConnectionLike>(
-    conn: &mut C,
+/// An operator's command: one `EVALSHA` of the algorithm's command script,
+/// atomic, on Redis's clock, whose reply [`decode`] reads. `id` names the
+/// members a penalty writes (unique across processes).
+pub(super) fn command(
     keys: Keys<'_>,
     policy: &Policy,
     command: Command,
     id: &str,
-) -> Result<Decision, StoreError> {
+) -> Result<Eval, StoreError> {
     let script = &scripts(policy.algorithm()).command;
     let mut cmd = evalsha(script, keys);
     let mut refunded = None;
@@ -379,23 +358,7 @@ pub(super) async fn command<C: ConnectionLike>(
         .arg(refunded.as_deref().unwrap_or(id));
     // The request id of the algorithm's arguments: one no request holds.
     algorithm_args(&mut cmd, policy, id)?;
-    let reply = run(conn, script, &cmd).await?;
-    decode(&reply, policy)
-}
-
-/// Give a concurrency lease back: one `ZREM`. Releasing a lease that
-/// expired or was already released does nothing.
-pub(super) async fn release<C: ConnectionLike>(
-    conn: &mut C,
-    key: &str,
-    lease: Lease,
-) -> Result<(), StoreError> {
-    redis::cmd("ZREM")
-        .arg(key)
-        .arg(member(lease))
-        .query_async::<()>(conn)
-        .await?;
-    Ok(())
+    Ok(Eval { script, cmd })
 }
 
 /// The decision of any script's reply:

@@ -8,7 +8,10 @@
 //! - refused before it ran ([`not_run`]: a cluster's `MOVED`/`ASK`, a node
 //!   loading or failing over, a demoted primary's `READONLY`): send again,
 //!   a few times, after a short pause (after `MOVED` the cluster client has
-//!   refreshed its slots);
+//!   refreshed its slots). An `ASK` is sent again the same way, not to the
+//!   importing node after `ASKING`: that node answers `TRYAGAIN` to a
+//!   request of several keys some of which it lacks, and every check and
+//!   command names two (the state and the block, which rarely exists);
 //! - `READONLY` (a primary demoted by a failover): retire the connection,
 //!   so the next goes to the new primary;
 //! - a connection error: retire the connection and, only when running the

@@ -1,8 +1,9 @@
-#![doc = include_str!("../README.md")]
+#![doc = include_str!("docs/crate.md")]
 
 mod algorithm;
 pub mod clock;
 pub mod decision;
+pub mod guide;
 mod http;
 pub mod key;
 pub mod limiter;
@@ -46,3 +47,8 @@ pub use bb8_redis;
 /// The redis crate this one is built on (redis-rs 1.x), so that a
 /// connection, cluster client or error you build matches its version.
 pub use redis;
+
+/// The README's code blocks, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

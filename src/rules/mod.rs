@@ -4,7 +4,7 @@
 //! limiter per rule and policy, replaced whole at runtime); and its
 //! sources, a watched file ([`Rules::watch_file`]) or a versioned key in
 //! Redis ([`publish`], [`Rules::follow_redis`]). The HTTP glue is
-//! [`RulesLayer`]. The README's "Limits as data" holds
+//! [`RulesLayer`]. The [rules guide](crate::guide::rules) describes
 //! the schema.
 //!
 //! ```

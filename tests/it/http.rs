@@ -285,7 +285,7 @@ async fn fallback_headers_describe_the_limit_the_fallback_enforces() {
     assert_eq!(body["violated-policies"], serde_json::json!(["8/10s"]));
 }
 
-/// The whole set-up of the README over a real socket: axum::serve with
+/// The whole set-up of the quick start over a real socket: axum::serve with
 /// ConnectInfo, a plain HTTP/1.1 client.
 #[tokio::test]
 async fn over_a_real_socket() {

@@ -1,6 +1,6 @@
 //! Redis memory per limited key for each algorithm, measured with
 //! `MEMORY USAGE` on a real redis-server. Run with `--nocapture` to print
-//! the table the README shows.
+//! the table BENCHMARKS.md shows.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::support::RedisServer;
@@ -76,7 +76,7 @@ async fn memory_per_key_for_each_algorithm() {
         let cells: Vec<String> = row.iter().map(|b| format!("{b} B")).collect();
         println!("| {algorithm} | {} |", cells.join(" | "));
     }
-    // The shapes the README claims: the log and the leases grow with the
+    // The shapes the policies guide claims: the log and the leases grow with the
     // limit; the counters and GCRA do not.
     for (algorithm, row) in &table {
         match algorithm {

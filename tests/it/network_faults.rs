@@ -13,7 +13,7 @@
 //!    fault heals;
 //!
 //! then the regression tests of issue 12's defects 1, 2, 3, 9 and 10, and the
-//! fault table of the README (run with `--nocapture` to print it).
+//! fault table of BENCHMARKS.md (run with `--nocapture` to print it).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::support;
@@ -905,7 +905,7 @@ async fn defect_3_a_retried_lease_is_not_deleted_by_its_first_attempt() {
 }
 
 // ---------------------------------------------------------------------------
-// The fault table (README): network faults through the layer, per fail mode.
+// The fault table (BENCHMARKS.md): network faults through the layer, per fail mode.
 
 /// The store timeout of the fault table (as in tests/faults.rs).
 const TABLE_TIMEOUT: Duration = Duration::from_millis(100);

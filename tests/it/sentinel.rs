@@ -5,8 +5,8 @@
 //! counts the old primary never replicated are lost, which over-admits a
 //! key by at most those counts, at most one window's limit.
 //!
-//! Each test prints its figures (`--nocapture`): the README's
-//! "Deployments" section quotes them.
+//! Each test prints its figures (`--nocapture`): BENCHMARKS.md's
+//! "Redis Sentinel" section quotes them.
 #![cfg(feature = "sentinel")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

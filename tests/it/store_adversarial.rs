@@ -629,7 +629,7 @@ async fn never_over_with_cost_rates_and_spacing_under_faults() {
 // ---------------------------------------------------------------------------
 // The store timeout bounds a denied check too.
 
-/// README: "Every Redis call (pool checkout and commands together) is
+/// The production guide: "Every Redis call (pool checkout and commands together) is
 /// bounded by a timeout". A `Transaction` denial then takes its entry back
 /// out with a `ZREM`, awaited outside the timeout, within a timeout of its
 /// own: a link that slows down during a denied check (the `EXEC` reply held

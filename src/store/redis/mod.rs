@@ -164,8 +164,8 @@ impl RedisStore {
     /// limiter applies its [`FailMode`](crate::FailMode). Counts written to
     /// the old primary after its last replication are lost with it: for at
     /// most one window, a key may admit up to that many more requests than
-    /// its limit. The README's "Deployments" section has the measured
-    /// figures.
+    /// its limit. The [deployments guide](crate::guide::deployments) says what
+    /// is lost; BENCHMARKS.md has the measured figures.
     ///
     /// For credentials, a database or TLS on the Redis side, pass a
     /// `redis+sentinel://[user:password@]host[:port][,host[:port]…]/service[/db]`

@@ -1,0 +1,33 @@
+#![doc = include_str!("docs/guide/index.md")]
+
+pub mod policies {
+    #![doc = include_str!("docs/guide/policies.md")]
+}
+
+pub mod keys {
+    #![doc = include_str!("docs/guide/keys.md")]
+}
+
+pub mod responses {
+    #![doc = include_str!("docs/guide/responses.md")]
+}
+
+pub mod rules {
+    #![doc = include_str!("docs/guide/rules.md")]
+}
+
+pub mod engine {
+    #![doc = include_str!("docs/guide/engine.md")]
+}
+
+pub mod redis {
+    #![doc = include_str!("docs/guide/redis.md")]
+}
+
+pub mod production {
+    #![doc = include_str!("docs/guide/production.md")]
+}
+
+pub mod deployments {
+    #![doc = include_str!("docs/guide/deployments.md")]
+}

@@ -421,7 +421,12 @@ async fn release(
 #[tokio::test]
 async fn a_huge_penalty_is_capped_where_each_unit_takes_memory() {
     let server = RedisServer::start();
-    let redis = RedisStore::connect(&server.url()).await.unwrap();
+    // The bound under test is the 2 s below, not the default 250 ms timeout,
+    // which a loaded machine can exceed writing 10,000 entries.
+    let redis = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .with_timeout(Duration::from_secs(2));
     let memory = MemoryStore::new();
     for policy in [
         "1000000000/h".parse::<Policy>().unwrap(),

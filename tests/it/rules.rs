@@ -878,7 +878,7 @@ async fn a_cost_is_bounded_by_the_policy_and_ignored_by_a_concurrency_rule() {
     let server = RedisServer::start();
     let rules = rules_on(
         &server,
-        "[[rules]]\nname = \"bytes\"\nkey = \"ip\"\npolicy = \"1000000/h\"\nalgorithm = \"gcra\"\n\
+        "[[rules]]\nname = \"bytes\"\nkey = \"ip\"\npolicy = \"1000000/1000d\"\nalgorithm = \"gcra\"\n\
          [[rules]]\nname = \"slots\"\nkey = \"ip\"\npolicy = \"2/1m\"\nalgorithm = \"concurrency\"\n",
     )
     .await;

@@ -53,6 +53,8 @@ use http::header::HeaderName;
 use crate::limiter::LocalQuota;
 use crate::policy::Policy;
 
+mod admission;
+mod check;
 mod engine;
 mod json;
 mod target;
@@ -63,7 +65,9 @@ use target::Target;
 use validate::RuleSetSpec;
 
 pub use crate::http::{RuleLimit, RulesLayer};
-pub use engine::{ActiveRules, Admission, Call, Rules, RulesCheck};
+pub use admission::Admission;
+pub use check::RulesCheck;
+pub use engine::{ActiveRules, Call, Rules};
 pub use watch::{PublishError, Watch, WatchStatus, publish};
 
 /// The longest `block` a rule may set: a day. (A typo of `15d` for `15m`

@@ -25,7 +25,7 @@ pub(super) struct Planned {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-/// The future of [`ActiveRules::check`].
+/// The future of [`ActiveRules::check`](super::ActiveRules::check).
 #[must_use = "a check does nothing unless awaited"]
 pub struct RulesCheck {
     state: Option<Result<Admission, BoxFuture<Result<Admission, LimitError>>>>,

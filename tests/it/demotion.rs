@@ -8,24 +8,10 @@
 //! `a_readonly_answer_retires_the_connection_under_every_algorithm`.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::support;
-
-use std::time::{Duration, Instant};
-
-use crate::support::RedisServer;
+use crate::support::{self, RedisServer};
 use tower_redis_ratelimit::policy::Execution;
 use tower_redis_ratelimit::store::Command;
 use tower_redis_ratelimit::{Policy, RedisStore, Store, StoreError};
-
-/// The ids of the connections `CLIENT LIST` shows (the asking one included).
-fn client_ids(server: &RedisServer) -> Vec<u64> {
-    server
-        .command(&["CLIENT", "LIST"])
-        .lines()
-        .filter_map(|line| line.split_whitespace().next()?.strip_prefix("id="))
-        .map(|id| id.parse().unwrap())
-        .collect()
-}
 
 /// Demote `server`, run `call` (which must fail: every write is refused),
 /// promote it again, run one check, and wait until every connection open
@@ -36,7 +22,7 @@ where
     T: std::fmt::Debug,
 {
     let nowhere = support::free_port().to_string();
-    let before = client_ids(server);
+    let before = support::client_ids(server);
     let reply = server.command(&["REPLICAOF", "127.0.0.1", &nowhere]);
     assert!(reply.starts_with("+OK"), "REPLICAOF: {reply}");
     let outcome = call.await;
@@ -59,19 +45,7 @@ where
     );
     // ...and the connection that met the replica is gone (closed when the
     // pool dropped it), not kept for the next call.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let now = client_ids(server);
-        let kept: Vec<_> = before.iter().filter(|id| now.contains(id)).collect();
-        if kept.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: the connection(s) {kept:?} that got READONLY are still open"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    support::wait_until_retired(server, &before, what).await;
 }
 
 #[tokio::test]

@@ -488,16 +488,6 @@ async fn a_clock_stepped_after_measuring_changes_no_decision() {
     }
 }
 
-/// The ids of the connections `CLIENT LIST` shows (the asking one included).
-fn client_ids(server: &RedisServer) -> Vec<u64> {
-    server
-        .command(&["CLIENT", "LIST"])
-        .lines()
-        .filter_map(|line| line.split_whitespace().next()?.strip_prefix("id="))
-        .map(|id| id.parse().unwrap())
-        .collect()
-}
-
 /// A primary demoted by a failover answers writes with `READONLY` — a
 /// script or command as such, a `MULTI` transaction as `EXECABORT` around
 /// it. Under every algorithm the store retires the connection that got it,
@@ -515,7 +505,7 @@ async fn a_readonly_answer_retires_the_connection_under_every_algorithm() {
             store.check(&key, &policy).await.unwrap().allowed(),
             "{name}"
         );
-        let before = client_ids(&server);
+        let before = support::client_ids(&server);
 
         let reply = server.command(&["REPLICAOF", "127.0.0.1", &nowhere]);
         assert!(reply.starts_with("+OK"), "REPLICAOF: {reply}");
@@ -530,18 +520,6 @@ async fn a_readonly_answer_retires_the_connection_under_every_algorithm() {
         );
         // The connection that met the replica is gone (closed when the
         // pool dropped it), not kept for the next check.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let now = client_ids(&server);
-            let kept: Vec<_> = before.iter().filter(|id| now.contains(id)).collect();
-            if kept.is_empty() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{name}: the connection(s) {kept:?} that got READONLY are still open"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        support::wait_until_retired(&server, &before, name).await;
     }
 }

@@ -477,6 +477,35 @@ pub fn zcard(server: &RedisServer, key: &str) -> usize {
     reply.trim().trim_start_matches(':').parse().unwrap()
 }
 
+/// The ids of the connections `CLIENT LIST` shows (the asking one included).
+pub fn client_ids(server: &RedisServer) -> Vec<u64> {
+    server
+        .command(&["CLIENT", "LIST"])
+        .lines()
+        .filter_map(|line| line.split_whitespace().next()?.strip_prefix("id="))
+        .map(|id| id.parse().unwrap())
+        .collect()
+}
+
+/// Wait (at most 5 s) until none of the connections `before` (ids from
+/// [`client_ids`]) that got `READONLY` is open any more: the store retired
+/// it rather than keeping it for the next call.
+pub async fn wait_until_retired(server: &RedisServer, before: &[u64], what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let now = client_ids(server);
+        let kept: Vec<_> = before.iter().filter(|id| now.contains(id)).collect();
+        if kept.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: the connection(s) {kept:?} that got READONLY are still open"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 /// One module of tests per backend, each with one `#[tokio::test]` per case
 /// that runs the case (an `async fn(Harness)` of the calling file) on a
 /// fresh harness made by that backend's expression:

@@ -66,13 +66,16 @@ use tower_redis_ratelimit::MemoryStore;
 use tracing_subscriber::EnvFilter;
 
 use crate::app::{router, rules_router};
-use crate::serve::{ConnectionLimits, serve};
+use crate::serve::{ConnectionLimits, serve, shutdown_signal};
 use crate::settings::{BadSetting, Settings};
 use crate::store::{connect_redis, without_password};
 
 #[tokio::main]
 async fn main() -> ExitCode {
     init_logging();
+    // Listening for SIGTERM from the start: one sent while the server
+    // starts stops it gracefully too.
+    let stop = shutdown_signal();
     let (listener, app, limits) = match setup().await {
         Ok(ready) => ready,
         Err(bad) => {
@@ -80,7 +83,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    serve(listener, app, limits).await;
+    serve(listener, app, limits, stop).await;
     ExitCode::SUCCESS
 }
 

@@ -20,16 +20,20 @@ pub(crate) struct ConnectionLimits {
     pub(crate) grace: Duration,
 }
 
-/// Serves `app` until `SIGTERM` or Ctrl-C, then stops accepting and lets
+/// Serves `app` until `stop` ([`shutdown_signal`]), then stops accepting and lets
 /// the requests in flight finish for at most the grace period. (axum::serve
 /// has neither a header timeout nor a bounded stop: one client holding
 /// half-sent headers would hold the stop forever.)
-pub(crate) async fn serve(listener: TcpListener, app: Router, limits: ConnectionLimits) {
+pub(crate) async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: ConnectionLimits,
+    stop: impl Future<Output = ()>,
+) {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
     let graceful = GracefulShutdown::new();
-    let stop = shutdown_signal();
     tokio::pin!(stop);
     loop {
         let (stream, peer) = tokio::select! {
@@ -75,29 +79,36 @@ pub(crate) async fn serve(listener: TcpListener, app: Router, limits: Connection
 }
 
 /// Resolves at the first `SIGTERM` (what orchestrators send) or Ctrl-C.
-pub(crate) async fn shutdown_signal() {
-    let ctrl_c = async {
+/// The signals are listened for from the moment this is called, not from
+/// the first time the future is polled: a `SIGTERM` that comes before the
+/// accept loop first waits for it would otherwise take its default action
+/// and kill the process (exit by signal, not 0).
+pub(crate) fn shutdown_signal() -> impl Future<Output = ()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let listening = signal(SignalKind::terminate())
+            .and_then(|terminate| Ok((terminate, signal(SignalKind::interrupt())?)));
+        async move {
+            match listening {
+                Ok((mut terminate, mut interrupt)) => {
+                    tokio::select! {
+                        _ = terminate.recv() => {}
+                        _ = interrupt.recv() => {}
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot listen for SIGTERM and Ctrl-C");
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    async {
         if let Err(error) = tokio::signal::ctrl_c().await {
             tracing::warn!(%error, "cannot listen for Ctrl-C");
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
     }
 }

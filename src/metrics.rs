@@ -4,7 +4,7 @@
 //!
 //! | metric | kind | labels |
 //! |---|---|---|
-//! | `ratelimit_decisions_total` | counter | `policy` (the layer's name), `outcome`: `allowed`, `limited`, `skipped` (no key, or an allowed key), `store_error` |
+//! | `ratelimit_decisions_total` | counter | `policy` (the limiter's name; `<rule>@<policy>` under rules), `outcome`: `allowed`, `limited`, `skipped` (no key, or an allowed key), `store_error` |
 //! | `ratelimit_store_seconds` | histogram | `policy`: time the store took to decide |
 
 use std::time::Instant;

@@ -164,7 +164,7 @@ pub enum StoreError {
     /// No answer within the store's timeout.
     #[error("no answer from the store within {0:?}")]
     Timeout(Duration),
-    /// Not asked: the layer's circuit breaker is open after a run of
+    /// Not asked: the limiter's circuit breaker is open after a run of
     /// failures.
     #[error("not asked: the circuit breaker is open after repeated store failures")]
     CircuitOpen,

@@ -62,7 +62,8 @@ pub(crate) const DEFAULT_BATCHES_IN_FLIGHT: usize = 2;
 /// Redis and key prefix.
 ///
 /// Keys are laid out as `{prefix}:{algorithm}:{{key}}`, e.g.
-/// `rl:log:{203.0.113.9}`: the braces are a cluster hash tag, so every Redis
+/// `rl:log:{5/10s:203.0.113.9}` (through a [`Limiter`](crate::Limiter),
+/// `{key}` is `<name>:<key>`): the braces are a cluster hash tag, so every Redis
 /// key of one limited key lands in one slot. A key longer than
 /// [`MAX_RAW_KEY_LEN`](crate::store::MAX_RAW_KEY_LEN) bytes, or holding `{`, `}` or a leading `#`, is stored
 /// as `#` and its SHA-1 instead, so a client-chosen key cannot break the
@@ -74,7 +75,7 @@ pub(crate) const DEFAULT_BATCHES_IN_FLIGHT: usize = 2;
 ///
 /// Every call (pool checkout and commands together) is bounded by a timeout
 /// ([`DEFAULT_TIMEOUT`](Self::DEFAULT_TIMEOUT)); on expiry the check fails with
-/// [`StoreError::Timeout`] and the layer applies its
+/// [`StoreError::Timeout`] and the limiter applies its
 /// [`FailMode`](crate::FailMode).
 ///
 /// ```no_run

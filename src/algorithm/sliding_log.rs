@@ -60,10 +60,14 @@ impl Times {
         }
     }
 
-    /// The time left until `at` (padded).
+    /// The time left until `at` (padded), at most `most`: a rate's wait or
+    /// reset never exceeds its window (nor a spacing wait the longest
+    /// window), whatever the padding. Exact times are within it anyway.
     #[inline]
-    fn until(self, at: u64) -> u64 {
-        at.saturating_add(self.pad).saturating_sub(self.from)
+    fn until(self, at: u64, most: u64) -> u64 {
+        at.saturating_add(self.pad)
+            .saturating_sub(self.from)
+            .min(most)
     }
 }
 
@@ -80,7 +84,7 @@ pub(crate) fn decide(log: &impl Log, policy: &Policy, times: Times) -> Decision 
         let ready_at = last.saturating_add(duration_micros(spacing));
         if ready_at > times.at {
             allowed = false;
-            spacing_wait = times.until(ready_at);
+            spacing_wait = times.until(ready_at, duration_micros(policy.longest_window()));
         }
     }
     let mut counts = [0u64; 8];
@@ -107,14 +111,14 @@ pub(crate) fn decide(log: &impl Log, policy: &Policy, times: Times) -> Decision 
             (rate.max() - count - cost, window, 0)
         } else {
             let reset = match newest {
-                Some(t) if count > 0 => times.until(t.saturating_add(window)),
+                Some(t) if count > 0 => times.until(t.saturating_add(window), window),
                 _ => 0,
             };
             let wait = if count + cost > rate.max() {
                 // Admitted once at most `max - cost` entries are left in the
                 // window: when the entry of reverse rank `max - cost` leaves.
                 log.nth_newest(i, rate.max() - cost)
-                    .map_or(window, |t| times.until(t.saturating_add(window)))
+                    .map_or(window, |t| times.until(t.saturating_add(window), window))
             } else {
                 0
             };

@@ -188,6 +188,38 @@ async fn waiting_retry_after_is_enough() {
     }
 }
 
+/// A burst right after the first admission is told to wait the window, not
+/// a second more (the Transaction execution's clock padding once rounded
+/// `Retry-After` up to 3 for `2/2s`), with Redis and both executions.
+#[tokio::test]
+async fn retry_after_of_a_burst_is_the_window() {
+    let server = RedisServer::start();
+    for (execution, peer) in [
+        (Execution::Transaction, "10.0.0.3"),
+        (Execution::Script, "10.0.0.4"),
+    ] {
+        let store = RedisStore::connect(&server.url()).await.unwrap();
+        let policy = "2/2s"
+            .parse::<Policy>()
+            .unwrap()
+            .with_execution(execution)
+            .unwrap();
+        let app = app_with(RateLimitLayer::new(store, policy, key::peer_ip()));
+        for _ in 0..2 {
+            let (res, _) = send(&app, request("/", peer)).await;
+            assert_eq!(res.status(), StatusCode::OK);
+        }
+        let (res, _) = send(&app, request("/", peer)).await;
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(header(&res, "retry-after").unwrap(), "2", "{execution:?}");
+        assert_eq!(
+            header(&res, "x-ratelimit-reset").unwrap(),
+            "2",
+            "{execution:?}"
+        );
+    }
+}
+
 /// Redis hung: FailMode::Open admits without headers, FailMode::Closed
 /// answers 503; both within the timeout plus a margin.
 #[tokio::test]

@@ -41,9 +41,13 @@ use crate::store::StoreError;
 ///
 /// So it never admits more than `max`, at the price of denying about
 /// `2 × tolerance` (at most `4 ×`, with readings off both ways) longer than
-/// an exact limiter at the end of a window; the waits it suggests are about
-/// `3 × tolerance` longer than exact (at most `4 ×`), so that a client that
-/// waits them is admitted whatever its own reading.
+/// an exact limiter at the end of a window. The waits it suggests are padded
+/// by `2 × tolerance`, so that a client that waits them is admitted whatever
+/// its own reading, but never beyond the rate's window (a `Retry-After` of
+/// 11 s for a `5/10s` policy reads as a wrong limit): a retry at the very
+/// end of the window that the padding would have covered (within about
+/// `2 × tolerance` of the first admission's window end) meets one more
+/// denial, of those few milliseconds.
 /// A denied request's entries are still in the set: the caller takes them
 /// back out.
 ///
@@ -206,8 +210,9 @@ async fn send<C: ConnectionLike>(
 /// ran, taken by the sliding log's own arithmetic
 /// ([`algorithm::sliding_log::decide`]) on what the replies show of the
 /// log. Counted from `now - tolerance`; waits are measured from Redis's time
-/// and padded by `2 × tolerance`, so a client that waits them finds the
-/// entries gone for a check whose reading is off by up to `tolerance`.
+/// and padded by `2 × tolerance` (at most the window), so a client that
+/// waits them finds the entries gone for a check whose reading is off by up
+/// to `tolerance`.
 fn decide(
     reply: &[Value],
     policy: &Policy,

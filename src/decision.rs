@@ -11,21 +11,31 @@ use crate::policy::{Algorithm, Rate};
 /// one that says the most to the client: when the request is denied, the rate
 /// that keeps it out longest; otherwise the rate with the fewest requests
 /// remaining (ties go to the longer reset).
+///
+/// (Small on purpose: a decision moves from the store to the verdict to the
+/// response, and each move copies it.)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     allowed: bool,
     algorithm: Algorithm,
-    rate: Rate,
-    remaining: u64,
-    reset: Duration,
-    retry_after: Duration,
-    rates: Rates,
-    lease: Option<Lease>,
-    /// For an admitted sliding-log check: the id of the entries it wrote.
-    entries: Option<RefundId>,
     /// Denied by a block ([`Limiter::block`](crate::Limiter::block)), not
     /// by a rate.
     blocked: bool,
+    /// The index in `rates` of the rate the headline values describe.
+    headline: u32,
+    retry_after: Duration,
+    rates: Rates,
+    held: Held,
+}
+
+/// What an admitted check holds or wrote, to give back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    Nothing,
+    /// A concurrency slot.
+    Lease(Lease),
+    /// For an admitted sliding-log check: the id of the entries it wrote.
+    Entries(RefundId),
 }
 
 /// The state of every rate: inline for the usual one rate (no allocation
@@ -120,7 +130,10 @@ impl Decision {
     /// The concurrency slot this admitted request holds
     /// ([`Algorithm::Concurrency`]); `None` otherwise.
     pub fn lease(&self) -> Option<Lease> {
-        self.lease
+        match self.held {
+            Held::Lease(lease) => Some(lease),
+            _ => None,
+        }
     }
 
     /// What [`Command::Refund`](crate::store::Command::Refund) gives back
@@ -128,7 +141,11 @@ impl Decision {
     /// concurrency slot; `None` for the other algorithms (a refund of them
     /// is a reward) and for a denial.
     pub fn refund_id(&self) -> Option<RefundId> {
-        self.entries.or(self.lease.map(RefundId::from))
+        match self.held {
+            Held::Nothing => None,
+            Held::Lease(lease) => Some(lease.into()),
+            Held::Entries(id) => Some(id),
+        }
     }
 
     /// Whether the key was denied by a block (an operator's
@@ -148,7 +165,6 @@ impl Decision {
     pub(crate) fn aged(&self, by: Duration) -> Self {
         let age = |d: Duration| d.saturating_sub(by);
         let mut aged = self.clone();
-        aged.reset = age(self.reset);
         aged.retry_after = age(self.retry_after);
         aged.rates = self.rates.map(|s| RateStatus {
             reset: age(s.reset),
@@ -161,36 +177,45 @@ impl Decision {
     /// The same decision holding `lease`.
     #[inline]
     pub(crate) fn with_lease(mut self, lease: Lease) -> Self {
-        self.lease = Some(lease);
+        self.held = Held::Lease(lease);
         self
     }
 
     /// This admitted sliding-log decision, with the id of its entries.
     pub(crate) fn with_entries(mut self, entries: RefundId) -> Self {
-        self.entries = Some(entries);
+        self.held = Held::Entries(entries);
         self
+    }
+
+    /// The status of the rate the headline values describe.
+    fn headline(&self) -> &RateStatus {
+        let rates = self.rates.as_slice();
+        // Built with a rate at `headline`; the first is a safe answer.
+        rates
+            .get(self.headline as usize)
+            .unwrap_or_else(|| &rates[0])
     }
 
     /// The rate the other values describe.
     pub fn rate(&self) -> Rate {
-        self.rate
+        self.headline().rate
     }
 
     /// The `max` of [`rate`](Self::rate).
     pub fn limit(&self) -> u64 {
-        self.rate.max()
+        self.headline().rate.max()
     }
 
     /// Requests left in the current window of [`rate`](Self::rate), after
     /// this one.
     pub fn remaining(&self) -> u64 {
-        self.remaining
+        self.headline().remaining
     }
 
     /// Time until the quota of [`rate`](Self::rate) is full again, if no
     /// further request arrives.
     pub fn reset(&self) -> Duration {
-        self.reset
+        self.headline().reset
     }
 
     /// For a denied request: the time after which the same request, sent
@@ -244,8 +269,9 @@ pub(crate) struct DecisionBuilder {
     allowed: bool,
     algorithm: Algorithm,
     retry_after: Duration,
-    /// The headline so far, and whether it was chosen for denying.
-    headline: Option<(RateState, bool)>,
+    /// The headline so far (its index among the rates and its state), and
+    /// whether it was chosen for denying.
+    headline: Option<(u32, RateState, bool)>,
     /// The first rate's state, then the others' (a policy of one rate
     /// allocates nothing).
     first: Option<RateStatus>,
@@ -282,18 +308,20 @@ impl DecisionBuilder {
 
     #[inline]
     pub(crate) fn rate(&mut self, state: RateState) {
-        if self.first.is_none() {
+        let index = if self.first.is_none() {
             self.first = Some(state);
+            0
         } else {
             self.rest.push(state);
-        }
+            u32::try_from(self.rest.len()).unwrap_or(u32::MAX)
+        };
         let denies = !self.allowed && !state.wait.is_zero();
         if denies {
             self.retry_after = self.retry_after.max(state.wait);
         }
         let better = match &self.headline {
             None => true,
-            Some((best, best_denies)) => match (denies, *best_denies) {
+            Some((_, best, best_denies)) => match (denies, *best_denies) {
                 (true, false) => true,
                 (false, true) => false,
                 (true, true) => state.wait > best.wait,
@@ -304,14 +332,14 @@ impl DecisionBuilder {
             },
         };
         if better {
-            self.headline = Some((state, denies));
+            self.headline = Some((index, state, denies));
         }
     }
 
     /// `None` if no rate was added.
     #[inline]
     pub(crate) fn build(self) -> Option<Decision> {
-        let (state, _) = self.headline?;
+        let (headline, _, _) = self.headline?;
         let first = self.first?;
         let rates = if self.rest.is_empty() {
             Rates::One(first)
@@ -322,12 +350,9 @@ impl DecisionBuilder {
             allowed: self.allowed,
             algorithm: self.algorithm,
             rates,
-            lease: None,
-            entries: None,
+            held: Held::Nothing,
             blocked: false,
-            rate: state.rate,
-            remaining: state.remaining,
-            reset: state.reset,
+            headline,
             retry_after: if self.allowed {
                 Duration::ZERO
             } else {

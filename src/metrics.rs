@@ -43,12 +43,14 @@ pub(crate) fn decision(policy: &str, outcome: Outcome) {
     let _ = (policy, outcome);
 }
 
-/// Record how long the store of `policy` took since `sent` (without the
-/// feature, the clock is not even read).
-pub(crate) fn store_latency(policy: &str, sent: Instant) {
+/// Record how long the store of `policy` took since `sent`, when the clock
+/// was read (without the feature, an in-process check does not read it).
+pub(crate) fn store_latency(policy: &str, sent: Option<Instant>) {
     #[cfg(feature = "metrics")]
-    metrics::histogram!("ratelimit_store_seconds", "policy" => policy.to_owned())
-        .record(sent.elapsed().as_secs_f64());
+    if let Some(sent) = sent {
+        metrics::histogram!("ratelimit_store_seconds", "policy" => policy.to_owned())
+            .record(sent.elapsed().as_secs_f64());
+    }
     #[cfg(not(feature = "metrics"))]
     let _ = (policy, sent);
 }

@@ -18,7 +18,10 @@ use crate::decision::{Decision, DecisionBuilder, RateStatus};
 use crate::policy::{Algorithm, Policy, Rate};
 
 /// One counter per rate, found by its window.
-pub(crate) type State = Vec<Counter>;
+///
+/// One rate's state is held inline (no allocation, and no pointer to
+/// follow from the store's table).
+pub(crate) type State = smallvec::SmallVec<[Counter; 1]>;
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Counter {
@@ -55,7 +58,7 @@ pub(crate) fn check(counters: &mut State, now: u64, policy: &Policy) -> (Decisio
             .all(|(c, rate)| c.window == rate.window_micros());
     let mut builder = DecisionBuilder::new(allowed).algorithm(Algorithm::FixedWindow);
     let mut expires_at = 0;
-    let mut next = Vec::new();
+    let mut next = State::new();
     for (i, rate) in rates.iter().enumerate() {
         let window = rate.window_micros();
         let index = now / window;
@@ -127,7 +130,7 @@ pub(crate) fn reward(counters: &mut State, now: u64, policy: &Policy, units: u64
 /// lasts. Returns when the state stops mattering.
 fn set(counters: &mut State, now: u64, policy: &Policy, f: impl Fn(u64) -> u64) -> u64 {
     let rates = policy.rates();
-    let mut next = Vec::with_capacity(counters.len().max(rates.len()));
+    let mut next = State::with_capacity(counters.len().max(rates.len()));
     let mut expires_at = 0;
     for rate in rates {
         let window = rate.window_micros();

@@ -35,7 +35,10 @@ pub(crate) const EPSILON: f64 = 1e-9;
 pub(crate) const MAX_OFFSET: f64 = 2.0 * crate::policy::MAX_WINDOW.as_micros() as f64;
 
 /// One TAT per rate, found by its window: (window µs, TAT whole µs, TAT fraction).
-pub(crate) type State = Vec<(u64, u64, f64)>;
+///
+/// One rate's state is held inline (no allocation, and no pointer to
+/// follow from the store's table).
+pub(crate) type State = smallvec::SmallVec<[(u64, u64, f64); 1]>;
 
 #[inline]
 pub(crate) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
@@ -70,7 +73,7 @@ pub(crate) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, 
             .iter()
             .zip(rates)
             .all(|(tat, rate)| tat.0 == rate.window_micros());
-    let mut next = Vec::new();
+    let mut next = State::new();
     let mut builder = DecisionBuilder::new(allowed).algorithm(Algorithm::Gcra);
     let mut expires_at = 0u64;
     for (i, rate) in rates.iter().enumerate() {
@@ -134,7 +137,7 @@ pub(crate) fn reward(state: &mut State, now: u64, policy: &Policy, units: u64) -
 /// becomes this policy's TATs still ahead of `now`. Returns when it stops
 /// mattering.
 fn set(state: &mut State, now: u64, policy: &Policy, f: impl Fn(f64, f64) -> f64) -> u64 {
-    let mut next = Vec::with_capacity(policy.rates().len());
+    let mut next = State::with_capacity(policy.rates().len());
     let mut expires_at = 0;
     for rate in policy.rates() {
         let window = rate.window_micros();

@@ -144,6 +144,11 @@ impl Log for Entries<'_> {
     #[inline]
     fn count(&self, _: usize, rate: &Rate) -> u64 {
         let start = self.now.saturating_sub(rate.window_micros());
+        // After `trim`, the longest window holds every entry: no search
+        // (which on a long log reads a cache line per step).
+        if self.entries.front().is_none_or(|&t| t > start) {
+            return self.entries.len() as u64;
+        }
         (self.entries.len() - self.entries.partition_point(|&t| t <= start)) as u64
     }
 
@@ -171,10 +176,11 @@ fn trim(entries: &mut State, now: u64, policy: &Policy) {
 
 /// Add `n` entries at `now`, in order.
 fn add(entries: &mut State, now: u64, n: u64) {
-    let at = entries.partition_point(|&t| t <= now);
-    if at == entries.len() {
+    // Usually the newest: appended without a search.
+    if entries.back().is_none_or(|&t| t <= now) {
         entries.extend(std::iter::repeat_n(now, n as usize));
     } else {
+        let at = entries.partition_point(|&t| t <= now);
         for _ in 0..n {
             entries.insert(at, now);
         }

@@ -21,7 +21,10 @@ use crate::decision::{Decision, DecisionBuilder, RateStatus};
 use crate::policy::{Algorithm, Policy};
 
 /// Two counters per rate, found by its window.
-pub(crate) type State = Vec<Counters>;
+///
+/// One rate's state is held inline (no allocation, and no pointer to
+/// follow from the store's table).
+pub(crate) type State = smallvec::SmallVec<[Counters; 1]>;
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Counters {
@@ -87,7 +90,7 @@ fn wait(c: &Counters, now: u64, cost: u64, max: u64) -> u64 {
 pub(crate) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
     let cost = policy.cost();
     let rates = policy.rates();
-    let counters: Vec<Counters> = rates
+    let counters: smallvec::SmallVec<[Counters; 4]> = rates
         .iter()
         .map(|rate| rolled(state, rate.window_micros(), now))
         .collect();
@@ -98,7 +101,7 @@ pub(crate) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, 
 
     let mut builder = DecisionBuilder::new(allowed).algorithm(Algorithm::SlidingWindow);
     let mut expires_at = 0;
-    let mut next = Vec::with_capacity(rates.len());
+    let mut next = State::with_capacity(rates.len());
     for (rate, c) in rates.iter().zip(&counters) {
         let mut c = *c;
         let elapsed = now - c.index * c.window;
@@ -190,7 +193,7 @@ pub(crate) fn reward(state: &mut State, now: u64, policy: &Policy, units: u64) -
 /// Apply `f` to every rate's counters rolled forward to `now`. Returns when
 /// the state stops mattering.
 fn set(state: &mut State, now: u64, policy: &Policy, f: impl Fn(&mut Counters)) -> u64 {
-    let mut next = Vec::with_capacity(state.len().max(policy.rates().len()));
+    let mut next = State::with_capacity(state.len().max(policy.rates().len()));
     let mut expires_at = 0;
     for rate in policy.rates() {
         let mut c = rolled(state, rate.window_micros(), now);

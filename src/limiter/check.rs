@@ -67,43 +67,48 @@ impl Limiter {
                 DecidedBy::DenyCache,
             )));
         }
-        let policy = policy.unwrap_or_else(|| Arc::clone(&self.inner.policy));
-        let sent = Instant::now();
+        // Borrowed, not cloned: an `Arc` clone per check is a write to a
+        // counter every thread shares.
+        let policy = policy.as_ref().unwrap_or(&self.inner.policy);
         let ticket = match self.inner.breaker.as_deref().map(Breaker::gate) {
             Some(Gate::Skip) => {
                 return Begun::Done(self.finish(
                     key,
-                    &policy,
+                    policy,
                     Err(StoreError::CircuitOpen),
-                    sent,
+                    None,
                     None,
                 ));
             }
             Some(Gate::Ask(ticket)) => Some(ticket),
             None => None,
         };
-        if let Some(decision) = self.inner.store.check_in_process(key, &policy) {
-            return Begun::Done(self.finish(key, &policy, Ok(decision), sent, ticket));
+        // The clock is read for the store latency metric only (an
+        // in-process decision is not aged).
+        let sent = cfg!(feature = "metrics").then(Instant::now);
+        if let Some(decision) = self.inner.store.check_in_process(key, policy) {
+            return Begun::Done(self.finish(key, policy, Ok(decision), sent, ticket));
         }
         let future =
-            Arc::clone(&self.inner.store).check_owned(std::mem::take(key), Arc::clone(&policy));
+            Arc::clone(&self.inner.store).check_owned(std::mem::take(key), Arc::clone(policy));
         Begun::Waiting(Waiting {
             future,
-            sent,
+            sent: sent.unwrap_or_else(Instant::now),
             ticket,
-            policy,
+            policy: Arc::clone(policy),
         })
     }
 
     /// The verdict of the check of store key `key` under `policy`, from
-    /// the store's `outcome`: counted in the metrics and the breaker, a
-    /// denial held in the deny cache, a failure handed to the fail mode.
+    /// the store's `outcome` (asked at `sent`, when the clock was read):
+    /// counted in the metrics and the breaker, a denial held in the deny
+    /// cache, a failure handed to the fail mode.
     fn finish(
         &self,
         key: &str,
         policy: &Arc<Policy>,
         outcome: Result<Decision, StoreError>,
-        sent: Instant,
+        sent: Option<Instant>,
         ticket: Option<Ticket>,
     ) -> Result<Verdict, LimitError> {
         let name = &self.inner.name;
@@ -126,7 +131,7 @@ impl Limiter {
             crate::metrics::decision(name, Outcome::Allowed);
             tracing::debug!(key = %KeyHash::stored(key), remaining = decision.remaining(), "rate limit: admitted");
             return Ok(Verdict::of(
-                Arc::clone(&self.inner.store),
+                &self.inner.store,
                 policy,
                 key,
                 decision,
@@ -142,7 +147,7 @@ impl Limiter {
         if Arc::ptr_eq(policy, &self.inner.policy)
             && let Some(deny_cache) = self.usable_deny_cache()
         {
-            deny_cache.insert(key, &decision, sent);
+            deny_cache.insert(key, &decision, sent.unwrap_or_else(Instant::now));
         }
         Ok(Verdict::without_permit(Some(decision), DecidedBy::Store))
     }
@@ -221,7 +226,13 @@ impl std::future::Future for Check {
             CheckState::Done(verdict) => verdict.take(),
             CheckState::Waiting { limiter, waiting } => {
                 let (key, outcome) = std::task::ready!(waiting.future.as_mut().poll(cx));
-                Some(limiter.finish(&key, &waiting.policy, outcome, waiting.sent, waiting.ticket))
+                Some(limiter.finish(
+                    &key,
+                    &waiting.policy,
+                    outcome,
+                    Some(waiting.sent),
+                    waiting.ticket,
+                ))
             }
             CheckState::Boxed(future) => Some(std::task::ready!(future.as_mut().poll(cx))),
         };

@@ -84,7 +84,7 @@ impl Limiter {
                 };
                 let decision = store.check_now(key, fallback_policy);
                 Ok(Verdict::of(
-                    Arc::new(store.clone()),
+                    &(Arc::new(store.clone()) as Arc<dyn crate::store::DynStore>),
                     fallback_policy,
                     key,
                     decision,

@@ -38,7 +38,9 @@ pub enum DecidedBy {
 pub struct Verdict {
     decision: Option<Decision>,
     decided_by: DecidedBy,
-    permit: Option<Permit>,
+    /// Boxed: a verdict moves several times per request, and only a
+    /// concurrency admission holds a permit.
+    permit: Option<Box<Permit>>,
 }
 
 impl Verdict {
@@ -68,13 +70,17 @@ impl Verdict {
     /// The concurrency slot this admitted verdict holds, if any: dropping
     /// the permit gives the slot back.
     pub fn into_permit(self) -> Option<Permit> {
-        self.permit
+        self.permit.map(|permit| *permit)
     }
 
     /// The decision, who answered, and the permit, apart (what the layer
     /// needs to render a verdict).
     pub fn into_parts(self) -> (Option<Decision>, DecidedBy, Option<Permit>) {
-        (self.decision, self.decided_by, self.permit)
+        (
+            self.decision,
+            self.decided_by,
+            self.permit.map(|permit| *permit),
+        )
     }
 
     /// The verdict of `decision` for store key `key` under `policy`,
@@ -82,7 +88,7 @@ impl Verdict {
     /// concurrency policy holds its slot in a permit (the lease of an
     /// admitted sliding-log check only names its entries, for a refund).
     pub(super) fn of(
-        store: Arc<dyn DynStore>,
+        store: &Arc<dyn DynStore>,
         policy: &Arc<Policy>,
         key: &str,
         decision: Decision,
@@ -92,13 +98,13 @@ impl Verdict {
             .lease()
             .filter(|_| decision.allowed() && policy.algorithm() == Algorithm::Concurrency)
             .map(|lease| {
-                Permit::new(
-                    store,
+                Box::new(Permit::new(
+                    Arc::clone(store),
                     Arc::clone(policy),
                     key.to_owned(),
                     lease,
                     Some(decision.clone()),
-                )
+                ))
             });
         Self {
             decision: Some(decision),

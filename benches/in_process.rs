@@ -109,6 +109,20 @@ fn bench(c: &mut Criterion) {
         one_and_two(&mut group, name, memory(policy));
     }
 
+    // The concurrency limit takes and gives back a lease per decision.
+    let concurrency = Policy::concurrency(1_000_000).unwrap();
+    let store = MemoryStore::new();
+    one_and_two(&mut group, "concurrency", |keys, iters| {
+        for i in 0..iters as usize {
+            let key = &keys[i % KEYS];
+            let decision = store.check_now(key, &concurrency);
+            if let Some(lease) = decision.lease() {
+                store.release_now(key, &concurrency, lease);
+            }
+            black_box(decision);
+        }
+    });
+
     // Limiter::check over MemoryStore, beside the same store's check_now:
     // both take the key as an owned String (the layer's extractor makes one).
     let store = MemoryStore::new();

@@ -50,13 +50,46 @@ pub(crate) fn retry_after_secs(decision: &Decision) -> u64 {
     ceil_secs(decision.retry_after()).max(1)
 }
 
-pub(crate) fn set_headers(headers: &mut HeaderMap, decision: &Decision) {
-    headers.insert(X_RATELIMIT_LIMIT.clone(), number(decision.limit()));
-    headers.insert(X_RATELIMIT_REMAINING.clone(), number(decision.remaining()));
-    headers.insert(
-        X_RATELIMIT_RESET.clone(),
-        number(ceil_secs(decision.reset())),
-    );
+pub(crate) fn set_headers(headers: &mut impl Sink, decision: &Decision) {
+    headers.put(&X_RATELIMIT_LIMIT, number(decision.limit()));
+    headers.put(&X_RATELIMIT_REMAINING, number(decision.remaining()));
+    headers.put(&X_RATELIMIT_RESET, number(ceil_secs(decision.reset())));
+}
+
+/// Where rate-limit fields are written: a response's headers, or
+/// [`Fields`] to put on a response later. A field replaces one of the same
+/// name.
+pub(crate) trait Sink {
+    fn put(&mut self, name: &HeaderName, value: HeaderValue);
+}
+
+impl Sink for HeaderMap {
+    fn put(&mut self, name: &HeaderName, value: HeaderValue) {
+        self.insert(name.clone(), value);
+    }
+}
+
+/// Rate-limit fields rendered when a request is admitted and put on its
+/// response when the inner service answers: the response future holds
+/// these instead of the decision and the layer's settings (an `Arc` clone
+/// per request is a write to a counter every worker thread shares).
+#[derive(Debug, Default)]
+pub(crate) struct Fields(smallvec::SmallVec<[(HeaderName, HeaderValue); 3]>);
+
+impl Sink for Fields {
+    fn put(&mut self, name: &HeaderName, value: HeaderValue) {
+        self.0.retain(|(n, _)| n != name);
+        self.0.push((name.clone(), value));
+    }
+}
+
+impl Fields {
+    /// Put the fields on `headers`, each replacing one of its name.
+    pub(crate) fn apply(self, headers: &mut HeaderMap) {
+        for (name, value) in self.0 {
+            headers.insert(name, value);
+        }
+    }
 }
 
 /// Numbers below this have a ready header value.
@@ -190,7 +223,7 @@ fn ratelimit_value(named: &Policy, decision: &Decision) -> Option<String> {
 /// order, named after `named`'s rates, with the quotas of `enforced`,
 /// serialised as RFC 9651 structured fields.
 pub(crate) fn set_ietf_headers(
-    headers: &mut HeaderMap,
+    headers: &mut impl Sink,
     named: &Policy,
     enforced: &Policy,
     decision: &Decision,
@@ -204,7 +237,7 @@ pub(crate) fn set_ietf_headers(
     ];
     for (name, value) in fields {
         if let Some(value) = value.and_then(|v| HeaderValue::try_from(v).ok()) {
-            headers.insert(name.clone(), value);
+            headers.put(name, value);
         }
     }
 }

@@ -17,6 +17,7 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::denial;
+use super::fields::Fields;
 use super::settings::{Rejection, Shared};
 use crate::decision::Decision;
 use crate::key::KeyHash;
@@ -53,7 +54,9 @@ struct Pending<S, ReqBody> {
 }
 
 /// The decision an admitted request carries to its response headers.
-type Shown = Option<(Decision, Arc<Shared>, DecidedBy)>;
+/// The rate-limit fields of an admitted request's response, rendered when
+/// it was admitted (none when nothing limited it).
+type Shown = Option<Fields>;
 
 pin_project! {
     #[project = StateProj]
@@ -142,9 +145,16 @@ where
             None => None,
         };
         let clone = service.clone();
+        let service = std::mem::replace(service, clone);
+        if let Some(Next::Call(decision, decided_by, permit)) = step {
+            // Admitted at once (an in-process store): nothing to keep but
+            // the rendered fields.
+            let state = admit(request, service, true, shared, decision, decided_by, permit);
+            return Self { state };
+        }
         let pending = Pending {
             request,
-            service: std::mem::replace(service, clone),
+            service,
             ready: true,
             shared: Arc::clone(shared),
             key: kept,
@@ -233,28 +243,9 @@ impl Next {
         S: Service<Request<ReqBody>> + Clone,
     {
         match self {
-            Next::Call(decision, decided_by, permit) => {
-                if let Some(decision) = &decision {
-                    p.request.extensions_mut().insert(decision.clone());
-                }
-                let shown = decision.map(|d| (d, p.shared, decided_by));
-                if p.ready {
-                    State::Calling {
-                        future: p.service.call(p.request),
-                        shown,
-                        permit,
-                    }
-                } else {
-                    State::Readying {
-                        admitted: Some(Admitted {
-                            service: p.service,
-                            request: p.request,
-                            shown,
-                            permit,
-                        }),
-                    }
-                }
-            }
+            Next::Call(decision, decided_by, permit) => admit(
+                p.request, p.service, p.ready, &p.shared, decision, decided_by, permit,
+            ),
             Next::Wait(wait) => {
                 p.waited += wait;
                 if p.ready {
@@ -277,6 +268,45 @@ impl Next {
 }
 
 /// The answer of a future polled again after a panic inside poll.
+/// The state of an admitted request: its decision (if something limited
+/// it) goes to the request's extensions and its fields are rendered; the
+/// inner service is called at once when `ready`, else made ready first.
+fn admit<S, ReqBody>(
+    mut request: Request<ReqBody>,
+    mut service: S,
+    ready: bool,
+    shared: &Shared,
+    decision: Option<Decision>,
+    decided_by: DecidedBy,
+    permit: Option<Permit>,
+) -> State<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    let shown = decision.map(|decision| {
+        let mut fields = Fields::default();
+        shared.set_headers(&mut fields, &decision, decided_by);
+        request.extensions_mut().insert(decision);
+        fields
+    });
+    if ready {
+        State::Calling {
+            future: service.call(request),
+            shown,
+            permit,
+        }
+    } else {
+        State::Readying {
+            admitted: Some(Admitted {
+                service,
+                request,
+                shown,
+                permit,
+            }),
+        }
+    }
+}
+
 fn poisoned<B>() -> Response<ResponseBody<B>> {
     denial::store_unavailable().map(ResponseBody::full)
 }
@@ -330,8 +360,8 @@ where
                     permit,
                 } => {
                     let mut response = ready!(future.poll(cx))?;
-                    if let Some((decision, shared, decided_by)) = shown {
-                        shared.set_headers(response.headers_mut(), decision, *decided_by);
+                    if let Some(fields) = shown.take() {
+                        fields.apply(response.headers_mut());
                     }
                     let permit = permit.take();
                     return Poll::Ready(Ok(response.map(|body| ResponseBody::inner(body, permit))));

@@ -145,7 +145,7 @@ impl Shared {
     /// `headers` ([`Rendering::set_headers`] for this layer's limiter).
     pub(crate) fn set_headers(
         &self,
-        headers: &mut http::HeaderMap,
+        headers: &mut impl super::fields::Sink,
         decision: &Decision,
         decided_by: DecidedBy,
     ) {
@@ -185,7 +185,7 @@ impl Rendering {
     /// limiter's policy names.
     pub(crate) fn set_headers(
         &self,
-        headers: &mut http::HeaderMap,
+        headers: &mut impl super::fields::Sink,
         limiter: &Limiter,
         decision: &Decision,
         decided_by: DecidedBy,

@@ -336,6 +336,22 @@ impl DecisionBuilder {
         }
     }
 
+    /// The decision of a policy of one rate, whose `status` is given and
+    /// that has no other wait: what a builder given only that rate builds,
+    /// without the builder's moves (an algorithm's fast path).
+    #[inline]
+    pub(crate) fn one(allowed: bool, algorithm: Algorithm, status: RateState) -> Decision {
+        Decision {
+            allowed,
+            algorithm,
+            retry_after: if allowed { Duration::ZERO } else { status.wait },
+            rates: Rates::One(status),
+            held: Held::Nothing,
+            blocked: false,
+            headline: 0,
+        }
+    }
+
     /// `None` if no rate was added.
     #[inline]
     pub(crate) fn build(self) -> Option<Decision> {

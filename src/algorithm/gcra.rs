@@ -40,26 +40,65 @@ pub(crate) const MAX_OFFSET: f64 = 2.0 * crate::policy::MAX_WINDOW.as_micros() a
 /// follow from the store's table).
 pub(crate) type State = smallvec::SmallVec<[(u64, u64, f64); 1]>;
 
+/// (window, T, offset now, offset after this request) of one rate: the
+/// state's TAT of the rate's window as an offset from `now`.
+#[inline]
+fn plan(state: &State, now: u64, cost: f64, rate: &Rate) -> (f64, f64, f64, f64) {
+    let window = rate.window_micros();
+    let w = window as f64;
+    let interval = w / rate.max() as f64;
+    let offset = state
+        .iter()
+        .find(|(win, _, _)| *win == window)
+        .map_or(0.0, |&(_, whole, frac)| {
+            (whole as i64 - now as i64) as f64 + frac
+        });
+    let d = offset.max(0.0);
+    (w, interval, d, d + cost * interval)
+}
+
+/// The status of `rate` whose offset is `kept` after the check (`new_d`
+/// had the request been admitted), and whether it keeps the request out.
+#[inline]
+fn status(rate: &Rate, allowed: bool, plan: (f64, f64, f64, f64), kept: f64) -> RateStatus {
+    let (w, interval, _, new_d) = plan;
+    let denies = !allowed && new_d > w * (1.0 + EPSILON);
+    // Tokens left now: how many more intervals fit in the window.
+    let remaining = floor_non_negative((w - kept) / interval + EPSILON);
+    RateStatus {
+        rate: *rate,
+        remaining: remaining.min(rate.max()),
+        reset: micros_ceil(kept),
+        // Admitted once the offset has shrunk to the window.
+        wait: if denies {
+            micros_ceil(new_d - w)
+        } else {
+            Duration::ZERO
+        },
+    }
+}
+
+/// The TAT of an offset `kept` (> 0) at `now`, for a rate of `window` µs.
+#[inline]
+fn tat(window: u64, now: u64, kept: f64) -> (u64, u64, f64) {
+    let whole = floor_non_negative(kept);
+    (window, now + whole, kept - whole as f64)
+}
+
 #[inline]
 pub(crate) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
     let cost = policy.cost() as f64;
     let rates = policy.rates();
-    // (window, T, offset now, offset after this request) of one rate.
-    let plan = |state: &State, rate: &Rate| {
-        let window = rate.window_micros();
-        let w = window as f64;
-        let interval = w / rate.max() as f64;
-        let offset = state
-            .iter()
-            .find(|(win, _, _)| *win == window)
-            .map_or(0.0, |&(_, whole, frac)| {
-                (whole as i64 - now as i64) as f64 + frac
-            });
-        let d = offset.max(0.0);
-        (w, interval, d, d + cost * interval)
-    };
+    match rates {
+        [rate] => check_one(state, now, cost, rate),
+        _ => check_many(state, now, cost, rates),
+    }
+}
+
+/// [`check`] of any number of rates.
+fn check_many(state: &mut State, now: u64, cost: f64, rates: &[Rate]) -> (Decision, u64) {
     let allowed = rates.iter().all(|rate| {
-        let (w, _, _, new_d) = plan(state, rate);
+        let (w, _, _, new_d) = plan(state, now, cost, rate);
         new_d <= w * (1.0 + EPSILON)
     });
 
@@ -77,26 +116,12 @@ pub(crate) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, 
     let mut builder = DecisionBuilder::new(allowed).algorithm(Algorithm::Gcra);
     let mut expires_at = 0u64;
     for (i, rate) in rates.iter().enumerate() {
-        let (w, interval, d, new_d) = plan(state, rate);
-        let kept = if allowed { new_d } else { d };
-        let denies = !allowed && new_d > w * (1.0 + EPSILON);
-        // Tokens left now: how many more intervals fit in the window.
-        let remaining = floor_non_negative((w - kept) / interval + EPSILON);
-        builder.rate(RateStatus {
-            rate: *rate,
-            remaining: remaining.min(rate.max()),
-            reset: micros_ceil(kept),
-            // Admitted once the offset has shrunk to the window.
-            wait: if denies {
-                micros_ceil(new_d - w)
-            } else {
-                Duration::ZERO
-            },
-        });
+        let plan = plan(state, now, cost, rate);
+        let kept = if allowed { plan.3 } else { plan.2 };
+        builder.rate(status(rate, allowed, plan, kept));
         if kept > 0.0 {
-            let whole = floor_non_negative(kept) as f64;
             expires_at = expires_at.max(now + ceil_positive(kept));
-            let tat = (rate.window_micros(), now + whole as u64, kept - whole);
+            let tat = tat(rate.window_micros(), now, kept);
             if in_place {
                 state[i] = tat;
             } else if allowed {
@@ -108,6 +133,38 @@ pub(crate) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, 
         *state = next;
     }
     (built(builder), expires_at)
+}
+
+/// [`check`] of a policy of one rate (the usual case): the same arithmetic
+/// and the same state, planned once and without a builder.
+#[inline]
+fn check_one(state: &mut State, now: u64, cost: f64, rate: &Rate) -> (Decision, u64) {
+    let window = rate.window_micros();
+    let plan = plan(state, now, cost, rate);
+    let (w, _, d, new_d) = plan;
+    let allowed = new_d <= w * (1.0 + EPSILON);
+    let kept = if allowed { new_d } else { d };
+    let status = status(rate, allowed, plan, kept);
+    let mut expires_at = 0;
+    if kept > 0.0 {
+        expires_at = now + ceil_positive(kept);
+        if allowed {
+            let tat = tat(window, now, kept);
+            match state.as_mut_slice() {
+                [only] => *only = tat,
+                _ => {
+                    state.clear();
+                    state.push(tat);
+                }
+            }
+        }
+    } else if allowed && !matches!(state.as_slice(), [(win, _, _)] if *win == window) {
+        state.clear();
+    }
+    (
+        DecisionBuilder::one(allowed, Algorithm::Gcra, status),
+        expires_at,
+    )
 }
 
 /// The decision [`check`] would take at `now`, changing nothing.
@@ -205,6 +262,40 @@ mod tests {
             );
             if x > 0.0 {
                 assert_eq!(ceil_positive(x), x.ceil() as u64, "ceil {x}");
+            }
+        }
+    }
+
+    /// The one-rate fast path takes the decisions, and leaves the state,
+    /// of the general path: over bursts, denials, costs above one, idle
+    /// gaps, and a state left by a policy of other windows.
+    #[test]
+    fn one_rate_takes_the_general_paths_decisions() {
+        let base = 1_763_800_000_000_000u64;
+        for text in ["3/1s", "7/1s", "4/10ms", "1000/1s"] {
+            for cost in [1, 2, 3] {
+                let policy: Policy = text.parse::<Policy>().unwrap().gcra().unwrap();
+                let policy = policy.with_cost(cost).unwrap();
+                let rate = policy.rates()[0];
+                let (mut fast, mut general) = (State::new(), State::new());
+                // A state of other windows, as a changed policy leaves.
+                for state in [&mut fast, &mut general] {
+                    state.push((5_000_000, base + 3_000_000, 0.25));
+                    state.push((60_000_000, base + 1_000, 0.5));
+                }
+                let mut now = base;
+                for step in 0..200u64 {
+                    // Bursts, then gaps of up to a window.
+                    now += if step % 17 == 0 {
+                        400_000
+                    } else {
+                        step % 5 * 997
+                    };
+                    let a = check_one(&mut fast, now, cost as f64, &rate);
+                    let b = check_many(&mut general, now, cost as f64, &[rate]);
+                    assert_eq!(a, b, "{text} cost {cost} step {step}");
+                    assert_eq!(fast, general, "{text} cost {cost} step {step}");
+                }
             }
         }
     }

@@ -51,9 +51,28 @@ pub(crate) fn retry_after_secs(decision: &Decision) -> u64 {
 }
 
 pub(crate) fn set_headers(headers: &mut impl Sink, decision: &Decision) {
-    headers.put(&X_RATELIMIT_LIMIT, number(decision.limit()));
-    headers.put(&X_RATELIMIT_REMAINING, number(decision.remaining()));
-    headers.put(&X_RATELIMIT_RESET, number(ceil_secs(decision.reset())));
+    headers.put_numbers(XRateLimit {
+        limit: decision.limit(),
+        remaining: decision.remaining(),
+        reset: ceil_secs(decision.reset()),
+    });
+}
+
+/// The numbers of the `X-RateLimit-*` fields.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct XRateLimit {
+    limit: u64,
+    remaining: u64,
+    /// Whole seconds, rounded up.
+    reset: u64,
+}
+
+impl XRateLimit {
+    fn render(self, headers: &mut (impl Sink + ?Sized)) {
+        headers.put(&X_RATELIMIT_LIMIT, number(self.limit));
+        headers.put(&X_RATELIMIT_REMAINING, number(self.remaining));
+        headers.put(&X_RATELIMIT_RESET, number(self.reset));
+    }
 }
 
 /// Where rate-limit fields are written: a response's headers, or
@@ -61,6 +80,12 @@ pub(crate) fn set_headers(headers: &mut impl Sink, decision: &Decision) {
 /// name.
 pub(crate) trait Sink {
     fn put(&mut self, name: &HeaderName, value: HeaderValue);
+
+    /// The `X-RateLimit-*` fields of `numbers` (rendered at once, unless the
+    /// sink writes them later).
+    fn put_numbers(&mut self, numbers: XRateLimit) {
+        numbers.render(self);
+    }
 }
 
 impl Sink for HeaderMap {
@@ -69,24 +94,36 @@ impl Sink for HeaderMap {
     }
 }
 
-/// Rate-limit fields rendered when a request is admitted and put on its
-/// response when the inner service answers: the response future holds
-/// these instead of the decision and the layer's settings (an `Arc` clone
-/// per request is a write to a counter every worker thread shares).
+/// Rate-limit fields of an admitted request, put on its response when the
+/// inner service answers: the response future holds these instead of the
+/// decision and the layer's settings (an `Arc` clone per request is a write
+/// to a counter every worker thread shares). The `X-RateLimit-*` fields are
+/// kept as their three numbers (small in the future, which moves) and
+/// rendered when applied; other fields are rendered when put.
 #[derive(Debug, Default)]
-pub(crate) struct Fields(smallvec::SmallVec<[(HeaderName, HeaderValue); 3]>);
+pub(crate) struct Fields {
+    numbers: Option<XRateLimit>,
+    rendered: Vec<(HeaderName, HeaderValue)>,
+}
 
 impl Sink for Fields {
     fn put(&mut self, name: &HeaderName, value: HeaderValue) {
-        self.0.retain(|(n, _)| n != name);
-        self.0.push((name.clone(), value));
+        self.rendered.retain(|(n, _)| n != name);
+        self.rendered.push((name.clone(), value));
+    }
+
+    fn put_numbers(&mut self, numbers: XRateLimit) {
+        self.numbers = Some(numbers);
     }
 }
 
 impl Fields {
     /// Put the fields on `headers`, each replacing one of its name.
     pub(crate) fn apply(self, headers: &mut HeaderMap) {
-        for (name, value) in self.0 {
+        if let Some(numbers) = self.numbers {
+            numbers.render(headers);
+        }
+        for (name, value) in self.rendered {
             headers.insert(name, value);
         }
     }

@@ -49,8 +49,6 @@ struct Pending<S, ReqBody> {
     key: Option<String>,
     /// Time spent delayed so far.
     waited: Duration,
-    /// A gRPC call: denials are trailers-only gRPC statuses.
-    grpc: bool,
 }
 
 /// The decision an admitted request carries to its response headers.
@@ -131,13 +129,12 @@ where
         service: &mut S,
         shared: &Arc<Shared>,
         key: String,
-        grpc: bool,
     ) -> Self {
         let kept = shared.rendering.keeps_keys().then(|| key.clone());
         let mut check = shared.deciding.check_owned(key);
         let step = match check.now() {
             Some(verdict) => {
-                match next_step(verdict, shared, kept.as_deref(), Duration::ZERO, grpc) {
+                match next_step(verdict, shared, kept.as_deref(), Duration::ZERO, &request) {
                     Next::Answer(response) => return Self::answered(response),
                     step => Some(step),
                 }
@@ -159,7 +156,6 @@ where
             shared: Arc::clone(shared),
             key: kept,
             waited: Duration::ZERO,
-            grpc,
         };
         let state = match step {
             Some(step) => step.into_state(pending),
@@ -199,18 +195,21 @@ enum Next {
 }
 
 /// The step a verdict of the engine leads to, under the layer's rejection.
-fn next_step(
+/// (Whether `request` is a gRPC call, whose denials are trailers-only gRPC
+/// statuses, is read only to answer it.)
+fn next_step<ReqBody>(
     verdict: Result<Verdict, LimitError>,
     shared: &Shared,
     key: Option<&str>,
     waited: Duration,
-    grpc: bool,
+    request: &Request<ReqBody>,
 ) -> Next {
+    let grpc = || denial::is_grpc(request.headers());
     let verdict = match verdict {
         Ok(verdict) => verdict,
         // The store failed under FailMode::Closed (the engine logged it).
         Err(_) => {
-            return Next::Answer(denial::unavailable(grpc));
+            return Next::Answer(denial::unavailable(grpc()));
         }
     };
     let (decision, decided_by, permit) = verdict.into_parts();
@@ -232,7 +231,7 @@ fn next_step(
             // the request check again in a tight loop.
             Next::Wait(decision.retry_after().max(Duration::from_millis(1)))
         }
-        _ => Next::Answer(shared.denial(&decision, grpc, decided_by)),
+        _ => Next::Answer(shared.denial(&decision, grpc(), decided_by)),
     }
 }
 
@@ -326,7 +325,8 @@ where
                     let Some(p) = pending.take() else {
                         return Poll::Ready(Ok(poisoned()));
                     };
-                    let step = next_step(verdict, &p.shared, p.key.as_deref(), p.waited, p.grpc);
+                    let step =
+                        next_step(verdict, &p.shared, p.key.as_deref(), p.waited, &p.request);
                     this.state.set(step.into_state(p));
                 }
                 StateProj::Delaying { sleep, pending } => {

@@ -90,11 +90,10 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let grpc = denial::is_grpc(request.headers());
         let limiter = &self.shared.limiter;
         match self.key.extract(&request) {
             Ok(Some(key)) if !limiter.is_allowed(&key) => {
-                ResponseFuture::start(request, &mut self.inner, &self.shared, key, grpc)
+                ResponseFuture::start(request, &mut self.inner, &self.shared, key)
             }
             Ok(_) => {
                 crate::metrics::decision(limiter.name(), Outcome::Skipped);
@@ -102,6 +101,7 @@ where
             }
             Err(error) => {
                 tracing::error!(%error, "rate limiter cannot pick a key; answering 500");
+                let grpc = denial::is_grpc(request.headers());
                 ResponseFuture::answered(denial::cannot_pick_key(&error, grpc))
             }
         }

@@ -214,7 +214,15 @@ impl Limiter {
     /// A denial is a verdict, not an error: the error is for a store failure
     /// under [`FailMode::Closed`].
     pub async fn check(&self, key: &str) -> Result<Verdict, LimitError> {
-        self.check_owned(key.to_owned()).await
+        self.check_owned(self.owned_key(key)).await
+    }
+
+    /// `key` in a buffer with room for the limiter's name, which the store
+    /// key puts before it (one allocation, not two).
+    fn owned_key(&self, key: &str) -> String {
+        let mut owned = String::with_capacity(self.inner.name.len() + 1 + key.len());
+        owned.push_str(key);
+        owned
     }
 
     /// [`check`](Self::check), taking the key by value: the limiter writes
@@ -233,7 +241,7 @@ impl Limiter {
             return self.check(key).await;
         }
         let policy = Arc::new((*self.inner.policy).clone().with_cost(cost)?);
-        self.start(key.to_owned(), Some(policy)).await
+        self.start(self.owned_key(key), Some(policy)).await
     }
 
     /// The check of `key` (as given, not yet namespaced) under `policy`

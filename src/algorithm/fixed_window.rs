@@ -23,7 +23,7 @@ use crate::policy::{Algorithm, Policy, Rate};
 /// follow from the store's table).
 pub(crate) type State = smallvec::SmallVec<[Counter; 1]>;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Counter {
     window: u64,
     index: u64,
@@ -32,6 +32,58 @@ pub(crate) struct Counter {
 
 #[inline]
 pub(crate) fn check(counters: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
+    if let [rate] = policy.rates()
+        && let Some(decided) = check_one(counters, now, policy.cost(), rate)
+    {
+        return decided;
+    }
+    check_many(counters, now, policy)
+}
+
+/// [`check`] of a policy of one rate over a state of that rate's window
+/// only (a key's usual state), whose count stays above zero: the same
+/// decision and state, without the builder. `None`, changing nothing,
+/// where the general path must decide.
+#[inline]
+fn check_one(counters: &mut State, now: u64, cost: u64, rate: &Rate) -> Option<(Decision, u64)> {
+    let window = rate.window_micros();
+    let counter = match counters.as_slice() {
+        [] => None,
+        [c] if c.window == window => Some(*c),
+        _ => return None,
+    };
+    let index = now / window;
+    let end = (index + 1) * window;
+    let count = counter.filter(|c| c.index == index).map_or(0, |c| c.count);
+    let allowed = count + cost <= rate.max();
+    let count = if allowed { count + cost } else { count };
+    if count == 0 {
+        return None;
+    }
+    let status = RateStatus {
+        rate: *rate,
+        remaining: rate.max().saturating_sub(count),
+        reset: Duration::from_micros(end - now),
+        // The counter starts again at the next window.
+        wait: Duration::from_micros(if allowed { 0 } else { end - now }),
+    };
+    let counter = Counter {
+        window,
+        index,
+        count,
+    };
+    match counters.as_mut_slice() {
+        [only] => *only = counter,
+        _ => counters.push(counter),
+    }
+    Some((
+        DecisionBuilder::one(allowed, Algorithm::FixedWindow, status),
+        end,
+    ))
+}
+
+/// [`check`] of any policy over any state.
+fn check_many(counters: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
     let cost = policy.cost();
     let rates = policy.rates();
     // The count of a rate in the current window.
@@ -157,4 +209,63 @@ fn set(counters: &mut State, now: u64, policy: &Policy, f: impl Fn(u64) -> u64) 
     }
     *counters = next;
     expires_at
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one-rate fast path takes the decisions, and leaves the state, of
+    /// the general path wherever it decides: over bursts, denials, costs
+    /// above one and new windows; it leaves a state of other windows to
+    /// the general path.
+    #[test]
+    fn one_rate_takes_the_general_paths_decisions() {
+        let base = 1_763_800_000_000_000u64;
+        for text in ["3/1s", "7/1s", "4/10ms", "1000/1s"] {
+            for cost in [1, 2, 3] {
+                let policy: Policy = text.parse::<Policy>().unwrap();
+                let policy = policy.fixed_window().unwrap().with_cost(cost).unwrap();
+                let rate = policy.rates()[0];
+                let (mut fast, mut general) = (State::new(), State::new());
+                let mut now = base;
+                let mut fast_decided = 0;
+                for step in 0..200u64 {
+                    // Bursts, then gaps of up to a window.
+                    now += if step % 17 == 0 {
+                        400_000
+                    } else {
+                        step % 5 * 997
+                    };
+                    let b = check_many(&mut general, now, &policy);
+                    match check_one(&mut fast, now, cost, &rate) {
+                        Some(a) => {
+                            fast_decided += 1;
+                            assert_eq!(a, b, "{text} cost {cost} step {step}");
+                        }
+                        None => fast = general.clone(),
+                    }
+                    assert_eq!(fast, general, "{text} cost {cost} step {step}");
+                }
+                assert!(fast_decided > 190, "{text} cost {cost}: {fast_decided}");
+            }
+        }
+        // A state of other windows (a changed policy) is the general path's.
+        let policy: Policy = "3/1s".parse::<Policy>().unwrap().fixed_window().unwrap();
+        let mut state = State::new();
+        state.push(Counter {
+            window: 60_000_000,
+            index: base / 60_000_000,
+            count: 2,
+        });
+        let before = state.clone();
+        assert!(check_one(&mut state, base, 1, &policy.rates()[0]).is_none());
+        assert_eq!(state, before);
+        check(&mut state, base, &policy);
+        assert_eq!(
+            state.len(),
+            2,
+            "the other window's counter stays: {state:?}"
+        );
+    }
 }

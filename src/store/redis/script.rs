@@ -299,12 +299,31 @@ pub(super) fn batch(script: &'static redis::Script, items: &[BatchItem<'_>]) -> 
     Eval { script, cmd }
 }
 
-/// The decision of one check's reply in a batch: as [`decode`], and
-/// `{-2, message}` for an error of that check alone.
+/// The decision of one check's reply in a batch: [`decode`]'s integers as
+/// one string, separated by spaces, and `{-2, message}` for an error of
+/// that check alone.
 pub(super) fn decode_batched(reply: Value, policy: &Policy) -> Result<Decision, StoreError> {
+    if let Value::BulkString(text) = &reply {
+        // A decision has 2 + 3 per rate integers; a block 2.
+        let mut values = smallvec::SmallVec::<[Value; 8]>::new();
+        for word in text.split(|&b| b == b' ') {
+            let n = std::str::from_utf8(word)
+                .ok()
+                .and_then(|w| w.parse::<i64>().ok())
+                .ok_or_else(|| {
+                    StoreError::UnexpectedReply(format!(
+                        "{} batch script: not an integer in a check's reply {:?}",
+                        policy.algorithm(),
+                        String::from_utf8_lossy(text)
+                    ))
+                })?;
+            values.push(Value::Int(n));
+        }
+        return decode(&values, policy);
+    }
     let Value::Array(values) = reply else {
         return Err(StoreError::UnexpectedReply(format!(
-            "{} batch script: a check's reply is not an array: {reply:?}",
+            "{} batch script: a check's reply is neither its integers nor an error: {reply:?}",
             policy.algorithm()
         )));
     };
@@ -421,4 +440,48 @@ fn non_negative(value: &Value, what: &str) -> Result<u64, StoreError> {
     let n = int_reply(value, what)?;
     u64::try_from(n)
         .map_err(|_| StoreError::UnexpectedReply(format!("{what} must not be negative, got {n}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A check's reply in a batch is its integers as one string; anything
+    /// else in it is an error naming the reply, not a panic.
+    #[test]
+    fn a_batched_reply_is_read_from_its_integers() {
+        let policy: Policy = "5/1s".parse::<Policy>().unwrap().gcra().unwrap();
+        let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let admitted = decode_batched(text("1 0 4 200000 0"), &policy).unwrap();
+        assert!(admitted.allowed());
+        assert_eq!(admitted.remaining(), 4);
+        assert_eq!(admitted.reset(), Duration::from_millis(200));
+        let denied = decode_batched(text("0 0 0 1000000 200000"), &policy).unwrap();
+        assert!(!denied.allowed());
+        assert_eq!(denied.retry_after(), Duration::from_millis(200));
+        let blocked = decode_batched(text("-1 3000000"), &policy).unwrap();
+        assert!(!blocked.allowed());
+        assert_eq!(blocked.retry_after(), Duration::from_secs(3));
+        for bad in [
+            "",
+            "1 0 4 x 0",
+            "1 0 4 200000",
+            "1  0 4 200000 0",
+            "1 0 4 1e5 0",
+        ] {
+            let error = decode_batched(text(bad), &policy).unwrap_err();
+            assert!(
+                matches!(error, StoreError::UnexpectedReply(_)),
+                "{bad:?}: {error:?}"
+            );
+        }
+        let error = Value::Array(vec![
+            Value::Int(-2),
+            Value::BulkString(b"WRONGTYPE".to_vec()),
+        ]);
+        assert!(matches!(
+            decode_batched(error, &policy),
+            Err(StoreError::UnexpectedReply(m)) if m == "WRONGTYPE"
+        ));
+    }
 }

@@ -304,22 +304,14 @@ pub(super) fn batch(script: &'static redis::Script, items: &[BatchItem<'_>]) -> 
 /// that check alone.
 pub(super) fn decode_batched(reply: Value, policy: &Policy) -> Result<Decision, StoreError> {
     if let Value::BulkString(text) = &reply {
-        // A decision has 2 + 3 per rate integers; a block 2.
-        let mut values = smallvec::SmallVec::<[Value; 8]>::new();
-        for word in text.split(|&b| b == b' ') {
-            let n = std::str::from_utf8(word)
-                .ok()
-                .and_then(|w| w.parse::<i64>().ok())
-                .ok_or_else(|| {
-                    StoreError::UnexpectedReply(format!(
-                        "{} batch script: not an integer in a check's reply {:?}",
-                        policy.algorithm(),
-                        String::from_utf8_lossy(text)
-                    ))
-                })?;
-            values.push(Value::Int(n));
-        }
-        return decode(&values, policy);
+        let ints = integers(text).ok_or_else(|| {
+            StoreError::UnexpectedReply(format!(
+                "{} batch script: a check's reply is not integers separated by spaces: {:?}",
+                policy.algorithm(),
+                String::from_utf8_lossy(text)
+            ))
+        })?;
+        return decode_ints(&ints, policy);
     }
     let Value::Array(values) = reply else {
         return Err(StoreError::UnexpectedReply(format!(
@@ -337,6 +329,30 @@ pub(super) fn decode_batched(reply: Value, policy: &Policy) -> Result<Decision, 
         return Err(StoreError::UnexpectedReply(message));
     }
     decode(&values, policy)
+}
+
+/// The integers of `text`, separated by single spaces (`None` if anything
+/// else is in it, or one overflows).
+fn integers(text: &[u8]) -> Option<Ints> {
+    let mut ints = Ints::new();
+    for word in text.split(|&b| b == b' ') {
+        let (negative, digits) = match word {
+            [b'-', rest @ ..] => (true, rest),
+            _ => (false, word),
+        };
+        if digits.is_empty() {
+            return None;
+        }
+        let mut n: i64 = 0;
+        for &b in digits {
+            if !b.is_ascii_digit() {
+                return None;
+            }
+            n = n.checked_mul(10)?.checked_add(i64::from(b - b'0'))?;
+        }
+        ints.push(if negative { -n } else { n });
+    }
+    Some(ints)
 }
 
 /// Whether a check's reply in a batch is the error a replica gives a
@@ -384,17 +400,56 @@ pub(super) fn command(
 /// `{allowed, spacing wait, then per rate: remaining, reset, wait}`, or
 /// `{-1, time left}` for a blocked key.
 pub(super) fn decode(reply: &[Value], policy: &Policy) -> Result<Decision, StoreError> {
+    let mut ints = Ints::new();
+    for (i, value) in reply.iter().enumerate() {
+        ints.push(int_reply(value, field(i))?);
+    }
+    decode_ints(&ints, policy)
+}
+
+/// A reply's integers (a decision of up to two rates without allocating).
+type Ints = smallvec::SmallVec<[i64; 8]>;
+
+/// The name of the `i`th integer of a decision's reply.
+fn field(i: usize) -> &'static str {
+    match i {
+        0 => "allowed",
+        1 => "spacing wait",
+        _ => ["remaining", "reset", "wait"][(i - 2) % 3],
+    }
+}
+
+/// The decision of a reply's integers ([`decode`]).
+fn decode_ints(reply: &[i64], policy: &Policy) -> Result<Decision, StoreError> {
     let algorithm = policy.algorithm();
     let rates = policy.rates();
     let unexpected =
         |what: String| StoreError::UnexpectedReply(format!("{algorithm} script: {what}"));
-    let Some(first) = reply.first() else {
+    let non_negative = |i: usize| {
+        u64::try_from(reply[i]).map_err(|_| {
+            unexpected(format!(
+                "{} must not be negative, got {}",
+                field(i),
+                reply[i]
+            ))
+        })
+    };
+    // Times are bounded by twice the longest window (GCRA's debt); a
+    // larger one (a corrupted key) is read as that bound, so no caller
+    // adds an absurd wait to a clock.
+    let micros = |i: usize| non_negative(i).map(|us| Duration::from_micros(us.min(MAX_MICROS)));
+    let Some(&first) = reply.first() else {
         return Err(unexpected("an empty reply".to_owned()));
     };
-    let allowed = match int_reply(first, "allowed")? {
+    let allowed = match first {
         -1 if reply.len() == 2 => {
-            let left = non_negative(&reply[1], "block time left")
-                .map_err(|e| unexpected(e.to_string()))?
+            let left = u64::try_from(reply[1])
+                .map_err(|_| {
+                    unexpected(format!(
+                        "block time left must not be negative, got {}",
+                        reply[1]
+                    ))
+                })?
                 .min(MAX_MICROS);
             return Ok(algorithm::blocked(policy, left));
         }
@@ -409,24 +464,24 @@ pub(super) fn decode(reply: &[Value], policy: &Policy) -> Result<Decision, Store
             reply.len()
         )));
     }
-    // Times are bounded by twice the longest window (GCRA's debt); a
-    // larger one (a corrupted key) is read as that bound, so no caller
-    // adds an absurd wait to a clock.
-    let micros = |value: &Value, what: &str| {
-        non_negative(value, what)
-            .map(|us| Duration::from_micros(us.min(MAX_MICROS)))
-            .map_err(|e| unexpected(e.to_string()))
-    };
-    let mut builder = DecisionBuilder::new(allowed).algorithm(algorithm);
-    builder.wait(micros(&reply[1], "spacing wait")?);
-    for (rate, values) in rates.iter().zip(reply[2..].chunks_exact(3)) {
-        builder.rate(RateStatus {
+    let status = |i: usize, rate: &crate::policy::Rate| -> Result<RateStatus, StoreError> {
+        Ok(RateStatus {
             rate: *rate,
-            remaining: non_negative(&values[0], "remaining")
-                .map_err(|e| unexpected(e.to_string()))?,
-            reset: micros(&values[1], "reset")?,
-            wait: micros(&values[2], "wait")?,
-        });
+            remaining: non_negative(i)?,
+            reset: micros(i + 1)?,
+            wait: micros(i + 2)?,
+        })
+    };
+    let spacing = micros(1)?;
+    if let [rate] = rates
+        && spacing.is_zero()
+    {
+        return Ok(DecisionBuilder::one(allowed, algorithm, status(2, rate)?));
+    }
+    let mut builder = DecisionBuilder::new(allowed).algorithm(algorithm);
+    builder.wait(spacing);
+    for (i, rate) in rates.iter().enumerate() {
+        builder.rate(status(2 + 3 * i, rate)?);
     }
     builder
         .build()
@@ -435,12 +490,6 @@ pub(super) fn decode(reply: &[Value], policy: &Policy) -> Result<Decision, Store
 
 /// The longest time (µs) a reply may carry: twice [`MAX_WINDOW`](crate::policy::MAX_WINDOW).
 const MAX_MICROS: u64 = 2 * crate::policy::MAX_WINDOW.as_micros() as u64;
-
-fn non_negative(value: &Value, what: &str) -> Result<u64, StoreError> {
-    let n = int_reply(value, what)?;
-    u64::try_from(n)
-        .map_err(|_| StoreError::UnexpectedReply(format!("{what} must not be negative, got {n}")))
-}
 
 #[cfg(test)]
 mod tests {

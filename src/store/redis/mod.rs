@@ -571,7 +571,7 @@ impl Store for RedisStore {
                         None => {
                             sliding_log::transaction(conn.get(), keys, policy, members, clock).await
                         }
-                        Some(eval) => script::decode(&eval.send(conn.get()).await?, policy),
+                        Some(eval) => script::decode_reply(eval.send(conn.get()).await?, policy),
                     }
                 }
             })
@@ -629,7 +629,7 @@ impl RedisStore {
             .repeatable(command_idempotent(command))
             .run(|mut conn| {
                 let eval = &eval;
-                async move { script::decode(&eval.send(conn.get()).await?, policy) }
+                async move { script::decode_reply(eval.send(conn.get()).await?, policy) }
             })
             .await
     }

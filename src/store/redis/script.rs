@@ -62,6 +62,12 @@ macro_rules! batch_script {
 /// benchmarks can feed the same script to `redis-benchmark`). `KEYS` are
 /// the key's sorted set and its block; `ARGV` the cost, the minimum spacing
 /// in µs (0: none), a request id, then each rate's max and window in µs.
+///
+/// Every check script replies a decision as one string of integers
+/// separated by spaces (one value for the client to parse, not five):
+/// `allowed` (1 or 0), the spacing wait (µs), then for each rate its
+/// remaining, reset (µs) and wait (µs); a blocked key replies `-1` and the
+/// µs its block has left.
 pub const SLIDING_LOG_SCRIPT: &str = check_script!("scripts/sliding_log.lua");
 /// The Lua source of [`Algorithm::FixedWindow`]. `KEYS` are the key's hash
 /// and its block; `ARGV` the cost, then each rate's max and window in µs.
@@ -226,10 +232,10 @@ impl Eval {
     }
 
     /// Send it once: the script's reply.
-    pub(super) async fn send<C: ConnectionLike>(
+    pub(super) async fn send<C: ConnectionLike, T: redis::FromRedisValue>(
         &self,
         conn: &mut C,
-    ) -> Result<Vec<Value>, StoreError> {
+    ) -> Result<T, StoreError> {
         Ok(self.cmd.query_async(conn).await?)
     }
 }
@@ -299,28 +305,11 @@ pub(super) fn batch(script: &'static redis::Script, items: &[BatchItem<'_>]) -> 
     Eval { script, cmd }
 }
 
-/// The decision of one check's reply in a batch: [`decode`]'s integers as
-/// one string, separated by spaces, and `{-2, message}` for an error of
-/// that check alone.
+/// The decision of one check's reply in a batch: as [`decode_reply`], and
+/// `{-2, message}` for an error of that check alone.
 pub(super) fn decode_batched(reply: Value, policy: &Policy) -> Result<Decision, StoreError> {
-    if let Value::BulkString(text) = &reply {
-        let ints = integers(text).ok_or_else(|| {
-            StoreError::UnexpectedReply(format!(
-                "{} batch script: a check's reply is not integers separated by spaces: {:?}",
-                policy.algorithm(),
-                String::from_utf8_lossy(text)
-            ))
-        })?;
-        return decode_ints(&ints, policy);
-    }
-    let Value::Array(values) = reply else {
-        return Err(StoreError::UnexpectedReply(format!(
-            "{} batch script: a check's reply is neither its integers nor an error: {reply:?}",
-            policy.algorithm()
-        )));
-    };
-    if let [first, message] = &values[..]
-        && matches!(first, Value::Int(-2))
+    if let Value::Array(values) = &reply
+        && let [Value::Int(-2), message] = &values[..]
     {
         let message = match message {
             Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
@@ -328,7 +317,30 @@ pub(super) fn decode_batched(reply: Value, policy: &Policy) -> Result<Decision, 
         };
         return Err(StoreError::UnexpectedReply(message));
     }
-    decode(&values, policy)
+    decode_reply(reply, policy)
+}
+
+/// The decision of a script's reply: [`decode`]'s integers as one string,
+/// separated by spaces (a check's, `encode` in the scripts), or as an
+/// array (an operator command's).
+pub(super) fn decode_reply(reply: Value, policy: &Policy) -> Result<Decision, StoreError> {
+    match reply {
+        Value::BulkString(text) => {
+            let ints = integers(&text).ok_or_else(|| {
+                StoreError::UnexpectedReply(format!(
+                    "{} script: a reply that is not integers separated by spaces: {:?}",
+                    policy.algorithm(),
+                    String::from_utf8_lossy(&text)
+                ))
+            })?;
+            decode_ints(&ints, policy)
+        }
+        Value::Array(values) => decode(&values, policy),
+        other => Err(StoreError::UnexpectedReply(format!(
+            "{} script: a reply that is neither integers nor an array: {other:?}",
+            policy.algorithm()
+        ))),
+    }
 }
 
 /// The integers of `text`, separated by single spaces (`None` if anything

@@ -299,7 +299,12 @@ pub async fn run(server: &RedisServer, setup: Setup) -> usize {
                     let mut invocation = check_script.key(&key);
                     invocation.key(&block_key);
                     algorithm_args(&mut invocation, &policy, &id);
-                    let reply = invocation.invoke_async(&mut conn).await.unwrap();
+                    // A check replies its integers as one string.
+                    let reply: String = invocation.invoke_async(&mut conn).await.unwrap();
+                    let reply = reply
+                        .split(' ')
+                        .map(|n| n.parse().unwrap_or_else(|_| panic!("reply {reply:?}")))
+                        .collect();
                     (reply, store.check("k", &policy).await.unwrap())
                 }
                 Some(command) => {

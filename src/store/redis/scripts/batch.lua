@@ -9,9 +9,7 @@
 --          check's); then, when P > 1, each check's policy (1 to P)
 -- Replies with each check's reply, in order, as check.lua would: its
 -- decision, or {-1, time left µs} for a blocked key, each as one string of
--- its integers separated by spaces (the client's reply parser costs about
--- as much per value as per string: one value per check, not five); an
--- error of one check (an unreadable state, a key of another type) is the
+-- its integers (`encode`); an error of one check (an unreadable state, a key of another type) is the
 -- array {-2, message}, so that it fails only that check.
 local n = #KEYS / 2
 local blocks = redis.call('MGET', unpack(KEYS, n + 1, 2 * n))
@@ -23,17 +21,6 @@ for p = 1, tonumber(ARGV[1]) do
   a = a + lengths[p] + 1
 end
 local several = #starts > 1
--- The format of a reply of `n` integers, by `n`.
-local formats = {}
-local function encode(reply)
-  local n = #reply
-  local format = formats[n]
-  if format == nil then
-    format = string.rep('%d ', n - 1) .. '%d'
-    formats[n] = format
-  end
-  return string.format(format, unpack(reply))
-end
 local out = {}
 for d = 1, n do
   local p = 1

@@ -138,3 +138,20 @@ local function zadd_many(key, score, base, n)
   end
 end
 
+
+-- A check's reply of integers as one string, separated by spaces: the
+-- client's reply parser costs about as much per value as per string, so a
+-- decision is one value to it, not five. (The usual sizes, a decision of one
+-- rate and a block, have constant formats: no string is built for them.)
+local function encode(reply)
+  local n = #reply
+  local format
+  if n == 5 then
+    format = '%d %d %d %d %d'
+  elseif n == 2 then
+    format = '%d %d'
+  else
+    format = string.rep('%d ', n - 1) .. '%d'
+  end
+  return string.format(format, unpack(reply))
+end

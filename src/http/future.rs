@@ -51,7 +51,6 @@ struct Pending<S, ReqBody> {
     waited: Duration,
 }
 
-/// The decision an admitted request carries to its response headers.
 /// The rate-limit fields of an admitted request's response, rendered when
 /// it was admitted (none when nothing limited it).
 type Shown = Option<Fields>;
@@ -266,7 +265,6 @@ impl Next {
     }
 }
 
-/// The answer of a future polled again after a panic inside poll.
 /// The state of an admitted request: its decision (if something limited
 /// it) goes to the request's extensions and its fields are rendered; the
 /// inner service is called at once when `ready`, else made ready first.
@@ -306,6 +304,7 @@ where
     }
 }
 
+/// The answer of a future polled again after a panic inside poll.
 fn poisoned<B>() -> Response<ResponseBody<B>> {
     denial::store_unavailable().map(ResponseBody::full)
 }

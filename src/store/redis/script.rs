@@ -7,7 +7,10 @@
 //! algorithm's state (`{prefix}:{algorithm}:{key}`) and the key's block
 //! (`{prefix}:block:{key}`). Every reply is
 //! `{allowed (1/0), spacing wait µs, then per rate: remaining, reset µs, wait µs}`,
-//! or `{-1, time left µs}` for a blocked key.
+//! or `{-1, time left µs}` for a blocked key: a check (and each check of a
+//! batch) replies these integers as one string, separated by spaces (one
+//! value for redis-rs to parse, not five: its parser's cost is per value),
+//! an operator's command as an array. [`decode_reply`] reads either.
 
 use std::time::Duration;
 
@@ -62,12 +65,6 @@ macro_rules! batch_script {
 /// benchmarks can feed the same script to `redis-benchmark`). `KEYS` are
 /// the key's sorted set and its block; `ARGV` the cost, the minimum spacing
 /// in µs (0: none), a request id, then each rate's max and window in µs.
-///
-/// Every check script replies a decision as one string of integers
-/// separated by spaces (one value for the client to parse, not five):
-/// `allowed` (1 or 0), the spacing wait (µs), then for each rate its
-/// remaining, reset (µs) and wait (µs); a blocked key replies `-1` and the
-/// µs its block has left.
 pub const SLIDING_LOG_SCRIPT: &str = check_script!("scripts/sliding_log.lua");
 /// The Lua source of [`Algorithm::FixedWindow`]. `KEYS` are the key's hash
 /// and its block; `ARGV` the cost, then each rate's max and window in µs.
@@ -242,7 +239,7 @@ impl Eval {
 
 /// The check of one request by `id` (the sliding log's entries, the
 /// concurrency limit's lease): one `EVALSHA`, atomic, on Redis's clock,
-/// whose reply [`decode`] reads.
+/// whose reply [`decode_reply`] reads.
 pub(super) fn check(keys: Keys<'_>, policy: &Policy, id: &str) -> Result<Eval, StoreError> {
     let script = &scripts(policy.algorithm()).check;
     let mut cmd = evalsha(script, keys);
@@ -408,7 +405,7 @@ pub(super) fn command(
     Ok(Eval { script, cmd })
 }
 
-/// The decision of any script's reply:
+/// The decision of a reply as an array (an operator's command):
 /// `{allowed, spacing wait, then per rate: remaining, reset, wait}`, or
 /// `{-1, time left}` for a blocked key.
 pub(super) fn decode(reply: &[Value], policy: &Policy) -> Result<Decision, StoreError> {

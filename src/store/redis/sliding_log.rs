@@ -47,7 +47,8 @@ use crate::store::StoreError;
 /// 11 s for a `5/10s` policy reads as a wrong limit): a retry at the very
 /// end of the window that the padding would have covered (within about
 /// `2 × tolerance` of the first admission's window end) meets one more
-/// denial, of those few milliseconds.
+/// denial, whose wait is those few milliseconds (over HTTP, a
+/// `Retry-After` of 1 s, the least it says).
 /// A denied request's entries are still in the set: the caller takes them
 /// back out.
 ///

@@ -269,3 +269,51 @@ pub(crate) fn reward(entries: &mut State, now: u64, policy: &Policy, units: u64)
     entries.truncate(keep);
     expiry(entries, policy)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A log whose entries (oldest first) are all inside every window.
+    struct Fake(Vec<u64>);
+
+    impl Log for Fake {
+        fn count(&self, _: usize, _: &Rate) -> u64 {
+            self.0.len() as u64
+        }
+        fn newest(&self) -> Option<u64> {
+            self.0.last().copied()
+        }
+        fn nth_newest(&self, _: usize, rank: u64) -> Option<u64> {
+            let rank = usize::try_from(rank).ok()?;
+            self.0.iter().rev().nth(rank).copied()
+        }
+    }
+
+    /// With padded waits (the `Transaction` execution's clock guard), a
+    /// denial right after the first admission waits the window, not the
+    /// window plus the padding (`Retry-After: 11` for `5/10s`); a denial
+    /// later in the window keeps its padding.
+    #[test]
+    fn padded_waits_are_at_most_the_window() {
+        let t0 = 1_763_800_000_000_000u64;
+        let pad = 10_000;
+        let policy: Policy = "3/1s".parse().unwrap();
+        let log = Fake(vec![t0, t0 + 1_000, t0 + 2_000]);
+        let times = |now: u64| Times {
+            at: now - 5_000,
+            from: now,
+            pad,
+        };
+        let burst = decide(&log, &policy, times(t0 + 3_000));
+        assert!(!burst.allowed());
+        // Unpadded 997 ms, padded 1,007 ms: capped at the window.
+        assert_eq!(burst.retry_after(), Duration::from_secs(1));
+        assert_eq!(burst.reset(), Duration::from_secs(1));
+        let later = decide(&log, &policy, times(t0 + 500_000));
+        assert_eq!(later.retry_after(), Duration::from_micros(500_000 + pad));
+        // Exact times are never capped below their value.
+        let exact = decide(&log, &policy, Times::exact(t0 + 3_000));
+        assert_eq!(exact.retry_after(), Duration::from_micros(997_000));
+    }
+}

@@ -60,13 +60,7 @@ fn check_one(counters: &mut State, now: u64, cost: u64, rate: &Rate) -> Option<(
     if count == 0 {
         return None;
     }
-    let status = RateStatus {
-        rate: *rate,
-        remaining: rate.max().saturating_sub(count),
-        reset: Duration::from_micros(end - now),
-        // The counter starts again at the next window.
-        wait: Duration::from_micros(if allowed { 0 } else { end - now }),
-    };
+    let status = status(rate, allowed, count, cost, end - now);
     let counter = Counter {
         window,
         index,
@@ -80,6 +74,20 @@ fn check_one(counters: &mut State, now: u64, cost: u64, rate: &Rate) -> Option<(
         DecisionBuilder::one(allowed, Algorithm::FixedWindow, status),
         end,
     ))
+}
+
+/// The status of `rate` whose window ends in `left` µs and counts `count`
+/// after the check.
+#[inline]
+fn status(rate: &Rate, allowed: bool, count: u64, cost: u64, left: u64) -> RateStatus {
+    let denies = !allowed && count + cost > rate.max();
+    RateStatus {
+        rate: *rate,
+        remaining: rate.max().saturating_sub(count),
+        reset: Duration::from_micros(if count > 0 { left } else { 0 }),
+        // The counter starts again at the next window.
+        wait: Duration::from_micros(if denies { left } else { 0 }),
+    }
 }
 
 /// [`check`] of any policy over any state.
@@ -117,14 +125,7 @@ fn check_many(counters: &mut State, now: u64, policy: &Policy) -> (Decision, u64
         let end = (index + 1) * window;
         let count = count_of(counters, rate);
         let count = if allowed { count + cost } else { count };
-        let denies = count + cost > rate.max() && !allowed;
-        builder.rate(RateStatus {
-            rate: *rate,
-            remaining: rate.max().saturating_sub(count),
-            reset: Duration::from_micros(if count > 0 { end - now } else { 0 }),
-            // The counter starts again at the next window.
-            wait: Duration::from_micros(if denies { end - now } else { 0 }),
-        });
+        builder.rate(status(rate, allowed, count, cost, end - now));
         let counter = Counter {
             window,
             index,

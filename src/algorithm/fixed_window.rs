@@ -41,9 +41,9 @@ pub(crate) fn check(counters: &mut State, now: u64, policy: &Policy) -> (Decisio
 }
 
 /// [`check`] of a policy of one rate over a state of that rate's window
-/// only (a key's usual state), whose count stays above zero: the same
-/// decision and state, without the builder. `None`, changing nothing,
-/// where the general path must decide.
+/// only (a key's usual state): the same decision and state, without the
+/// builder. `None`, changing nothing, for a state of other windows, which
+/// the general path keeps.
 #[inline]
 fn check_one(counters: &mut State, now: u64, cost: u64, rate: &Rate) -> Option<(Decision, u64)> {
     let window = rate.window_micros();
@@ -56,10 +56,9 @@ fn check_one(counters: &mut State, now: u64, cost: u64, rate: &Rate) -> Option<(
     let end = (index + 1) * window;
     let count = counter.filter(|c| c.index == index).map_or(0, |c| c.count);
     let allowed = count + cost <= rate.max();
+    // Above zero either way (a cost is at least 1, and a denial means the
+    // window already counts more than `max - cost`): the counter stays.
     let count = if allowed { count + cost } else { count };
-    if count == 0 {
-        return None;
-    }
     let status = status(rate, allowed, count, cost, end - now);
     let counter = Counter {
         window,
@@ -229,14 +228,7 @@ mod tests {
                 let policy = policy.fixed_window().unwrap().with_cost(cost).unwrap();
                 let rate = policy.rates()[0];
                 let (mut fast, mut general) = (State::new(), State::new());
-                let mut now = base;
-                for step in 0..200u64 {
-                    // Bursts, then gaps of up to a window.
-                    now += if step % 17 == 0 {
-                        400_000
-                    } else {
-                        step % 5 * 997
-                    };
+                for (step, now) in super::super::burst_times(base) {
                     let b = check_many(&mut general, now, &policy);
                     // A one-rate state of the rate's own window, whose
                     // count a check never leaves at zero: the fast path

@@ -145,21 +145,22 @@ fn check_one(state: &mut State, now: u64, cost: f64, rate: &Rate) -> (Decision, 
     let allowed = new_d <= w * (1.0 + EPSILON);
     let kept = if allowed { new_d } else { d };
     let status = status(rate, allowed, plan, kept);
-    let mut expires_at = 0;
-    if kept > 0.0 {
-        expires_at = now + ceil_positive(kept);
-        if allowed {
-            let tat = tat(window, now, kept);
-            match state.as_mut_slice() {
-                [only] => *only = tat,
-                _ => {
-                    state.clear();
-                    state.push(tat);
-                }
+    let expires_at = if kept > 0.0 {
+        now + ceil_positive(kept)
+    } else {
+        0
+    };
+    // Admitted, the offset is at least one interval (a cost is at least 1):
+    // the state becomes this rate's TAT alone.
+    if allowed {
+        let tat = tat(window, now, kept);
+        match state.as_mut_slice() {
+            [only] => *only = tat,
+            _ => {
+                state.clear();
+                state.push(tat);
             }
         }
-    } else if allowed && !matches!(state.as_slice(), [(win, _, _)] if *win == window) {
-        state.clear();
     }
     (
         DecisionBuilder::one(allowed, Algorithm::Gcra, status),
@@ -283,14 +284,7 @@ mod tests {
                     state.push((5_000_000, base + 3_000_000, 0.25));
                     state.push((60_000_000, base + 1_000, 0.5));
                 }
-                let mut now = base;
-                for step in 0..200u64 {
-                    // Bursts, then gaps of up to a window.
-                    now += if step % 17 == 0 {
-                        400_000
-                    } else {
-                        step % 5 * 997
-                    };
+                for (step, now) in super::super::burst_times(base) {
                     let a = check_one(&mut fast, now, cost as f64, &rate);
                     let b = check_many(&mut general, now, cost as f64, &[rate]);
                     assert_eq!(a, b, "{text} cost {cost} step {step}");

@@ -84,3 +84,17 @@ pub(crate) fn built(builder: DecisionBuilder) -> Decision {
         None => unreachable!("a policy always has a rate"),
     }
 }
+
+/// The times (µs) of the fast-path tests' checks: 200 from `base`, in
+/// bursts a few ms apart with a gap of 0.4 s every 17 checks.
+#[cfg(test)]
+pub(crate) fn burst_times(base: u64) -> impl Iterator<Item = (u64, u64)> {
+    (0..200u64).scan(base, |now, step| {
+        *now += if step % 17 == 0 {
+            400_000
+        } else {
+            step % 5 * 997
+        };
+        Some((step, *now))
+    })
+}

@@ -434,32 +434,21 @@ fn decode_ints(reply: &[i64], policy: &Policy) -> Result<Decision, StoreError> {
     let rates = policy.rates();
     let unexpected =
         |what: String| StoreError::UnexpectedReply(format!("{algorithm} script: {what}"));
-    let non_negative = |i: usize| {
-        u64::try_from(reply[i]).map_err(|_| {
-            unexpected(format!(
-                "{} must not be negative, got {}",
-                field(i),
-                reply[i]
-            ))
-        })
+    let non_negative = |i: usize, what: &str| {
+        u64::try_from(reply[i])
+            .map_err(|_| unexpected(format!("{what} must not be negative, got {}", reply[i])))
     };
     // Times are bounded by twice the longest window (GCRA's debt); a
     // larger one (a corrupted key) is read as that bound, so no caller
     // adds an absurd wait to a clock.
-    let micros = |i: usize| non_negative(i).map(|us| Duration::from_micros(us.min(MAX_MICROS)));
+    let micros =
+        |i: usize| non_negative(i, field(i)).map(|us| Duration::from_micros(us.min(MAX_MICROS)));
     let Some(&first) = reply.first() else {
         return Err(unexpected("an empty reply".to_owned()));
     };
     let allowed = match first {
         -1 if reply.len() == 2 => {
-            let left = u64::try_from(reply[1])
-                .map_err(|_| {
-                    unexpected(format!(
-                        "block time left must not be negative, got {}",
-                        reply[1]
-                    ))
-                })?
-                .min(MAX_MICROS);
+            let left = non_negative(1, "block time left")?.min(MAX_MICROS);
             return Ok(algorithm::blocked(policy, left));
         }
         0 => false,
@@ -476,7 +465,7 @@ fn decode_ints(reply: &[i64], policy: &Policy) -> Result<Decision, StoreError> {
     let status = |i: usize, rate: &crate::policy::Rate| -> Result<RateStatus, StoreError> {
         Ok(RateStatus {
             rate: *rate,
-            remaining: non_negative(i)?,
+            remaining: non_negative(i, field(i))?,
             reset: micros(i + 1)?,
             wait: micros(i + 2)?,
         })

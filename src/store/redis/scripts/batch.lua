@@ -9,8 +9,9 @@
 --          check's); then, when P > 1, each check's policy (1 to P)
 -- Replies with each check's reply, in order, as check.lua would: its
 -- decision, or {-1, time left µs} for a blocked key, each as one string of
--- its integers (`encode`); an error of one check (an unreadable state, a key of another type) is the
--- array {-2, message}, so that it fails only that check.
+-- its integers (`encode`); an error of one check (an unreadable state, a
+-- key of another type) is the array {-2, message}, so that it fails only
+-- that check.
 local n = #KEYS / 2
 local blocks = redis.call('MGET', unpack(KEYS, n + 1, 2 * n))
 local starts, lengths = {}, {}

@@ -138,7 +138,6 @@ local function zadd_many(key, score, base, n)
   end
 end
 
-
 -- A check's reply of integers as one string, separated by spaces: the
 -- client's reply parser costs about as much per value as per string, so a
 -- decision is one value to it, not five. (The usual sizes, a decision of one

@@ -1,5 +1,7 @@
 #![doc = include_str!("docs/crate.md")]
 
+#[cfg(feature = "admin")]
+pub mod admin;
 mod algorithm;
 pub mod clock;
 pub mod decision;

@@ -6,6 +6,7 @@
 //! |---|---|---|
 //! | `ratelimit_decisions_total` | counter | `policy` (the limiter's name; `<rule>@<policy>` under rules), `outcome`: `allowed`, `limited`, `skipped` (no key, or an allowed key), `store_error` |
 //! | `ratelimit_store_seconds` | histogram | `policy`: time the store took to decide |
+//! | `ratelimit_rule_sets_total` | counter | `result`: `loaded` (a rule set a watch put in force), `rejected` (one it refused: the rules in force stayed) |
 
 use std::time::Instant;
 
@@ -53,4 +54,16 @@ pub(crate) fn store_latency(policy: &str, sent: Option<Instant>) {
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (policy, sent);
+}
+
+/// Count a rule set a watch put in force (`loaded`) or refused.
+pub(crate) fn rules_loaded(loaded: bool) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "ratelimit_rule_sets_total",
+        "result" => if loaded { "loaded" } else { "rejected" }
+    )
+    .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = loaded;
 }

@@ -4,23 +4,42 @@
 use axum::Router;
 use axum::routing::get;
 use tower_redis_ratelimit::rules::RulesLayer;
-use tower_redis_ratelimit::rules::{RuleSet, Rules};
+use tower_redis_ratelimit::rules::{RuleSet, Rules, Watch};
 use tower_redis_ratelimit::{Limiter, Policy, RateLimitLayer, Store, key};
 
 use crate::settings::{BadSetting, ClientKey, RulesSource, Settings};
 use crate::store::rules_client;
 
+/// What the app limits with, for the admin router. (Without the `admin`
+/// feature only the watch is used: held, it keeps following the rules.)
+#[cfg_attr(not(feature = "admin"), allow(dead_code))]
+pub(crate) enum Operated {
+    /// `RATE_LIMIT=off`.
+    Nothing,
+    Limiter(Limiter),
+    /// The rules, and the watch that follows their source (it stops when
+    /// dropped).
+    Rules(Rules, Watch),
+}
+
 /// The app, with its limited routes counted in `store` as the settings say.
-pub(crate) fn router<St: Store>(store: St, settings: &Settings) -> Result<Router, BadSetting> {
+pub(crate) fn router<St: Store>(
+    store: St,
+    settings: &Settings,
+) -> Result<(Router, Operated), BadSetting> {
     let Some(policy) = settings.policy.clone() else {
         // `RATE_LIMIT=off`: the same routes with no layer, the baseline of
         // the benchmarks.
-        return Ok(with_health(Router::new().route("/", get(hello))));
+        return Ok((
+            with_health(Router::new().route("/", get(hello))),
+            Operated::Nothing,
+        ));
     };
     let limiter = limiter(store, policy, settings)?;
+    let operated = Operated::Limiter(limiter.clone());
     // The client's address: the peer's, or behind trusted proxies the one
     // they forwarded (never a header the client wrote itself).
-    match (&settings.key, &settings.client_ip) {
+    let app = match (&settings.key, &settings.client_ip) {
         (ClientKey::PeerIp, None) => routes(
             RateLimitLayer::from_limiter(limiter, key::peer_ip()),
             settings,
@@ -39,7 +58,8 @@ pub(crate) fn router<St: Store>(store: St, settings: &Settings) -> Result<Router
             RateLimitLayer::from_limiter(limiter, header.clone().or(client_ip.clone())),
             settings,
         ),
-    }
+    }?;
+    Ok((app, operated))
 }
 
 /// The engine of the limited routes: `policy` in `store`, with the fail
@@ -65,12 +85,12 @@ pub(crate) fn limiter<St: Store>(
 }
 
 /// Every path limited by the rules from `source`, which are followed as
-/// they change for as long as the server runs, and `GET /health`.
+/// they change for as long as the returned watch lives, and `GET /health`.
 pub(crate) async fn rules_router<St: Store>(
     store: St,
     source: &RulesSource,
     settings: &Settings,
-) -> Result<Router, BadSetting> {
+) -> Result<(Router, Operated), BadSetting> {
     let empty = RuleSet::from_toml("").map_err(|error| BadSetting::new("RULES", error))?;
     let mut rules = Rules::new(store, empty).with_fail_mode(settings.fail_mode.clone());
     if !settings.deny_cache {
@@ -95,9 +115,7 @@ pub(crate) async fn rules_router<St: Store>(
                 .map_err(|error| BadSetting::new("RULES", error))?
         }
     };
-    // Follow the rules for the life of the server.
-    watch.detach();
-    let mut layer = RulesLayer::new(rules).with_headers(settings.headers);
+    let mut layer = RulesLayer::new(rules.clone()).with_headers(settings.headers);
     if let Some(client_ip) = &settings.client_ip {
         layer = layer.with_client_ip(client_ip.clone());
     }
@@ -105,7 +123,7 @@ pub(crate) async fn rules_router<St: Store>(
         .route("/login", axum::routing::post(login))
         .fallback(hello)
         .layer(layer);
-    Ok(with_health(limited))
+    Ok((with_health(limited), Operated::Rules(rules, watch)))
 }
 
 /// A demonstration login: `x-password: demo` succeeds, anything else fails.

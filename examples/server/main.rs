@@ -55,6 +55,8 @@
 
 use std::process::ExitCode;
 
+#[cfg(feature = "admin")]
+mod admin;
 mod app;
 mod serve;
 mod settings;
@@ -65,7 +67,7 @@ use tokio::net::TcpListener;
 use tower_redis_ratelimit::MemoryStore;
 use tracing_subscriber::EnvFilter;
 
-use crate::app::{router, rules_router};
+use crate::app::{Operated, router, rules_router};
 use crate::serve::{ConnectionLimits, serve, shutdown_signal};
 use crate::settings::{BadSetting, Settings};
 use crate::store::{connect_redis, without_password};
@@ -76,16 +78,50 @@ async fn main() -> ExitCode {
     // Listening for SIGTERM from the start: one sent while the server
     // starts stops it gracefully too.
     let stop = shutdown_signal();
-    let (listener, app, limits) = match setup().await {
+    let Ready {
+        listener,
+        app,
+        limits,
+        operated,
+        admin,
+    } = match setup().await {
         Ok(ready) => ready,
         Err(bad) => {
             eprintln!("{bad}");
             return ExitCode::from(2);
         }
     };
-    serve(listener, app, limits, stop).await;
+    // The admin router stops with the app; the rules are followed (the
+    // watch in `operated`) until both have stopped.
+    match admin {
+        #[cfg(feature = "admin")]
+        Some(admin) => {
+            let stopped = serve::shared(stop);
+            tokio::join!(
+                serve(listener, app, limits, stopped()),
+                serve(admin.listener, admin.router, limits, stopped()),
+            );
+        }
+        _ => serve(listener, app, limits, stop).await,
+    }
+    drop(operated);
     ExitCode::SUCCESS
 }
+
+/// What `setup` readies.
+struct Ready {
+    listener: TcpListener,
+    app: Router,
+    limits: ConnectionLimits,
+    operated: Operated,
+    admin: Option<AdminListener>,
+}
+
+/// The admin router on its own listener.
+#[cfg(feature = "admin")]
+use crate::admin::AdminListener;
+#[cfg(not(feature = "admin"))]
+enum AdminListener {}
 
 /// Logs at `info` unless `RUST_LOG` says otherwise.
 fn init_logging() {
@@ -98,10 +134,10 @@ fn init_logging() {
         .init();
 }
 
-/// Reads the settings, opens the store and binds the listener.
-async fn setup() -> Result<(TcpListener, Router, ConnectionLimits), BadSetting> {
+/// Reads the settings, opens the store and binds the listeners.
+async fn setup() -> Result<Ready, BadSetting> {
     let settings = Settings::from_env()?;
-    let app = match (&settings.rules, &settings.redis_url) {
+    let (app, operated) = match (&settings.rules, &settings.redis_url) {
         (Some(source), None) => rules_router(MemoryStore::new(), source, &settings).await?,
         (Some(source), Some(url)) => {
             rules_router(connect_redis(url).await?, source, &settings).await?
@@ -116,7 +152,18 @@ async fn setup() -> Result<(TcpListener, Router, ConnectionLimits), BadSetting> 
         )
     })?;
     log_start(&settings, &listener);
-    Ok((listener, app, settings.limits))
+    let admin = match &settings.admin {
+        #[cfg(feature = "admin")]
+        Some(admin) => Some(crate::admin::listen(admin, &operated).await?),
+        _ => None,
+    };
+    Ok(Ready {
+        listener,
+        app,
+        limits: settings.limits,
+        operated,
+        admin,
+    })
 }
 
 /// The one line logged at start: what is limited, how, and where.

@@ -112,3 +112,23 @@ pub(crate) fn shutdown_signal() -> impl Future<Output = ()> {
         }
     }
 }
+
+/// One stop for several servers: each call of the returned function is a
+/// future that completes once `stop` has.
+#[cfg_attr(not(feature = "admin"), allow(dead_code))]
+pub(crate) fn shared(
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> impl Fn() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
+    let (stopped, watch) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        stop.await;
+        let _ = stopped.send(true);
+    });
+    move || {
+        let mut watch = watch.clone();
+        Box::pin(async move {
+            // An error: the sender is gone, which it is only after the stop.
+            let _ = watch.wait_for(|stopped| *stopped).await;
+        })
+    }
+}

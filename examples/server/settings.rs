@@ -32,6 +32,18 @@ pub(crate) struct Settings {
     pub(crate) fail_mode_text: String,
     pub(crate) headers: HeaderStyle,
     pub(crate) headers_text: String,
+    /// `ADMIN_BIND` and `ADMIN_TOKEN`: the operator's router on a listener
+    /// of its own.
+    pub(crate) admin: Option<AdminSettings>,
+}
+
+/// Where the admin router listens, and the token it requires (refused at
+/// start without the `admin` feature).
+#[cfg_attr(not(feature = "admin"), allow(dead_code))]
+pub(crate) struct AdminSettings {
+    pub(crate) bind: String,
+    /// Never logged nor shown in an error.
+    pub(crate) token: String,
 }
 
 impl Settings {
@@ -204,6 +216,8 @@ impl Settings {
             }
         };
 
+        let admin = admin_settings(&bind)?;
+
         Ok(Self {
             bind,
             rules,
@@ -218,8 +232,52 @@ impl Settings {
             fail_mode_text,
             headers,
             headers_text,
+            admin,
         })
     }
+}
+
+/// `ADMIN_BIND` and `ADMIN_TOKEN`: both or neither, never the public
+/// listener, a token of at least 16 bytes.
+fn admin_settings(public: &str) -> Result<Option<AdminSettings>, BadSetting> {
+    let (bind, token) = match (var("ADMIN_BIND")?, var("ADMIN_TOKEN")?) {
+        (None, None) => return Ok(None),
+        (Some(_), None) => {
+            return Err(BadSetting::new(
+                "ADMIN_TOKEN",
+                "ADMIN_BIND is set: set ADMIN_TOKEN too (at least 16 bytes), the token every admin request must bear",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(BadSetting::new(
+                "ADMIN_BIND",
+                "ADMIN_TOKEN is set: set ADMIN_BIND too, the address of the admin listener (never BIND's)",
+            ));
+        }
+        (Some(bind), Some(token)) => (bind, token),
+    };
+    if !cfg!(feature = "admin") {
+        return Err(BadSetting::new(
+            "ADMIN_BIND",
+            "the admin router is a crate feature: run with `--features admin`",
+        ));
+    }
+    if token.len() < 16 {
+        return Err(BadSetting::new(
+            "ADMIN_TOKEN",
+            format!(
+                "{} bytes long: use at least 16 (`openssl rand -hex 32`)",
+                token.len()
+            ),
+        ));
+    }
+    if bind == public {
+        return Err(BadSetting::new(
+            "ADMIN_BIND",
+            "the same address as BIND: the admin router is never on the public listener",
+        ));
+    }
+    Ok(Some(AdminSettings { bind, token }))
 }
 
 /// The value of environment variable `name`; `None` if it is unset or empty.

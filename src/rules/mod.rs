@@ -68,7 +68,9 @@ pub use crate::http::{RuleLimit, RulesLayer};
 pub use admission::Admission;
 pub use check::RulesCheck;
 pub use engine::{ActiveRules, Call, Rules};
-pub use watch::{PublishError, Watch, WatchStatus, publish};
+#[cfg(feature = "admin")]
+pub(crate) use watch::Source;
+pub use watch::{PublishError, Rejected, Watch, WatchStatus, publish};
 
 /// The longest `block` a rule may set: a day. (A typo of `15d` for `15m`
 /// would otherwise lock every breaching caller out for two weeks.)

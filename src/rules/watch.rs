@@ -1,9 +1,10 @@
 //! Where rule sets come from at runtime: a file that is watched, or a
 //! versioned key in Redis that every process follows.
 
+use std::fmt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures_util::StreamExt as _;
 
@@ -15,19 +16,72 @@ use super::{RuleSet, Rules, RulesError};
 pub struct Watch {
     task: Option<tokio::task::JoinHandle<()>>,
     status: Arc<Mutex<WatchStatus>>,
+    source: Source,
+}
+
+/// Where a watch reads its rule sets (and where the admin router publishes
+/// one).
+#[derive(Clone)]
+#[cfg_attr(not(feature = "admin"), allow(dead_code))]
+pub(crate) enum Source {
+    File(PathBuf),
+    Redis {
+        client: Box<redis::Client>,
+        key: String,
+    },
+}
+
+/// The key and path only: a client's address may carry a password.
+impl fmt::Debug for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::File(path) => f.debug_tuple("File").field(path).finish(),
+            Self::Redis { key, .. } => f.debug_struct("Redis").field("key", key).finish(),
+        }
+    }
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::File(path) => write!(f, "file {}", path.display()),
+            Self::Redis { key, .. } => write!(f, "redis {key}"),
+        }
+    }
 }
 
 /// What a watch last did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WatchStatus {
+    /// Where the rules come from: `file <path>` or `redis <key>`.
+    pub source: String,
     /// The version in force, for a Redis source (the counter the publisher
     /// increments); for a file, how many times its rules were put in force.
     pub version: u64,
+    /// The text of the rule set in force, once the watch put one in force.
+    pub text: Option<String>,
+    /// When the rule set in force was put in force.
+    pub loaded_at: Option<SystemTime>,
     /// Why the latest rule set seen was rejected (the previous rules stay
     /// in force), or why the source could not be read; `None` once a
     /// rule set is in force again.
     pub error: Option<String>,
+    /// The last rule set that was rejected, kept after a later one is put
+    /// in force.
+    pub rejected: Option<Rejected>,
+}
+
+/// A rule set a watch rejected: the rules in force stayed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Rejected {
+    /// Its text.
+    pub text: String,
+    /// Why it was rejected: the rule and field, and the problem.
+    pub error: String,
+    /// When it was seen.
+    pub at: SystemTime,
 }
 
 impl Watch {
@@ -37,6 +91,12 @@ impl Watch {
             Ok(status) => status.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
         }
+    }
+
+    /// The shared status and the source, for the admin router.
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
+    pub(crate) fn shared(&self) -> (Arc<Mutex<WatchStatus>>, Source) {
+        (Arc::clone(&self.status), self.source.clone())
     }
 }
 
@@ -143,7 +203,11 @@ impl Rules {
     pub fn watch_file(&self, path: impl Into<PathBuf>, every: Duration) -> Watch {
         let path = path.into();
         let rules = self.clone();
-        let status = Arc::new(Mutex::new(WatchStatus::default()));
+        let source = Source::File(path.clone());
+        let status = Arc::new(Mutex::new(WatchStatus {
+            source: source.to_string(),
+            ..WatchStatus::default()
+        }));
         let status_in = Arc::clone(&status);
         let task = tokio::spawn(async move {
             // The first read puts the file in force too: it may have changed
@@ -178,19 +242,21 @@ impl Rules {
                 } else {
                     RuleSet::from_toml(&text)
                 };
-                seen = Some(text);
                 apply(
                     &rules,
                     parsed,
+                    &text,
                     &status_in,
                     None,
                     &path.display().to_string(),
                 );
+                seen = Some(text);
             }
         });
         Watch {
             task: Some(task),
             status,
+            source,
         }
     }
 
@@ -220,9 +286,16 @@ impl Rules {
             }));
         };
         self.replace(RuleSet::parse(&text)?);
+        let source = Source::Redis {
+            client: Box::new(client.clone()),
+            key: key.clone(),
+        };
         let status = Arc::new(Mutex::new(WatchStatus {
+            source: source.to_string(),
             version,
-            error: None,
+            text: Some(text.clone()),
+            loaded_at: Some(SystemTime::now()),
+            ..WatchStatus::default()
         }));
         let status_in = Arc::clone(&status);
         let rules = self.clone();
@@ -242,6 +315,7 @@ impl Rules {
         Ok(Watch {
             task: Some(task),
             status,
+            source,
         })
     }
 }
@@ -283,7 +357,14 @@ async fn follow(
         if (version, text.as_deref()) != (applied.0, applied.1.as_deref()) {
             *applied = (version, text.clone());
             match text {
-                Some(text) => apply(rules, RuleSet::parse(&text), status, Some(version), key),
+                Some(text) => apply(
+                    rules,
+                    RuleSet::parse(&text),
+                    &text,
+                    status,
+                    Some(version),
+                    key,
+                ),
                 None => record(status, |s| {
                     s.error = Some(format!(
                         "{key}: the rule set was deleted; the rules in force stay"
@@ -306,6 +387,7 @@ async fn follow(
 fn apply(
     rules: &Rules,
     parsed: Result<RuleSet, RulesError>,
+    text: &str,
     status: &Mutex<WatchStatus>,
     version: Option<u64>,
     source: &str,
@@ -314,14 +396,26 @@ fn apply(
         Ok(set) => {
             rules.replace(set);
             tracing::info!(source, version, "rules: new rule set in force");
+            crate::metrics::rules_loaded(true);
             record(status, |s| {
                 s.version = version.unwrap_or(s.version + 1);
+                s.text = Some(text.to_owned());
+                s.loaded_at = Some(SystemTime::now());
                 s.error = None;
             });
         }
         Err(error) => {
             tracing::error!(source, version, %error, "rules: rule set rejected; the rules in force stay");
-            record(status, |s| s.error = Some(error.to_string()));
+            crate::metrics::rules_loaded(false);
+            let error = error.to_string();
+            record(status, |s| {
+                s.rejected = Some(Rejected {
+                    text: text.to_owned(),
+                    error: error.clone(),
+                    at: SystemTime::now(),
+                });
+                s.error = Some(error);
+            });
         }
     }
 }

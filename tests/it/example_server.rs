@@ -173,6 +173,44 @@ fn a_bad_value_exits_with_status_2_naming_the_variable() {
     }
 }
 
+/// The admin router needs both its address and its token, a token of at
+/// least 16 bytes, and never the public listener; the token is never
+/// echoed.
+#[test]
+fn admin_settings_are_both_or_neither_and_never_public() {
+    let token = "a-token-of-sixteen-plus-bytes";
+    for (vars, named) in [
+        (&[("ADMIN_TOKEN", token)][..], "ADMIN_BIND"),
+        (&[("ADMIN_BIND", "127.0.0.1:0")][..], "ADMIN_TOKEN"),
+        (
+            &[
+                ("ADMIN_BIND", "127.0.0.1:0"),
+                ("ADMIN_TOKEN", "short-token"),
+            ][..],
+            "ADMIN_TOKEN",
+        ),
+        (
+            &[
+                ("BIND", "127.0.0.1:3999"),
+                ("ADMIN_BIND", "127.0.0.1:3999"),
+                ("ADMIN_TOKEN", token),
+            ][..],
+            "ADMIN_BIND",
+        ),
+    ] {
+        let (status, stderr) = refused(vars);
+        assert_eq!(status, Some(2), "{vars:?}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!("{named}: ")),
+            "{vars:?}: {stderr}"
+        );
+        assert!(
+            !stderr.contains(token) && !stderr.contains("short-token"),
+            "{stderr}"
+        );
+    }
+}
+
 /// Behind trusted proxies the forwarded client is the key; otherwise the
 /// header is ignored and the peer is the key, so a client cannot choose it.
 #[test]

@@ -5,6 +5,8 @@
 mod support;
 
 mod acl;
+#[cfg(feature = "admin")]
+mod admin;
 mod algorithm_differential;
 mod batching;
 mod breaker;

@@ -1,0 +1,54 @@
+//! The operator's router (`ADMIN_BIND`, `ADMIN_TOKEN`; `--features admin`)
+//! on a listener of its own, never the public one.
+
+use axum::Router;
+use tokio::net::TcpListener;
+use tower_redis_ratelimit::admin::Admin;
+
+use crate::app::Operated;
+use crate::settings::{AdminSettings, BadSetting};
+
+/// The admin router and its listener.
+pub(crate) struct AdminListener {
+    pub(crate) listener: TcpListener,
+    pub(crate) router: Router,
+}
+
+/// Build the admin router over what the app limits with, with the
+/// Prometheus recorder installed for the process, and bind its listener.
+pub(crate) async fn listen(
+    settings: &AdminSettings,
+    operated: &Operated,
+) -> Result<AdminListener, BadSetting> {
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|error| {
+            BadSetting::new(
+                "ADMIN_BIND",
+                format!("cannot install the metrics recorder: {error}"),
+            )
+        })?;
+    // The token's length was checked with the settings.
+    let admin = Admin::new(settings.token.clone())
+        .map_err(|error| BadSetting::new("ADMIN_TOKEN", error))?
+        .with_metrics(metrics);
+    let admin = match operated {
+        Operated::Nothing => admin,
+        Operated::Limiter(limiter) => admin.with_limiter(limiter.clone()),
+        Operated::Rules(rules, watch) => admin.with_rules(rules).with_watch(watch),
+    };
+    let listener = TcpListener::bind(&settings.bind).await.map_err(|error| {
+        BadSetting::new(
+            "ADMIN_BIND",
+            format!("cannot listen on {:?}: {error}", settings.bind),
+        )
+    })?;
+    let addr = listener
+        .local_addr()
+        .map_or_else(|_| settings.bind.clone(), |addr| addr.to_string());
+    tracing::info!("admin router on http://{addr} (bearer token required)");
+    Ok(AdminListener {
+        listener,
+        router: admin.into_router(),
+    })
+}

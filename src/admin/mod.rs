@@ -1,0 +1,178 @@
+//! The operator's side (feature `admin`): an axum [`Router`] to mount on a
+//! listener of its own, from which an operator sees and steers the limits of
+//! a running server without writing code.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use tower_redis_ratelimit::admin::Admin;
+//! use tower_redis_ratelimit::rules::{RuleSet, Rules};
+//! use tower_redis_ratelimit::MemoryStore;
+//!
+//! let rules = Rules::new(MemoryStore::new(), RuleSet::from_toml("")?);
+//! let watch = rules.watch_file("rules.toml", std::time::Duration::from_secs(1));
+//! let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+//! let admin = Admin::new(std::env::var("ADMIN_TOKEN")?)?
+//!     .with_rules(&rules)
+//!     .with_watch(&watch)
+//!     .with_metrics(metrics)
+//!     .into_router();
+//! // Never on the public listener: a port only operators reach.
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:9000").await?;
+//! axum::serve(listener, admin).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Every route, `/metrics` included, needs `Authorization: Bearer <token>`
+//! (compared in constant time; 401 otherwise). Bodies are JSON, errors
+//! `application/problem+json` naming what was wrong. No cookies and no CORS
+//! headers: a page of another site cannot drive it from a browser.
+//!
+//! | route | does |
+//! |---|---|
+//! | `GET /api/rules` | the rules in force: each rule's policies, and the watch's source, version, text, load time, error and last rejected set |
+//! | `PUT /api/rules` | publish a rule set `{"text": "..."}` (TOML or JSON), validated first: to Redis (every process follows it) or into the watched file |
+//! | `GET /api/limits/{name}/keys/{key}` | peek: the decision one more request would get (its `remaining` is what that request would leave), reset, blocked |
+//! | `POST /api/limits/{name}/keys/{key}/reset` | forget the key's counts, leases and block |
+//! | `POST /api/limits/{name}/keys/{key}/block` | `{"seconds": N}`: deny the key for N seconds (0 lifts a block) |
+//! | `POST /api/limits/{name}/keys/{key}/penalty` | `{"units": N}`: take N units of its quota |
+//! | `POST /api/limits/{name}/keys/{key}/reward` | `{"units": N}`: give N units back |
+//! | `GET /metrics` | the crate's metrics in Prometheus's text format |
+//!
+//! `{name}` is a rule's name or a [`Limiter`]'s
+//! ([`with_limiter`](Admin::with_limiter)); `?tier=` picks a rule's tier.
+//! The key is the one the layer counts (the extractor's output, as the
+//! store's keys and the logs show it), percent-encoded in the path. The key
+//! commands go to the store, so they take effect in every process sharing
+//! it.
+
+mod auth;
+mod keys;
+mod problem;
+mod rules;
+
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::routing::{get, post};
+use metrics_exporter_prometheus::PrometheusHandle;
+
+use crate::Limiter;
+use crate::rules::{Rules, Source, Watch, WatchStatus};
+
+use self::auth::Token;
+
+/// The shortest token [`Admin::new`] accepts, in bytes.
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// Why an [`Admin`] cannot be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdminError {
+    /// The bearer token is too short to resist guessing.
+    #[error("the admin token is {len} bytes long; it must be at least {MIN_TOKEN_LEN}")]
+    TokenTooShort {
+        /// Its length in bytes.
+        len: usize,
+    },
+}
+
+/// The builder of the admin router: what it operates, and its token.
+#[derive(Debug)]
+#[must_use]
+pub struct Admin {
+    token: Token,
+    state: State,
+}
+
+/// What the routes read: shared by every request.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct State {
+    rules: Option<Rules>,
+    watch: Option<(Arc<Mutex<WatchStatus>>, Source)>,
+    limiters: Vec<Limiter>,
+    metrics: Option<PrometheusHandle>,
+}
+
+impl Admin {
+    /// An admin router that answers only requests bearing `token` (at
+    /// least [`MIN_TOKEN_LEN`] bytes).
+    ///
+    /// # Errors
+    /// [`AdminError::TokenTooShort`].
+    pub fn new(token: impl Into<String>) -> Result<Self, AdminError> {
+        Ok(Self {
+            token: Token::new(token.into())?,
+            state: State::default(),
+        })
+    }
+
+    /// Operate `rules`: list them, and run key commands on each rule and
+    /// tier.
+    pub fn with_rules(mut self, rules: &Rules) -> Self {
+        self.state.rules = Some(rules.clone());
+        self
+    }
+
+    /// Show what `watch` (of the rules given to
+    /// [`with_rules`](Self::with_rules)) last did, and publish rule sets to
+    /// its source. The watch keeps running as its owner decides.
+    pub fn with_watch(mut self, watch: &Watch) -> Self {
+        self.state.watch = Some(watch.shared());
+        self
+    }
+
+    /// Run key commands on `limiter`, under its
+    /// [`name`](Limiter::name).
+    pub fn with_limiter(mut self, limiter: Limiter) -> Self {
+        self.state.limiters.push(limiter);
+        self
+    }
+
+    /// Serve `GET /metrics` from `handle` (the recorder the application
+    /// installed with `metrics_exporter_prometheus::PrometheusBuilder`).
+    pub fn with_metrics(mut self, handle: PrometheusHandle) -> Self {
+        self.state.metrics = Some(handle);
+        self
+    }
+
+    /// The router, every route behind the token.
+    pub fn into_router(self) -> Router {
+        let state = Arc::new(self.state);
+        Router::new()
+            .route("/api/rules", get(rules::show).put(rules::publish))
+            .route("/api/limits/{name}/keys/{key}", get(keys::peek))
+            .route(
+                "/api/limits/{name}/keys/{key}/{command}",
+                post(keys::command),
+            )
+            .route("/metrics", get(metrics))
+            .fallback(problem::not_found)
+            .with_state(state)
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::new(self.token),
+                auth::require,
+            ))
+    }
+}
+
+/// `GET /metrics`.
+async fn metrics(
+    axum::extract::State(state): axum::extract::State<Arc<State>>,
+) -> Result<axum::response::Response, problem::Problem> {
+    let handle = state.metrics.as_ref().ok_or_else(|| {
+        problem::Problem::new(
+            http::StatusCode::NOT_FOUND,
+            "no metrics here: the application gave the admin router no Prometheus recorder",
+        )
+    })?;
+    Ok((
+        [(
+            http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        handle.render(),
+    )
+        .into_response())
+}
+
+use axum::response::IntoResponse as _;

@@ -1,0 +1,158 @@
+//! The rules in force, and publishing a rule set.
+
+use std::sync::{Arc, PoisonError};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State as Shared;
+use http::StatusCode;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::State;
+use super::problem::{Problem, parse_body};
+use crate::rules::{RuleSet, Source, WatchStatus};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Publish {
+    /// A rule set in TOML, or JSON.
+    text: String,
+}
+
+/// `GET /api/rules`: each rule and tier's policy, and what the watch last
+/// did.
+pub(crate) async fn show(Shared(state): Shared<Arc<State>>) -> Json<Value> {
+    let rules = state.rules.as_ref().map(|rules| {
+        let active = rules.current();
+        let set = active.set();
+        json!({
+            "version": set.version(),
+            "rules": set.rules().iter().map(|rule| json!({
+                "name": rule.name(),
+                "policy": rule.policy(None).to_string(),
+                "algorithm": rule.policy(None).algorithm().to_string(),
+                "tiers": rule.tiers()
+                    .map(|(tier, policy)| (tier.to_owned(), Value::String(policy.to_string())))
+                    .collect::<serde_json::Map<_, _>>(),
+            })).collect::<Vec<_>>(),
+        })
+    });
+    let limiters: Vec<Value> = state
+        .limiters
+        .iter()
+        .map(|l| json!({ "name": l.name(), "policy": l.policy().to_string() }))
+        .collect();
+    let watch = state.watch.as_ref().map(|(status, _)| {
+        let status = status
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        watch_json(&status)
+    });
+    Json(json!({
+        "source": match (&state.rules, &state.watch) {
+            (None, _) => Value::Null,
+            (Some(_), None) => Value::String("code".to_owned()),
+            (Some(_), Some((_, source))) => Value::String(source.to_string()),
+        },
+        "rules": rules,
+        "watch": watch,
+        "limiters": limiters,
+    }))
+}
+
+fn watch_json(status: &WatchStatus) -> Value {
+    json!({
+        "source": status.source,
+        "version": status.version,
+        "text": status.text,
+        "loaded_at_ms": status.loaded_at.map(unix_ms),
+        "error": status.error,
+        "rejected": status.rejected.as_ref().map(|r| json!({
+            "text": r.text,
+            "error": r.error,
+            "at_ms": unix_ms(r.at),
+        })),
+    })
+}
+
+fn unix_ms(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// `PUT /api/rules` `{"text": "..."}`: validated, then published to the
+/// watch's source. A set that does not validate changes nothing.
+pub(crate) async fn publish(
+    Shared(state): Shared<Arc<State>>,
+    body: Bytes,
+) -> Result<(StatusCode, Json<Value>), Problem> {
+    let Publish { text } = parse_body(&body)?;
+    if let Err(error) = RuleSet::parse(&text) {
+        let mut problem =
+            Problem::invalid(format!("rule set rejected: {error}")).with("field", error.field());
+        if let Some(rule) = error.rule() {
+            problem = problem.with("rule", rule);
+        }
+        return Err(problem);
+    }
+    let Some((_, source)) = &state.watch else {
+        return Err(Problem::new(
+            StatusCode::CONFLICT,
+            "these rules are not read from a file or Redis: only a watched source accepts a rule set",
+        ));
+    };
+    match source {
+        Source::Redis { client, key } => {
+            let failed = |error: redis::RedisError| {
+                tracing::warn!(%error, key, "admin: publishing the rule set failed");
+                Problem::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("redis: {error}; nothing was published"),
+                )
+            };
+            let mut connection = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(failed)?;
+            let version = crate::rules::publish(&mut connection, key, &text)
+                .await
+                .map_err(|error| match error {
+                    crate::rules::PublishError::Redis(error) => failed(error),
+                    other => Problem::invalid(other.to_string()),
+                })?;
+            tracing::info!(key, version, "admin: rule set published");
+            Ok((
+                StatusCode::OK,
+                Json(json!({ "source": source.to_string(), "version": version })),
+            ))
+        }
+        Source::File(path) => {
+            write_file(path, &text).await.map_err(|error| {
+                tracing::warn!(%error, path = %path.display(), "admin: writing the rules file failed");
+                Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("cannot write {}: {error}; the file is unchanged", path.display()),
+                )
+            })?;
+            tracing::info!(path = %path.display(), "admin: rule set written");
+            // The watch reads the file on its next turn.
+            Ok((
+                StatusCode::ACCEPTED,
+                Json(json!({ "source": source.to_string() })),
+            ))
+        }
+    }
+}
+
+/// Replace the file's text at once: written beside it, then renamed over
+/// it, so the watch never reads half a file.
+async fn write_file(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(".admin-new");
+    let temporary = std::path::PathBuf::from(temporary);
+    tokio::fs::write(&temporary, text).await?;
+    tokio::fs::rename(&temporary, path).await
+}

@@ -1,59 +1,152 @@
-//! Counters and a latency histogram, with the `metrics` feature: exported
-//! through whatever `metrics` recorder the application installs
-//! (Prometheus, StatsD, ...). Without the feature these are no-ops.
+//! Counters, a gauge and a latency histogram, with the `metrics` feature:
+//! exported through whatever `metrics` recorder the application installs
+//! (Prometheus, StatsD, ...; the admin router serves Prometheus's text
+//! format). Without the feature these are no-ops.
 //!
 //! | metric | kind | labels |
 //! |---|---|---|
-//! | `ratelimit_decisions_total` | counter | `policy` (the limiter's name; `<rule>@<policy>` under rules), `outcome`: `allowed`, `limited`, `skipped` (no key, or an allowed key), `store_error` |
-//! | `ratelimit_store_seconds` | histogram | `policy`: time the store took to decide |
+//! | `ratelimit_decisions_total` | counter | `rule` (the rule's name under rules; else the limiter's name), `outcome`, `source` (below) |
+//! | `ratelimit_store_duration_seconds` | histogram | `rule`: time the store took to answer a check |
+//! | `ratelimit_circuit_breaker_open` | gauge | `rule`: 1 while the limiter's circuit breaker is open (checks fail fast), else 0 |
 //! | `ratelimit_rule_sets_total` | counter | `result`: `loaded` (a rule set a watch put in force), `rejected` (one it refused: the rules in force stayed) |
+//!
+//! `outcome` is `admitted`, `denied`, `blocked` (denied by an operator's
+//! block), `failed_open` (the store failed and [`FailMode::Open`](crate::FailMode::Open)
+//! admitted), `failed_closed` (the store failed and the request was
+//! refused) or `skipped` (no key, or an allowed key). `source` says who
+//! decided: `store`, `deny_cache` (a denial held in this process),
+//! `local_quota` (units this process took from the store earlier),
+//! `fallback` (the fail mode's in-process store while the store fails) or
+//! `none`. The deny cache's and the local quota's hits are the decisions
+//! of those sources.
 
 use std::time::Instant;
+
+use crate::limiter::{DecidedBy, LimitError, Verdict};
 
 /// What happened to a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Outcome {
-    Allowed,
-    Limited,
+    Admitted,
+    Denied,
+    Blocked,
+    FailedOpen,
+    FailedClosed,
     Skipped,
-    StoreError,
 }
 
 impl Outcome {
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     fn as_str(self) -> &'static str {
         match self {
-            Self::Allowed => "allowed",
-            Self::Limited => "limited",
+            Self::Admitted => "admitted",
+            Self::Denied => "denied",
+            Self::Blocked => "blocked",
+            Self::FailedOpen => "failed_open",
+            Self::FailedClosed => "failed_closed",
             Self::Skipped => "skipped",
-            Self::StoreError => "store_error",
+        }
+    }
+
+    /// The outcome of a denial's `decision`.
+    pub(crate) fn of_decision(decision: &crate::Decision) -> Self {
+        if decision.blocked() {
+            Self::Blocked
+        } else {
+            Self::Denied
+        }
+    }
+
+    /// The outcome of a verdict (or of a store failure the fail mode
+    /// refused).
+    pub(crate) fn of(verdict: &Result<Verdict, LimitError>) -> Self {
+        match verdict {
+            Err(_) => Self::FailedClosed,
+            Ok(verdict) => match verdict.decided_by() {
+                DecidedBy::FailOpen => Self::FailedOpen,
+                DecidedBy::AllowedKey => Self::Skipped,
+                _ if verdict.allowed() => Self::Admitted,
+                _ if verdict.decision().is_some_and(crate::Decision::blocked) => Self::Blocked,
+                _ => Self::Denied,
+            },
         }
     }
 }
 
-/// Count one request of `policy`.
-pub(crate) fn decision(policy: &str, outcome: Outcome) {
+/// Who decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    Store,
+    DenyCache,
+    LocalQuota,
+    Fallback,
+    None,
+}
+
+impl Source {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Store => "store",
+            Self::DenyCache => "deny_cache",
+            Self::LocalQuota => "local_quota",
+            Self::Fallback => "fallback",
+            Self::None => "none",
+        }
+    }
+
+    /// Who decided a verdict (the store, for a failure the fail mode
+    /// refused).
+    pub(crate) fn of(verdict: &Result<Verdict, LimitError>) -> Self {
+        match verdict {
+            Err(_) => Self::Store,
+            Ok(verdict) => match verdict.decided_by() {
+                DecidedBy::Store => Self::Store,
+                DecidedBy::DenyCache => Self::DenyCache,
+                DecidedBy::LocalQuota => Self::LocalQuota,
+                DecidedBy::Fallback => Self::Fallback,
+                DecidedBy::FailOpen | DecidedBy::AllowedKey => Self::None,
+            },
+        }
+    }
+}
+
+/// Count one request of the limit named `rule`.
+pub(crate) fn decision(rule: &str, outcome: Outcome, source: Source) {
     #[cfg(feature = "metrics")]
     metrics::counter!(
         "ratelimit_decisions_total",
-        "policy" => policy.to_owned(),
-        "outcome" => outcome.as_str()
+        "rule" => rule.to_owned(),
+        "outcome" => outcome.as_str(),
+        "source" => source.as_str()
     )
     .increment(1);
     #[cfg(not(feature = "metrics"))]
-    let _ = (policy, outcome);
+    let _ = (rule, outcome, source);
 }
 
-/// Record how long the store of `policy` took since `sent`, when the clock
+/// Record how long the store of `rule` took since `sent`, when the clock
 /// was read (without the feature, an in-process check does not read it).
-pub(crate) fn store_latency(policy: &str, sent: Option<Instant>) {
+pub(crate) fn store_latency(rule: &str, sent: Option<Instant>) {
     #[cfg(feature = "metrics")]
     if let Some(sent) = sent {
-        metrics::histogram!("ratelimit_store_seconds", "policy" => policy.to_owned())
+        metrics::histogram!("ratelimit_store_duration_seconds", "rule" => rule.to_owned())
             .record(sent.elapsed().as_secs_f64());
     }
     #[cfg(not(feature = "metrics"))]
-    let _ = (policy, sent);
+    let _ = (rule, sent);
+}
+
+/// Whether the circuit breaker of `rule` is open now.
+pub(crate) fn breaker_open(rule: &str, open: bool) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!("ratelimit_circuit_breaker_open", "rule" => rule.to_owned()).set(if open {
+        1.0
+    } else {
+        0.0
+    });
+    #[cfg(not(feature = "metrics"))]
+    let _ = (rule, open);
 }
 
 /// Count a rule set a watch put in force (`loaded`) or refused.

@@ -20,7 +20,7 @@ pub(crate) async fn listen(
     settings: &AdminSettings,
     operated: &Operated,
 ) -> Result<AdminListener, BadSetting> {
-    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+    let metrics = tower_redis_ratelimit::admin::prometheus_builder()
         .install_recorder()
         .map_err(|error| {
             BadSetting::new(

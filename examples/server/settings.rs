@@ -271,7 +271,8 @@ fn admin_settings(public: &str) -> Result<Option<AdminSettings>, BadSetting> {
             ),
         ));
     }
-    if bind == public {
+    // (Port 0 picks a free port for each listener: never the same.)
+    if bind == public && !bind.ends_with(":0") {
         return Err(BadSetting::new(
             "ADMIN_BIND",
             "the same address as BIND: the admin router is never on the public listener",

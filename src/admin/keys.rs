@@ -49,6 +49,30 @@ pub(crate) async fn peek(
     answer(&name, &key, limiter.peek(&key).await)
 }
 
+/// `GET /api/limits/{name}/top`: the keys denied most over this minute
+/// and the last, by every process sharing the store (by this process with
+/// a store that does not keep them).
+pub(crate) async fn top(
+    Shared(state): Shared<Arc<State>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, Problem> {
+    let Path(name) = path.map_err(|e| Problem::bad_request(e.body_text()))?;
+    let limiter = find(&state, &name, None)?;
+    match limiter.most_denied().await {
+        Ok(top) => Ok(Json(json!({
+            "limit": name,
+            "keys": top
+                .into_iter()
+                .map(|(key, denials)| json!({ "key": key, "denials": denials }))
+                .collect::<Vec<_>>(),
+        }))),
+        Err(error) => Err(Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the store failed: {error}"),
+        )),
+    }
+}
+
 /// `POST /api/limits/{name}/keys/{key}/{command}`.
 pub(crate) async fn command(
     Shared(state): Shared<Arc<State>>,

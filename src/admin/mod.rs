@@ -10,7 +10,7 @@
 //!
 //! let rules = Rules::new(MemoryStore::new(), RuleSet::from_toml("")?);
 //! let watch = rules.watch_file("rules.toml", std::time::Duration::from_secs(1));
-//! let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+//! let metrics = tower_redis_ratelimit::admin::prometheus_builder().install_recorder()?;
 //! let admin = Admin::new(std::env::var("ADMIN_TOKEN")?)?
 //!     .with_rules(&rules)
 //!     .with_watch(&watch)
@@ -31,12 +31,14 @@
 //! |---|---|
 //! | `GET /api/rules` | the rules in force: each rule's policies, and the watch's source, version, text, load time, error and last rejected set |
 //! | `PUT /api/rules` | publish a rule set `{"text": "..."}` (TOML or JSON), validated first: to Redis (every process follows it) or into the watched file |
+//! | `GET /api/limits/{name}/top` | the keys denied most over this minute and the last, by every process sharing the store (by this process over a [`MemoryStore`](crate::MemoryStore)) |
 //! | `GET /api/limits/{name}/keys/{key}` | peek: the decision one more request would get (its `remaining` is what that request would leave), reset, blocked |
 //! | `POST /api/limits/{name}/keys/{key}/reset` | forget the key's counts, leases and block |
 //! | `POST /api/limits/{name}/keys/{key}/block` | `{"seconds": N}`: deny the key for N seconds (0 lifts a block) |
 //! | `POST /api/limits/{name}/keys/{key}/penalty` | `{"units": N}`: take N units of its quota |
 //! | `POST /api/limits/{name}/keys/{key}/reward` | `{"units": N}`: give N units back |
 //! | `GET /metrics` | the crate's metrics in Prometheus's text format |
+//! | `GET /` | the console: a page that refreshes itself every second with decisions per second per rule (this process's, from the metrics), the store's health, the top limited keys with buttons to peek, reset and block, and the rules in force |
 //!
 //! `{name}` is a rule's name or a [`Limiter`]'s
 //! ([`with_limiter`](Admin::with_limiter)); `?tier=` picks a rule's tier.
@@ -106,9 +108,12 @@ impl Admin {
         })
     }
 
-    /// Operate `rules`: list them, and run key commands on each rule and
-    /// tier.
+    /// Operate `rules`: list them, run key commands on each rule and tier,
+    /// and count their most denied keys from now on (shared through the
+    /// store, at most once a second per rule: build an admin router in
+    /// every process of a deployment to see all of its denials).
     pub fn with_rules(mut self, rules: &Rules) -> Self {
+        rules.watch_denials();
         self.state.rules = Some(rules.clone());
         self
     }
@@ -122,8 +127,10 @@ impl Admin {
     }
 
     /// Run key commands on `limiter`, under its
-    /// [`name`](Limiter::name).
+    /// [`name`](Limiter::name), and count its most denied keys from now
+    /// on (see [`with_rules`](Self::with_rules)).
     pub fn with_limiter(mut self, limiter: Limiter) -> Self {
+        limiter.watch_denials();
         self.state.limiters.push(limiter);
         self
     }
@@ -140,12 +147,14 @@ impl Admin {
         let state = Arc::new(self.state);
         Router::new()
             .route("/api/rules", get(rules::show).put(rules::publish))
+            .route("/api/limits/{name}/top", get(keys::top))
             .route("/api/limits/{name}/keys/{key}", get(keys::peek))
             .route(
                 "/api/limits/{name}/keys/{key}/{command}",
                 post(keys::command),
             )
             .route("/metrics", get(metrics))
+            .route("/", get(console))
             .fallback(problem::not_found)
             .with_state(state)
             .layer(axum::middleware::from_fn_with_state(
@@ -153,6 +162,47 @@ impl Admin {
                 auth::require,
             ))
     }
+}
+
+/// A Prometheus recorder's builder with the buckets of the crate's
+/// histograms (the store's latency: 100 µs to 2.5 s), to install as the
+/// process's `metrics` recorder and give to [`Admin::with_metrics`].
+pub fn prometheus_builder() -> metrics_exporter_prometheus::PrometheusBuilder {
+    const STORE_SECONDS: &[f64] = &[
+        0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+        2.5,
+    ];
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(
+                "ratelimit_store_duration_seconds".to_owned(),
+            ),
+            STORE_SECONDS,
+        )
+        // Valid buckets, never empty: this cannot fail.
+        .unwrap_or_else(|_| metrics_exporter_prometheus::PrometheusBuilder::new())
+}
+
+/// The console: one page, its CSS and JavaScript inline (no build step,
+/// nothing fetched from elsewhere), reading the routes above.
+const CONSOLE: &str = include_str!("console.html");
+
+/// `GET /`: the console, which no other site may frame or script.
+async fn console() -> axum::response::Response {
+    (
+        [
+            (http::header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (
+                http::header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+                 connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; \
+                 frame-ancestors 'none'",
+            ),
+            (http::header::X_FRAME_OPTIONS, "DENY"),
+        ],
+        CONSOLE,
+    )
+        .into_response()
 }
 
 /// `GET /metrics`.

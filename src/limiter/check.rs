@@ -10,7 +10,6 @@ use super::breaker::{Breaker, Gate, Ticket};
 use super::{DecidedBy, LimitError, Limiter, Verdict};
 use crate::decision::Decision;
 use crate::key::KeyHash;
-use crate::metrics::Outcome;
 use crate::policy::Policy;
 use crate::store::{BoxFuture, StoreError};
 
@@ -61,11 +60,8 @@ impl Limiter {
                 retry_after_ms = denied.retry_after().as_millis() as u64,
                 "rate limit: denied (deny cache)"
             );
-            crate::metrics::decision(&self.inner.name, Outcome::Limited);
-            return Begun::Done(Ok(Verdict::without_permit(
-                Some(denied),
-                DecidedBy::DenyCache,
-            )));
+            let verdict = Ok(Verdict::without_permit(Some(denied), DecidedBy::DenyCache));
+            return Begun::Done(self.counted(self.raw_key(key), verdict));
         }
         // Borrowed, not cloned: an `Arc` clone per check is a write to a
         // counter every thread shares.
@@ -111,7 +107,20 @@ impl Limiter {
         sent: Option<Instant>,
         ticket: Option<Ticket>,
     ) -> Result<Verdict, LimitError> {
-        let name = &self.inner.name;
+        let verdict = self.decide(key, policy, outcome, sent, ticket);
+        self.counted(self.raw_key(key), verdict)
+    }
+
+    /// [`finish`](Self::finish), uncounted.
+    fn decide(
+        &self,
+        key: &str,
+        policy: &Arc<Policy>,
+        outcome: Result<Decision, StoreError>,
+        sent: Option<Instant>,
+        ticket: Option<Ticket>,
+    ) -> Result<Verdict, LimitError> {
+        let name = self.label();
         let decision = match outcome {
             Ok(decision) => decision,
             Err(error) => {
@@ -121,14 +130,12 @@ impl Limiter {
                     crate::metrics::store_latency(name, sent);
                     self.store_answered(ticket, false);
                 }
-                crate::metrics::decision(name, Outcome::StoreError);
                 return self.fail(key, policy, error);
             }
         };
         crate::metrics::store_latency(name, sent);
         self.store_answered(ticket, true);
         if decision.allowed() {
-            crate::metrics::decision(name, Outcome::Allowed);
             tracing::debug!(key = %KeyHash::stored(key), remaining = decision.remaining(), "rate limit: admitted");
             return Ok(Verdict::of(
                 &self.inner.store,
@@ -138,7 +145,6 @@ impl Limiter {
                 DecidedBy::Store,
             ));
         }
-        crate::metrics::decision(name, Outcome::Limited);
         tracing::debug!(
             key = %KeyHash::stored(key),
             retry_after_ms = decision.retry_after().as_millis() as u64,
@@ -160,6 +166,7 @@ impl Limiter {
             } else {
                 breaker.failure(ticket);
             }
+            crate::metrics::breaker_open(self.label(), breaker.is_open());
         }
     }
 }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::{Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::decision::Decision;
 use crate::store::bounded_key;
@@ -15,6 +15,12 @@ const SHARDS: usize = 16;
 
 /// The default bound on the number of keys the deny cache holds.
 pub(crate) const DEFAULT_DENY_CACHE_SIZE: usize = 10_000;
+
+/// The longest a denial is held: an operator's reset, reward or lifted
+/// block in another process (which clears only that process's cache)
+/// reaches this one within it. A denied flood then costs the store one
+/// check per key, process and second.
+pub(crate) const MAX_HOLD: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
 pub(crate) struct DenyCache {
@@ -71,7 +77,8 @@ impl DenyCache {
 
     /// Remember that `key` is denied until `sent + decision.retry_after()`,
     /// `sent` being when the check was sent: the store decided after that,
-    /// so the key cannot be admitted before this deadline.
+    /// so the key cannot be admitted before this deadline. Held at most
+    /// [`MAX_HOLD`] from now.
     pub(crate) fn insert(&self, key: &str, decision: &Decision, sent: Instant) {
         let key = bounded_key(key);
         let key = key.as_ref();
@@ -82,6 +89,7 @@ impl DenyCache {
         if until <= now {
             return;
         }
+        let until = until.min(now + MAX_HOLD);
         let mut shard = self.shard(key);
         if shard.len() >= self.per_shard && !shard.contains_key(key) {
             shard.retain(|_, e| e.until > now);
@@ -144,6 +152,20 @@ mod tests {
         std::thread::sleep(Duration::from_millis(70));
         assert!(cache.get("k").is_none());
         assert_eq!(cache.len(), 0);
+    }
+
+    #[test]
+    fn a_long_denial_is_held_at_most_a_second() {
+        let cache = DenyCache::new(10);
+        cache.insert("k", &denial(10_000), Instant::now());
+        let held = cache.get("k").expect("held");
+        // The denial still says when the key will be admitted.
+        assert!(held.retry_after() > Duration::from_secs(9));
+        std::thread::sleep(MAX_HOLD + Duration::from_millis(50));
+        assert!(
+            cache.get("k").is_none(),
+            "asked the store again after MAX_HOLD"
+        );
     }
 
     #[test]

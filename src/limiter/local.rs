@@ -376,8 +376,7 @@ impl Local {
         };
         if let Ok(mut held) = units.try_lock() {
             if let Some(verdict) = held.take() {
-                crate::metrics::decision(limiter.name(), crate::metrics::Outcome::Allowed);
-                return Check::done(Ok(verdict));
+                return Check::done(limiter.counted(&key, Ok(verdict)));
             }
             if held.batch_refused() {
                 // Near the limit: ordinary checks, side by side (the deny
@@ -391,19 +390,15 @@ impl Local {
         // units has no denial here, and a local admission allocates
         // nothing.)
         if let Some(denied) = limiter.cached_denial(&key) {
-            crate::metrics::decision(limiter.name(), crate::metrics::Outcome::Limited);
-            return Check::done(Ok(Verdict::without_permit(
-                Some(denied),
-                DecidedBy::DenyCache,
-            )));
+            let verdict = Ok(Verdict::without_permit(Some(denied), DecidedBy::DenyCache));
+            return Check::done(limiter.counted(&key, verdict));
         }
         let (local, limiter) = (Arc::clone(self), limiter.clone());
         Check::boxed(Box::pin(async move {
             // One refill at a time per key: the others wait for its units.
             let mut held = units.lock().await;
             if let Some(verdict) = held.take() {
-                crate::metrics::decision(limiter.name(), crate::metrics::Outcome::Allowed);
-                return Ok(verdict);
+                return limiter.counted(&key, Ok(verdict));
             }
             if !held.batch_refused()
                 && local.refill(&limiter, &key, &mut held).await

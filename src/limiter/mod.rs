@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::decision::Decision;
-use crate::metrics::Outcome;
+use crate::metrics::{Outcome, Source};
 use crate::policy::{Policy, PolicyError};
 use crate::store::{Command, DynStore, Store, StoreError};
 
@@ -19,6 +19,7 @@ mod error;
 mod fail_mode;
 mod lease;
 mod local;
+pub(crate) mod top;
 mod verdict;
 
 pub use breaker::CircuitBreaker;
@@ -61,6 +62,13 @@ struct Inner {
     policy: Arc<Policy>,
     /// Namespaces the keys of this limiter in the store.
     name: Arc<str>,
+    /// What the metrics and the admin router call this limit: its rule's
+    /// name under rules, else its name.
+    label: Arc<str>,
+    /// The denials of this limit, by key (the sketches of every limit
+    /// derived from the same limiter).
+    denials: Arc<top::Denials>,
+    registry: Arc<top::Registry>,
     fail_mode: FailMode,
     /// Keys never limited.
     allowed: Arc<HashSet<String>>,
@@ -78,12 +86,16 @@ impl Limiter {
     /// Limit keys to `policy`, in `store`. The name keys are counted under
     /// is derived from the policy (see [`with_name`](Self::with_name)).
     pub fn new<St: Store>(store: St, policy: Policy) -> Self {
-        let name = default_name(&policy);
+        let name: Arc<str> = Arc::from(default_name(&policy));
+        let registry = Arc::new(top::Registry::default());
         Self {
             inner: Arc::new(Inner {
                 store: Arc::new(store),
                 policy: Arc::new(policy),
-                name: Arc::from(name),
+                denials: registry.of(&name),
+                label: Arc::clone(&name),
+                name,
+                registry,
                 fail_mode: FailMode::default(),
                 allowed: Arc::default(),
                 deny_cache: Some(Arc::new(DenyCache::new(DEFAULT_DENY_CACHE_SIZE))),
@@ -179,9 +191,11 @@ impl Limiter {
     /// names hold no `:`).
     #[must_use]
     pub fn with_name(self, name: impl Into<String>) -> Self {
-        let name: String = name.into();
+        let name: Arc<str> = Arc::from(name.into());
         self.map(|s| {
-            s.name = Arc::from(name);
+            s.denials = s.registry.of(&name);
+            s.label = Arc::clone(&name);
+            s.name = name;
             // Units taken under another name are not this name's.
             s.local = s.local.as_ref().map(|l| Arc::new(l.fresh()));
         })
@@ -195,6 +209,80 @@ impl Limiter {
     /// The name keys are counted under.
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// What the metrics and the admin router call this limit: its rule's
+    /// name under rules, else its [`name`](Self::name).
+    pub(crate) fn label(&self) -> &str {
+        &self.inner.label
+    }
+
+    /// Count the verdict of a check of `key` (as given, not namespaced) in
+    /// the metrics, and a denial among the limit's most denied keys
+    /// (sharing them through the store when a share is due).
+    pub(crate) fn counted(
+        &self,
+        key: &str,
+        verdict: Result<Verdict, LimitError>,
+    ) -> Result<Verdict, LimitError> {
+        let outcome = Outcome::of(&verdict);
+        crate::metrics::decision(&self.inner.label, outcome, Source::of(&verdict));
+        if matches!(outcome, Outcome::Denied | Outcome::Blocked) {
+            self.denied(key);
+        }
+        verdict
+    }
+
+    /// Count the denials of this limiter and of every limiter derived
+    /// from it (a rule set's) from now on.
+    pub(crate) fn watch_denials(&self) {
+        self.inner.registry.watch();
+    }
+
+    /// Count a denial of `key` among the limit's most denied keys.
+    pub(crate) fn denied(&self, key: &str) {
+        let Some(counts) = self.inner.denials.record(key, std::time::Instant::now()) else {
+            return;
+        };
+        // Shared in the background, when there is a runtime to do it.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let share = Arc::clone(&self.inner.store)
+                .share_denials_owned(Arc::clone(&self.inner.label), counts);
+            runtime.spawn(async move {
+                if let Err(error) = share.await {
+                    tracing::debug!(%error, "rate limit: sharing the most denied keys failed");
+                }
+            });
+        }
+    }
+
+    /// The keys of this limit denied most over this minute and the last,
+    /// most first, each with its denials: by every process sharing the
+    /// store when it keeps them ([`RedisStore`](crate::RedisStore) does),
+    /// else by this process. Counted from bounded memory (32 keys per limit
+    /// and minute in each process; a key denied more than 1/32 of the
+    /// minute's denials is always there, its count over by at most the
+    /// smallest count kept). Under rules, a rule's tiers count together.
+    /// This process's denials not shared yet are shared first.
+    ///
+    /// # Errors
+    /// The store failed.
+    ///
+    /// Denials are counted from the first call on (or from when an admin
+    /// router was built on this limiter or its rules): a limiter nobody
+    /// watches counts nothing and sends the store nothing more.
+    pub async fn most_denied(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        self.watch_denials();
+        let pending = self.inner.denials.take_unshared();
+        if !pending.is_empty() {
+            Arc::clone(&self.inner.store)
+                .share_denials_owned(Arc::clone(&self.inner.label), pending)
+                .await?;
+        }
+        let shared = Arc::clone(&self.inner.store)
+            .shared_denials_owned(Arc::clone(&self.inner.label))
+            .await?;
+        Ok(shared.unwrap_or_else(|| self.inner.denials.top(std::time::Instant::now())))
     }
 
     /// The fail mode.
@@ -248,7 +336,7 @@ impl Limiter {
     /// (the limiter's when `None`): an allowed key is admitted unlimited.
     fn start(&self, key: String, policy: Option<Arc<Policy>>) -> Check {
         if self.is_allowed(&key) {
-            crate::metrics::decision(&self.inner.name, Outcome::Skipped);
+            crate::metrics::decision(&self.inner.label, Outcome::Skipped, Source::None);
             return Check::done(Ok(Verdict::unlimited(DecidedBy::AllowedKey)));
         }
         if policy.is_none()
@@ -397,6 +485,8 @@ impl Limiter {
                 .and_then(|l| local::Local::new(l.config(), &policy).ok().map(Arc::new));
             s.policy = Arc::new(policy);
             s.name = Arc::from(name);
+            s.label = Arc::from(prefix);
+            s.denials = s.registry.of(&s.label);
             s.allowed = Arc::default();
         })
     }
@@ -452,6 +542,13 @@ impl Limiter {
     /// The store key of an extracted key: `{name}:{key}`, written into the
     /// extracted key's own buffer (no allocation when it has room, as the
     /// IP extractors leave).
+    /// The key as given, of store key `key` (see [`store_key`](Self::store_key)).
+    pub(crate) fn raw_key<'k>(&self, key: &'k str) -> &'k str {
+        key.strip_prefix(&*self.inner.name)
+            .and_then(|rest| rest.strip_prefix(':'))
+            .unwrap_or(key)
+    }
+
     fn store_key(&self, mut key: String) -> String {
         key.reserve(self.inner.name.len() + 1);
         key.insert(0, ':');

@@ -163,6 +163,13 @@ impl Rules {
         self.map(Limiter::without_deny_cache)
     }
 
+    /// Count the denials of every rule, now and after reloads (for the
+    /// admin router's top keys).
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
+    pub(crate) fn watch_denials(&self) {
+        self.inner.template.watch_denials();
+    }
+
     /// The rules in force now.
     pub fn current(&self) -> Arc<ActiveRules> {
         match self.inner.current.read() {

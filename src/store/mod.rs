@@ -74,6 +74,33 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// Add `counts` (keys of the limit named `limit`, and how many times
+    /// this process denied each since it last shared them) to what every
+    /// process sharing the store counted this minute, keeping a bounded
+    /// number of keys. Sent at most about once a second per limit and
+    /// process. The default keeps nothing: each process then shows its own
+    /// (see [`shared_denials`](Self::shared_denials)).
+    fn share_denials(
+        &self,
+        limit: &str,
+        counts: Vec<(String, u64)>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (limit, counts);
+        async { Ok(()) }
+    }
+
+    /// The keys of the limit named `limit` that every process sharing the
+    /// store denied most over this minute and the last, most first
+    /// ([`share_denials`](Self::share_denials)); `None`, the default, when
+    /// the store does not keep them.
+    fn shared_denials(
+        &self,
+        limit: &str,
+    ) -> impl Future<Output = Result<Option<Vec<(String, u64)>>, StoreError>> + Send {
+        let _ = limit;
+        async { Ok(None) }
+    }
+
     /// Give back the concurrency slot `lease` of `key`, taken by an admitted
     /// [`Concurrency`](crate::Algorithm::Concurrency) check. The default does
     /// nothing (for stores without that algorithm).
@@ -229,6 +256,9 @@ pub(crate) fn bounded_key(key: &str) -> std::borrow::Cow<'_, str> {
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
+/// Keys, each with how many times it was denied.
+type DeniedKeys = Vec<(String, u64)>;
+
 /// A [`Store`] behind a pointer, so the layer's types do not name the store.
 pub(crate) trait DynStore: Send + Sync + 'static {
     /// The check, owning its key; the future hands the key back with the
@@ -259,6 +289,17 @@ pub(crate) trait DynStore: Send + Sync + 'static {
     ) -> BoxFuture<Result<Decision, StoreError>>;
 
     fn denials_are_final_dyn(&self, policy: &Policy) -> bool;
+
+    fn share_denials_owned(
+        self: Arc<Self>,
+        limit: Arc<str>,
+        counts: Vec<(String, u64)>,
+    ) -> BoxFuture<Result<(), StoreError>>;
+
+    fn shared_denials_owned(
+        self: Arc<Self>,
+        limit: Arc<str>,
+    ) -> BoxFuture<Result<Option<DeniedKeys>, StoreError>>;
 }
 
 impl<S: Store> DynStore for S {
@@ -297,5 +338,20 @@ impl<S: Store> DynStore for S {
 
     fn denials_are_final_dyn(&self, policy: &Policy) -> bool {
         self.denials_are_final(policy)
+    }
+
+    fn share_denials_owned(
+        self: Arc<Self>,
+        limit: Arc<str>,
+        counts: Vec<(String, u64)>,
+    ) -> BoxFuture<Result<(), StoreError>> {
+        Box::pin(async move { self.share_denials(&limit, counts).await })
+    }
+
+    fn shared_denials_owned(
+        self: Arc<Self>,
+        limit: Arc<str>,
+    ) -> BoxFuture<Result<Option<DeniedKeys>, StoreError>> {
+        Box::pin(async move { self.shared_denials(&limit).await })
     }
 }

@@ -528,3 +528,63 @@ async fn a_limiter_is_operated_under_its_name() {
     assert_eq!(shown["limiters"][0]["name"], "login", "{shown}");
     assert_eq!(shown["limiters"][0]["policy"], "2/min");
 }
+
+/// The most denied keys add up over every process sharing Redis, and the
+/// flooding client comes first.
+#[tokio::test]
+async fn the_top_limited_keys_add_up_across_processes() {
+    let server = RedisServer::start();
+    let one = redis_rules(&server).await;
+    let other = redis_rules(&server).await;
+    // Each process operates its rules with an admin router of its own.
+    let router = admin(&one);
+    let _theirs = admin(&other);
+    let here = one.current().limiter("api", None).unwrap().clone();
+    let there = other.current().limiter("api", None).unwrap().clone();
+    // 5/min: each key's 6th request on is denied.
+    for _ in 0..30 {
+        let _ = here.check("198.51.100.1").await.unwrap();
+    }
+    for _ in 0..20 {
+        let _ = there.check("198.51.100.1").await.unwrap();
+        let _ = there.check("198.51.100.2").await.unwrap();
+    }
+    // The other process shares what it has at most once a second.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let _ = there.check("198.51.100.2").await.unwrap();
+
+    let (status, _, top) = send(&router, Method::GET, "/api/limits/api/top", Some(TOKEN), "").await;
+    assert_eq!(status, StatusCode::OK, "{top}");
+    let keys = top["keys"].as_array().unwrap();
+    assert_eq!(keys[0]["key"], "198.51.100.1", "{top}");
+    // 25 denied here, 20 there (the count is shared: its 5 were used
+    // here); Space-Saving is exact below 32 keys.
+    assert_eq!(keys[0]["denials"], 45, "{top}");
+    assert_eq!(keys[1]["key"], "198.51.100.2", "{top}");
+    assert_eq!(keys[1]["denials"], 16, "{top}");
+    // Bounded in Redis: one sorted set per minute of at most 128 keys.
+    let sets = server.command(&["KEYS", "rl:denied:*"]);
+    assert!(!sets.is_empty(), "{sets}");
+}
+
+#[tokio::test]
+async fn without_a_shared_store_the_top_is_this_processs_own() {
+    let limiter = Limiter::new(MemoryStore::new(), "1/min".parse().unwrap()).with_name("login");
+    let router = Admin::new(TOKEN)
+        .unwrap()
+        .with_limiter(limiter.clone())
+        .into_router();
+    for _ in 0..4 {
+        let _ = limiter.check("alice").await.unwrap();
+    }
+    let (_, _, top) = send(
+        &router,
+        Method::GET,
+        "/api/limits/login/top",
+        Some(TOKEN),
+        "",
+    )
+    .await;
+    assert_eq!(top["keys"][0]["key"], "alice", "{top}");
+    assert_eq!(top["keys"][0]["denials"], 3, "{top}");
+}

@@ -31,17 +31,19 @@ fn binary() -> PathBuf {
 }
 
 /// A running example server; killed when dropped.
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    addr: String,
+    pub(crate) addr: String,
     /// The line that says where it listens (and what it limits, how).
     start_line: String,
+    /// Where its admin router listens (`ADMIN_BIND`), once it said so.
+    admin: std::sync::Mutex<std::sync::mpsc::Receiver<String>>,
 }
 
 impl Server {
     /// Start it with `vars` (and `BIND=127.0.0.1:0`), and wait for its
     /// "listening on" line.
-    fn start(vars: &[(&str, &str)]) -> Self {
+    pub(crate) fn start(vars: &[(&str, &str)]) -> Self {
         let mut command = Command::new(binary());
         command
             .env_clear()
@@ -55,11 +57,15 @@ impl Server {
         let mut child = command.spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
+        let (admin_tx, admin) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if let Some(rest) = line.split("listening on http://").nth(1) {
                     let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
                     let _ = tx.send((addr, line.clone()));
+                } else if let Some(rest) = line.split("admin router on http://").nth(1) {
+                    let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
+                    let _ = admin_tx.send(addr);
                 }
             }
         });
@@ -70,7 +76,17 @@ impl Server {
             child,
             addr,
             start_line,
+            admin: std::sync::Mutex::new(admin),
         }
+    }
+
+    /// Where its admin router listens (it says so right after it starts).
+    pub(crate) fn admin_addr(&self) -> String {
+        self.admin
+            .lock()
+            .unwrap()
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the server says where its admin router listens")
     }
 
     /// `GET path` with `headers`: the status and the response's headers
@@ -102,7 +118,7 @@ impl Server {
         (status, headers)
     }
 
-    fn status(&self, headers: &[(&str, &str)]) -> u16 {
+    pub(crate) fn status(&self, headers: &[(&str, &str)]) -> u16 {
         self.get("/", headers).0
     }
 }

@@ -29,6 +29,8 @@ mod limiter;
 mod local_quota;
 mod memory_usage;
 mod network_faults;
+#[cfg(feature = "admin")]
+mod operating;
 mod redis_cluster;
 mod redis_store;
 mod rules;

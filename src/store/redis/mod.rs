@@ -22,6 +22,7 @@ mod call;
 mod cleanup;
 mod clock_sync;
 mod connection;
+mod denials;
 mod reply;
 mod script;
 #[cfg(feature = "sentinel")]
@@ -489,6 +490,18 @@ impl Store for RedisStore {
         self.run_command(key, policy, command).await
     }
 
+    async fn share_denials(
+        &self,
+        limit: &str,
+        counts: Vec<(String, u64)>,
+    ) -> Result<(), StoreError> {
+        self.add_denials(limit, counts).await
+    }
+
+    async fn shared_denials(&self, limit: &str) -> Result<Option<Vec<(String, u64)>>, StoreError> {
+        self.read_denials(limit).await.map(Some)
+    }
+
     async fn release(&self, key: &str, policy: &Policy, lease: Lease) -> Result<(), StoreError> {
         if policy.algorithm() != Algorithm::Concurrency {
             return Ok(());
@@ -681,6 +694,8 @@ const ACL_COMMANDS: &[&str] = &[
     "+zrevrange",
     "+zremrangebyscore",
     "+zremrangebyrank",
+    // The most denied keys, shared (`{prefix}:denied:*`).
+    "+zincrby",
     // Sentinel: redis-rs asks the primary it was given for its ROLE.
     "+role",
     // Cluster: the client's topology (and `ping()`'s list of masters), and

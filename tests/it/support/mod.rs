@@ -4,6 +4,7 @@
 //! install it.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod browser;
 pub mod contention;
 pub mod differential;
 pub mod faults;

@@ -28,6 +28,10 @@ pub mod production {
     #![doc = include_str!("docs/guide/production.md")]
 }
 
+pub mod operating {
+    #![doc = include_str!("docs/guide/operating.md")]
+}
+
 pub mod deployments {
     #![doc = include_str!("docs/guide/deployments.md")]
 }

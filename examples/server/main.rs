@@ -8,6 +8,9 @@
 //!   cargo run --example server --features tls
 //! REDIS_URL=redis+sentinel://10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379/mymaster \
 //!   cargo run --example server --features sentinel
+//! # The operator's admin router and console on a private port:
+//! ADMIN_BIND=127.0.0.1:3001 ADMIN_TOKEN=$(openssl rand -hex 32) \
+//!   cargo run --example server --features admin
 //! ```
 //!
 //! | variable     | default          | meaning                                              |
@@ -31,6 +34,7 @@
 //! | `HEADERS`    | `x`              | rate-limit fields: `x` (`X-RateLimit-*`), `ietf` (`RateLimit-Policy`, `RateLimit`) or `both` |
 //! | `RULES`      | unset            | limits as data instead of `RATE_LIMIT`/`KEY`/`ALGORITHM`/`EXECUTION`: a rules file (`examples/rules.toml`; TOML, or JSON if it ends in `.json`), re-read every second, or `redis`: the rule set published at `RULES_KEY` in `REDIS_URL`, followed as it changes |
 //! | `RULES_KEY`  | `rl:rules`       | with `RULES=redis`: the key (and pub/sub channel) of the rule set |
+//! | `ADMIN_BIND`, `ADMIN_TOKEN` | unset | both or neither (`--features admin`): the admin router (rules, key commands, top limited keys, the console page at `/`, Prometheus `/metrics`) on `ADMIN_BIND`, never `BIND`; every request must bear `Authorization: Bearer <ADMIN_TOKEN>` (at least 16 bytes) |
 //!
 //! With `RULES`, every path is served (`hello`), `POST /login` answers 200
 //! when the header `x-password` is `demo` and 401 otherwise (to show a rule

@@ -30,6 +30,10 @@ fn every_policy() -> Vec<Policy> {
 /// operator command runs, through `store` (keys named after `tag`).
 async fn everything_works(store: &RedisStore, tag: &str) {
     store.ping().await.unwrap();
+    // The most denied keys, shared and read back (the admin router's top).
+    let (limit, denials) = (format!("acl-{tag}"), vec![("denied".to_owned(), 3)]);
+    store.share_denials(&limit, denials.clone()).await.unwrap();
+    assert_eq!(store.shared_denials(&limit).await.unwrap(), Some(denials));
     for (i, policy) in every_policy().into_iter().enumerate() {
         let key = format!("acl-{tag}-{i}");
         // Checks up to the limit and one over, concurrently (batches).

@@ -244,6 +244,34 @@ fn two_servers_are_operated_from_either_admin_router_under_load() {
             text.contains("ratelimit_rule_sets_total{result=\"loaded\"}"),
             "{text}"
         );
+
+        // The Grafana dashboard in docs/ queries only series the server
+        // exports.
+        let dashboard = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/grafana-dashboard.json"),
+        )
+        .unwrap();
+        let dashboard: Value = serde_json::from_str(&dashboard).unwrap();
+        let mut queried = 0;
+        for panel in dashboard["panels"].as_array().unwrap() {
+            for target in panel["targets"].as_array().unwrap() {
+                let expr = target["expr"].as_str().unwrap();
+                for (at, _) in expr.match_indices("ratelimit_") {
+                    let name: String = expr[at..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    assert!(
+                        samples
+                            .iter()
+                            .any(|s| s.metric == name || format!("{}_bucket", s.metric) == name),
+                        "the dashboard queries {name}, which /metrics does not export"
+                    );
+                    queried += 1;
+                }
+            }
+        }
+        assert!(queried >= 7);
     });
 }
 

@@ -22,8 +22,6 @@
 
 use std::time::Instant;
 
-use crate::limiter::{DecidedBy, LimitError, Verdict};
-
 /// What happened to a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Outcome {
@@ -47,35 +45,11 @@ impl Outcome {
             Self::Skipped => "skipped",
         }
     }
-
-    /// The outcome of a denial's `decision`.
-    pub(crate) fn of_decision(decision: &crate::Decision) -> Self {
-        if decision.blocked() {
-            Self::Blocked
-        } else {
-            Self::Denied
-        }
-    }
-
-    /// The outcome of a verdict (or of a store failure the fail mode
-    /// refused).
-    pub(crate) fn of(verdict: &Result<Verdict, LimitError>) -> Self {
-        match verdict {
-            Err(_) => Self::FailedClosed,
-            Ok(verdict) => match verdict.decided_by() {
-                DecidedBy::FailOpen => Self::FailedOpen,
-                DecidedBy::AllowedKey => Self::Skipped,
-                _ if verdict.allowed() => Self::Admitted,
-                _ if verdict.decision().is_some_and(crate::Decision::blocked) => Self::Blocked,
-                _ => Self::Denied,
-            },
-        }
-    }
 }
 
-/// Who decided.
+/// Who decided (the `source` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Source {
+pub(crate) enum Decider {
     Store,
     DenyCache,
     LocalQuota,
@@ -83,7 +57,7 @@ pub(crate) enum Source {
     None,
 }
 
-impl Source {
+impl Decider {
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     fn as_str(self) -> &'static str {
         match self {
@@ -94,25 +68,10 @@ impl Source {
             Self::None => "none",
         }
     }
-
-    /// Who decided a verdict (the store, for a failure the fail mode
-    /// refused).
-    pub(crate) fn of(verdict: &Result<Verdict, LimitError>) -> Self {
-        match verdict {
-            Err(_) => Self::Store,
-            Ok(verdict) => match verdict.decided_by() {
-                DecidedBy::Store => Self::Store,
-                DecidedBy::DenyCache => Self::DenyCache,
-                DecidedBy::LocalQuota => Self::LocalQuota,
-                DecidedBy::Fallback => Self::Fallback,
-                DecidedBy::FailOpen | DecidedBy::AllowedKey => Self::None,
-            },
-        }
-    }
 }
 
 /// Count one request of the limit named `rule`.
-pub(crate) fn decision(rule: &str, outcome: Outcome, source: Source) {
+pub(crate) fn decision(rule: &str, outcome: Outcome, source: Decider) {
     #[cfg(feature = "metrics")]
     metrics::counter!(
         "ratelimit_decisions_total",

@@ -28,7 +28,6 @@ pub(crate) async fn listen(
                 format!("cannot install the metrics recorder: {error}"),
             )
         })?;
-    // The token's length was checked with the settings.
     let admin = Admin::new(settings.token.clone())
         .map_err(|error| BadSetting::new("ADMIN_TOKEN", error))?
         .with_metrics(metrics);

@@ -1,5 +1,5 @@
 //! Peek, reset, block, penalty and reward of one key of a rule (and tier)
-//! or a limiter.
+//! or a limiter, and the keys denied most.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,16 +7,17 @@ use std::time::Duration;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State as Shared};
+use axum::extract::{Path, Query, State};
 use http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::State;
+use super::Operated;
 use super::problem::{Problem, parse_body};
-use crate::policy::{MAX_MAX, MAX_WINDOW};
+use crate::policy::MAX_MAX;
+use crate::rules::MAX_BLOCK;
 use crate::store::MAX_RAW_KEY_LEN;
-use crate::{Decision, Limiter};
+use crate::{Decision, Limiter, StoreError};
 
 #[derive(Debug, Deserialize)]
 pub(crate) struct Tier {
@@ -35,63 +36,65 @@ struct Units {
     units: u64,
 }
 
+/// `GET /api/limits/{name}/top`: the keys denied most over this minute
+/// and the last, each with its tier, across the processes that share them.
+pub(crate) async fn top(
+    State(operated): State<Arc<Operated>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, Problem> {
+    let Path(name) = path.map_err(|e| Problem::bad_request(e.body_text()))?;
+    let mut keys: Vec<(String, Option<String>, u64)> = Vec::new();
+    for (tier, limiter) in tiers(&operated, &name)? {
+        let denied = limiter.most_denied().await.map_err(store_failed)?;
+        keys.extend(
+            denied
+                .into_iter()
+                .map(|(key, denials)| (key, tier.clone(), denials)),
+        );
+    }
+    keys.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
+    Ok(Json(json!({
+        "name": name,
+        "keys": keys
+            .into_iter()
+            .map(|(key, tier, denials)| json!({ "key": key, "tier": tier, "denials": denials }))
+            .collect::<Vec<_>>(),
+    })))
+}
+
 /// `GET /api/limits/{name}/keys/{key}`: the decision a request would get
 /// now, consuming nothing.
 pub(crate) async fn peek(
-    Shared(state): Shared<Arc<State>>,
+    State(operated): State<Arc<Operated>>,
     path: Result<Path<(String, String)>, PathRejection>,
     tier: Result<Query<Tier>, QueryRejection>,
 ) -> Result<Json<Value>, Problem> {
     let Path((name, key)) = path.map_err(|e| Problem::bad_request(e.body_text()))?;
     let Query(tier) = tier.map_err(|e| Problem::bad_request(e.body_text()))?;
-    let limiter = find(&state, &name, tier.tier.as_deref())?;
+    let limiter = find(&operated, &name, tier.tier.as_deref())?;
     check_key(&key)?;
     answer(&name, &key, limiter.peek(&key).await)
 }
 
-/// `GET /api/limits/{name}/top`: the keys denied most over this minute
-/// and the last, by every process sharing the store (by this process with
-/// a store that does not keep them).
-pub(crate) async fn top(
-    Shared(state): Shared<Arc<State>>,
-    path: Result<Path<String>, PathRejection>,
-) -> Result<Json<Value>, Problem> {
-    let Path(name) = path.map_err(|e| Problem::bad_request(e.body_text()))?;
-    let limiter = find(&state, &name, None)?;
-    match limiter.most_denied().await {
-        Ok(top) => Ok(Json(json!({
-            "limit": name,
-            "keys": top
-                .into_iter()
-                .map(|(key, denials)| json!({ "key": key, "denials": denials }))
-                .collect::<Vec<_>>(),
-        }))),
-        Err(error) => Err(Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("the store failed: {error}"),
-        )),
-    }
-}
-
 /// `POST /api/limits/{name}/keys/{key}/{command}`.
 pub(crate) async fn command(
-    Shared(state): Shared<Arc<State>>,
+    State(operated): State<Arc<Operated>>,
     path: Result<Path<(String, String, String)>, PathRejection>,
     tier: Result<Query<Tier>, QueryRejection>,
     body: Bytes,
 ) -> Result<Json<Value>, Problem> {
     let Path((name, key, command)) = path.map_err(|e| Problem::bad_request(e.body_text()))?;
     let Query(tier) = tier.map_err(|e| Problem::bad_request(e.body_text()))?;
-    let limiter = find(&state, &name, tier.tier.as_deref())?;
+    let limiter = find(&operated, &name, tier.tier.as_deref())?;
     check_key(&key)?;
     let outcome = match command.as_str() {
         "reset" => limiter.reset(&key).await,
         "block" => {
             let Block { seconds } = parse_body(&body)?;
-            if seconds > MAX_WINDOW.as_secs() {
+            if seconds > MAX_BLOCK.as_secs() {
                 return Err(Problem::invalid(format!(
-                    "a block of {seconds} s is longer than the longest window, {} s",
-                    MAX_WINDOW.as_secs()
+                    "a block of {seconds} s is longer than the longest, {} s (a day)",
+                    MAX_BLOCK.as_secs()
                 ))
                 .with("field", "seconds"));
             }
@@ -118,45 +121,67 @@ pub(crate) async fn command(
             ));
         }
     };
-    tracing::info!(limit = %name, key, command, "admin: key command");
+    tracing::info!(limit = %name, tier = ?tier.tier, key, command, "admin: key command");
     answer(&name, &key, outcome)
 }
 
 /// The limiter of rule (or limiter) `name` for `tier`.
-fn find(state: &State, name: &str, tier: Option<&str>) -> Result<Limiter, Problem> {
-    if let Some(rules) = &state.rules {
-        let active = rules.current();
-        if let Some(rule) = active.set().rules().iter().find(|r| r.name() == name) {
-            if let Some(tier) = tier
-                && !rule.tiers().any(|(t, _)| t == tier)
-            {
-                let known: Vec<&str> = rule.tiers().map(|(t, _)| t).collect();
-                return Err(Problem::new(
+fn find(operated: &Operated, name: &str, tier: Option<&str>) -> Result<Limiter, Problem> {
+    let found = tiers(operated, name)?;
+    if let Some(tier) = tier {
+        return found
+            .iter()
+            .find(|(t, _)| t.as_deref() == Some(tier))
+            .map(|(_, limiter)| limiter.clone())
+            .ok_or_else(|| {
+                let known: Vec<&str> = found.iter().filter_map(|(t, _)| t.as_deref()).collect();
+                Problem::new(
                     StatusCode::NOT_FOUND,
-                    format!("rule {name:?} has no tier {tier:?}"),
+                    format!("{name:?} has no tier {tier:?}"),
                 )
                 .with("rule", name)
-                .with("tiers", known));
+                .with("tiers", known)
+            });
+    }
+    found
+        .into_iter()
+        .find(|(t, _)| t.is_none())
+        .map(|(_, limiter)| limiter)
+        .ok_or_else(|| unknown(name))
+}
+
+/// The limiters of rule (or limiter) `name`: its default (tier `None`)
+/// and each tier's.
+fn tiers(operated: &Operated, name: &str) -> Result<Vec<(Option<String>, Limiter)>, Problem> {
+    if let Some(rules) = &operated.rules {
+        let active = rules.current();
+        if let Some(rule) = active.set().rules().iter().find(|r| r.name() == name) {
+            let mut found = Vec::new();
+            if let Some(limiter) = active.limiter(name, None) {
+                found.push((None, limiter.clone()));
             }
-            if let Some(limiter) = active.limiter(name, tier) {
-                return Ok(limiter.clone());
+            for (tier, _) in rule.tiers() {
+                if let Some(limiter) = active.limiter(name, Some(tier)) {
+                    found.push((Some(tier.to_owned()), limiter.clone()));
+                }
             }
+            return Ok(found);
         }
     }
-    if let Some(limiter) = state.limiters.iter().find(|l| l.name() == name) {
-        if tier.is_some() {
-            return Err(Problem::bad_request(format!(
-                "limiter {name:?} has no tiers: leave out `tier`"
-            ))
-            .with("rule", name));
-        }
-        return Ok(limiter.clone());
-    }
-    Err(Problem::new(
+    operated
+        .limiters
+        .iter()
+        .find(|l| l.name() == name)
+        .map(|limiter| vec![(None, limiter.clone())])
+        .ok_or_else(|| unknown(name))
+}
+
+fn unknown(name: &str) -> Problem {
+    Problem::new(
         StatusCode::NOT_FOUND,
         format!("no rule or limiter named {name:?}"),
     )
-    .with("rule", name))
+    .with("rule", name)
 }
 
 fn check_key(key: &str) -> Result<(), Problem> {
@@ -173,25 +198,25 @@ fn check_key(key: &str) -> Result<(), Problem> {
     Ok(())
 }
 
+fn store_failed(error: StoreError) -> Problem {
+    tracing::warn!(%error, "admin: the store failed");
+    Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("the store failed: {error}"),
+    )
+}
+
 fn answer(
     name: &str,
     key: &str,
-    outcome: Result<Decision, crate::StoreError>,
+    outcome: Result<Decision, StoreError>,
 ) -> Result<Json<Value>, Problem> {
-    match outcome {
-        Ok(decision) => Ok(Json(json!({
-            "limit": name,
-            "key": key,
-            "state": decision_json(&decision),
-        }))),
-        Err(error) => {
-            tracing::warn!(limit = %name, %error, "admin: the store failed");
-            Err(Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("the store failed: {error}"),
-            ))
-        }
-    }
+    let decision = outcome.map_err(store_failed)?;
+    Ok(Json(json!({
+        "name": name,
+        "key": key,
+        "state": decision_json(&decision),
+    })))
 }
 
 /// A decision as JSON: durations in milliseconds.

@@ -22,19 +22,25 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Every route, `/metrics` included, needs `Authorization: Bearer <token>`
-//! (compared in constant time; 401 otherwise). Bodies are JSON, errors
-//! `application/problem+json` naming what was wrong. No cookies and no CORS
-//! headers: a page of another site cannot drive it from a browser.
+//! Every route, `/metrics` and the console included, needs
+//! `Authorization: Bearer <token>` (compared in constant time; 401
+//! otherwise). Bodies are JSON, errors `application/problem+json` naming
+//! what was wrong. No cookies and no CORS headers; a request that says it
+//! comes from another site's page (`Sec-Fetch-Site`, `Origin`) is refused
+//! (403), and a change (`POST`, `PUT`) must declare
+//! `Content-Type: application/json` (415 otherwise), which another origin's
+//! page cannot send without a preflight this router never answers: a
+//! browser that adds the token to every request (as the console needs)
+//! cannot be driven by another site.
 //!
 //! | route | does |
 //! |---|---|
 //! | `GET /api/rules` | the rules in force: each rule's policies, and the watch's source, version, text, load time, error and last rejected set |
 //! | `PUT /api/rules` | publish a rule set `{"text": "..."}` (TOML or JSON), validated first: to Redis (every process follows it) or into the watched file |
-//! | `GET /api/limits/{name}/top` | the keys denied most over this minute and the last, by every process sharing the store (by this process over a [`MemoryStore`](crate::MemoryStore)) |
+//! | `GET /api/limits/{name}/top` | the keys denied most over this minute and the last (each with its tier), by every process that operates its limits with an admin router and shares the store (by this process over a [`MemoryStore`](crate::MemoryStore)) |
 //! | `GET /api/limits/{name}/keys/{key}` | peek: the decision one more request would get (its `remaining` is what that request would leave), reset, blocked |
 //! | `POST /api/limits/{name}/keys/{key}/reset` | forget the key's counts, leases and block |
-//! | `POST /api/limits/{name}/keys/{key}/block` | `{"seconds": N}`: deny the key for N seconds (0 lifts a block) |
+//! | `POST /api/limits/{name}/keys/{key}/block` | `{"seconds": N}`: deny the key for N seconds, at most a day ([`rules::MAX_BLOCK`](crate::rules::MAX_BLOCK); 0 lifts a block) |
 //! | `POST /api/limits/{name}/keys/{key}/penalty` | `{"units": N}`: take N units of its quota |
 //! | `POST /api/limits/{name}/keys/{key}/reward` | `{"units": N}`: give N units back |
 //! | `GET /metrics` | the crate's metrics in Prometheus's text format |
@@ -55,6 +61,7 @@ mod rules;
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
+use axum::response::IntoResponse as _;
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 
@@ -76,6 +83,10 @@ pub enum AdminError {
         /// Its length in bytes.
         len: usize,
     },
+    /// The token holds a space, a control character or a byte outside
+    /// ASCII: it cannot be sent in a header as is.
+    #[error("the admin token must be printable ASCII with no space (a trailing newline?)")]
+    TokenNotPrintable,
 }
 
 /// The builder of the admin router: what it operates, and its token.
@@ -83,12 +94,12 @@ pub enum AdminError {
 #[must_use]
 pub struct Admin {
     token: Token,
-    state: State,
+    operated: Operated,
 }
 
-/// What the routes read: shared by every request.
+/// What the routes operate: shared by every request.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct State {
+pub(crate) struct Operated {
     rules: Option<Rules>,
     watch: Option<(Arc<Mutex<WatchStatus>>, Source)>,
     limiters: Vec<Limiter>,
@@ -104,7 +115,7 @@ impl Admin {
     pub fn new(token: impl Into<String>) -> Result<Self, AdminError> {
         Ok(Self {
             token: Token::new(token.into())?,
-            state: State::default(),
+            operated: Operated::default(),
         })
     }
 
@@ -114,7 +125,7 @@ impl Admin {
     /// every process of a deployment to see all of its denials).
     pub fn with_rules(mut self, rules: &Rules) -> Self {
         rules.watch_denials();
-        self.state.rules = Some(rules.clone());
+        self.operated.rules = Some(rules.clone());
         self
     }
 
@@ -122,7 +133,7 @@ impl Admin {
     /// [`with_rules`](Self::with_rules)) last did, and publish rule sets to
     /// its source. The watch keeps running as its owner decides.
     pub fn with_watch(mut self, watch: &Watch) -> Self {
-        self.state.watch = Some(watch.shared());
+        self.operated.watch = Some(watch.shared());
         self
     }
 
@@ -131,20 +142,20 @@ impl Admin {
     /// on (see [`with_rules`](Self::with_rules)).
     pub fn with_limiter(mut self, limiter: Limiter) -> Self {
         limiter.watch_denials();
-        self.state.limiters.push(limiter);
+        self.operated.limiters.push(limiter);
         self
     }
 
     /// Serve `GET /metrics` from `handle` (the recorder the application
     /// installed with `metrics_exporter_prometheus::PrometheusBuilder`).
     pub fn with_metrics(mut self, handle: PrometheusHandle) -> Self {
-        self.state.metrics = Some(handle);
+        self.operated.metrics = Some(handle);
         self
     }
 
     /// The router, every route behind the token.
     pub fn into_router(self) -> Router {
-        let state = Arc::new(self.state);
+        let operated = Arc::new(self.operated);
         Router::new()
             .route("/api/rules", get(rules::show).put(rules::publish))
             .route("/api/limits/{name}/top", get(keys::top))
@@ -155,8 +166,9 @@ impl Admin {
             )
             .route("/metrics", get(metrics))
             .route("/", get(console))
+            .route("/console.js", get(console_script))
             .fallback(problem::not_found)
-            .with_state(state)
+            .with_state(operated)
             .layer(axum::middleware::from_fn_with_state(
                 Arc::new(self.token),
                 auth::require,
@@ -183,19 +195,21 @@ pub fn prometheus_builder() -> metrics_exporter_prometheus::PrometheusBuilder {
         .unwrap_or_else(|_| metrics_exporter_prometheus::PrometheusBuilder::new())
 }
 
-/// The console: one page, its CSS and JavaScript inline (no build step,
+/// The console: one page and its script, inside the crate (no build step,
 /// nothing fetched from elsewhere), reading the routes above.
 const CONSOLE: &str = include_str!("console.html");
+const CONSOLE_SCRIPT: &str = include_str!("console.js");
 
-/// `GET /`: the console, which no other site may frame or script.
+/// `GET /`: the console, which may run only its own script, talk only to
+/// this router, and not be framed.
 async fn console() -> axum::response::Response {
     (
         [
             (http::header::CONTENT_TYPE, "text/html; charset=utf-8"),
             (
                 http::header::CONTENT_SECURITY_POLICY,
-                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
-                 connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; \
+                "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; \
+                 connect-src 'self'; base-uri 'none'; form-action 'none'; \
                  frame-ancestors 'none'",
             ),
             (http::header::X_FRAME_OPTIONS, "DENY"),
@@ -205,11 +219,20 @@ async fn console() -> axum::response::Response {
         .into_response()
 }
 
+/// `GET /console.js`: the console's script.
+async fn console_script() -> axum::response::Response {
+    (
+        [(http::header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        CONSOLE_SCRIPT,
+    )
+        .into_response()
+}
+
 /// `GET /metrics`.
 async fn metrics(
-    axum::extract::State(state): axum::extract::State<Arc<State>>,
+    axum::extract::State(operated): axum::extract::State<Arc<Operated>>,
 ) -> Result<axum::response::Response, problem::Problem> {
-    let handle = state.metrics.as_ref().ok_or_else(|| {
+    let handle = operated.metrics.as_ref().ok_or_else(|| {
         problem::Problem::new(
             http::StatusCode::NOT_FOUND,
             "no metrics here: the application gave the admin router no Prometheus recorder",
@@ -224,5 +247,3 @@ async fn metrics(
     )
         .into_response())
 }
-
-use axum::response::IntoResponse as _;

@@ -5,12 +5,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::State as Shared;
+use axum::extract::State;
 use http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::State;
+use super::Operated;
 use super::problem::{Problem, parse_body};
 use crate::rules::{RuleSet, Source, WatchStatus};
 
@@ -23,7 +23,8 @@ struct Publish {
 
 /// `GET /api/rules`: each rule and tier's policy, and what the watch last
 /// did.
-pub(crate) async fn show(Shared(state): Shared<Arc<State>>) -> Json<Value> {
+pub(crate) async fn show(State(operated): State<Arc<Operated>>) -> Json<Value> {
+    let state = &*operated;
     let rules = state.rules.as_ref().map(|rules| {
         let active = rules.current();
         let set = active.set();
@@ -86,11 +87,16 @@ fn unix_ms(at: SystemTime) -> u64 {
 /// `PUT /api/rules` `{"text": "..."}`: validated, then published to the
 /// watch's source. A set that does not validate changes nothing.
 pub(crate) async fn publish(
-    Shared(state): Shared<Arc<State>>,
+    State(operated): State<Arc<Operated>>,
     body: Bytes,
 ) -> Result<(StatusCode, Json<Value>), Problem> {
     let Publish { text } = parse_body(&body)?;
-    if let Err(error) = RuleSet::parse(&text) {
+    // Read as its destination will read it: a file by its name's extension.
+    let parsed = match &operated.watch {
+        Some((_, Source::File(path))) => RuleSet::parse_as(path, &text),
+        _ => RuleSet::parse(&text),
+    };
+    if let Err(error) = parsed {
         let mut problem =
             Problem::invalid(format!("rule set rejected: {error}")).with("field", error.field());
         if let Some(rule) = error.rule() {
@@ -98,7 +104,7 @@ pub(crate) async fn publish(
         }
         return Err(problem);
     }
-    let Some((_, source)) = &state.watch else {
+    let Some((_, source)) = &operated.watch else {
         return Err(Problem::new(
             StatusCode::CONFLICT,
             "these rules are not read from a file or Redis: only a watched source accepts a rule set",
@@ -106,23 +112,29 @@ pub(crate) async fn publish(
     };
     match source {
         Source::Redis { client, key } => {
-            let failed = |error: redis::RedisError| {
+            let failed = |error: String| {
                 tracing::warn!(%error, key, "admin: publishing the rule set failed");
                 Problem::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     format!("redis: {error}; nothing was published"),
                 )
             };
-            let mut connection = client
-                .get_multiplexed_async_connection()
-                .await
-                .map_err(failed)?;
-            let version = crate::rules::publish(&mut connection, key, &text)
-                .await
-                .map_err(|error| match error {
-                    crate::rules::PublishError::Redis(error) => failed(error),
-                    other => Problem::invalid(other.to_string()),
-                })?;
+            let publish = async {
+                let mut connection = client.get_multiplexed_async_connection().await?;
+                crate::rules::publish(&mut connection, key, &text).await
+            };
+            let version = match tokio::time::timeout(PUBLISH_TIMEOUT, publish).await {
+                Ok(Ok(version)) => version,
+                Ok(Err(crate::rules::PublishError::Redis(error))) => {
+                    return Err(failed(error.to_string()));
+                }
+                Ok(Err(other)) => return Err(Problem::invalid(other.to_string())),
+                Err(_) => {
+                    return Err(failed(format!(
+                        "no answer within {PUBLISH_TIMEOUT:?} (it may still be published)"
+                    )));
+                }
+            };
             tracing::info!(key, version, "admin: rule set published");
             Ok((
                 StatusCode::OK,
@@ -147,12 +159,26 @@ pub(crate) async fn publish(
     }
 }
 
-/// Replace the file's text at once: written beside it, then renamed over
-/// it, so the watch never reads half a file.
+/// Replace the file's text at once: written beside it (beside the file a
+/// symbolic link points to), then renamed over it, so the watch never reads
+/// half a file; the file keeps its permissions. Publications are written
+/// one at a time.
 async fn write_file(path: &std::path::Path, text: &str) -> std::io::Result<()> {
-    let mut temporary = path.as_os_str().to_owned();
-    temporary.push(".admin-new");
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let target = tokio::fs::canonicalize(path).await?;
+    let permissions = tokio::fs::metadata(&target).await?.permissions();
+    let mut temporary = target.as_os_str().to_owned();
+    temporary.push(format!(".admin-{}", std::process::id()));
     let temporary = std::path::PathBuf::from(temporary);
     tokio::fs::write(&temporary, text).await?;
-    tokio::fs::rename(&temporary, path).await
+    tokio::fs::set_permissions(&temporary, permissions).await?;
+    if let Err(error) = tokio::fs::rename(&temporary, &target).await {
+        let _ = tokio::fs::remove_file(&temporary).await;
+        return Err(error);
+    }
+    Ok(())
 }
+
+/// How long publishing a rule set to Redis may take.
+const PUBLISH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);

@@ -12,7 +12,7 @@ use super::denial;
 use super::future::ResponseFuture;
 use super::settings::Shared;
 use crate::key::KeyExtractor;
-use crate::metrics::{Outcome, Source};
+use crate::metrics::{Decider, Outcome};
 use crate::policy::Policy;
 use crate::store::Store;
 
@@ -96,7 +96,7 @@ where
                 ResponseFuture::start(request, &mut self.inner, &self.shared, key)
             }
             Ok(_) => {
-                crate::metrics::decision(limiter.label(), Outcome::Skipped, Source::None);
+                crate::metrics::decision(limiter.label(), Outcome::Skipped, Decider::None);
                 ResponseFuture::unlimited(self.inner.call(request))
             }
             Err(error) => {

@@ -68,6 +68,7 @@ impl Limiter {
         let policy = policy.as_ref().unwrap_or(&self.inner.policy);
         let ticket = match self.inner.breaker.as_deref().map(Breaker::gate) {
             Some(Gate::Skip) => {
+                crate::metrics::breaker_open(self.label(), true);
                 return Begun::Done(self.finish(
                     key,
                     policy,

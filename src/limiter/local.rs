@@ -404,7 +404,7 @@ impl Local {
                 && local.refill(&limiter, &key, &mut held).await
                 && let Some(verdict) = held.batch_verdict.take()
             {
-                return Ok(verdict);
+                return limiter.counted(&key, Ok(verdict));
             }
             // No batch: one request, outside the lock, like any check.
             drop(held);
@@ -426,7 +426,12 @@ impl Local {
         };
         // A batch is asked for failing closed: a store failure must not
         // charge a batch to the fallback store nor admit one unlimited.
-        let strict = limiter.clone().with_fail_mode(super::FailMode::Closed);
+        // Uncounted: the request the batch is asked for is counted by the
+        // verdict it gets.
+        let strict = limiter
+            .clone()
+            .with_fail_mode(super::FailMode::Closed)
+            .uncounted();
         // Before the store decided: what the store's times are counted
         // from is later, so the units never outlive their window.
         let sent = Instant::now();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::decision::Decision;
-use crate::metrics::{Outcome, Source};
+use crate::metrics::{Decider, Outcome};
 use crate::policy::{Policy, PolicyError};
 use crate::store::{Command, DynStore, Store, StoreError};
 
@@ -65,10 +65,13 @@ struct Inner {
     /// What the metrics and the admin router call this limit: its rule's
     /// name under rules, else its name.
     label: Arc<str>,
-    /// The denials of this limit, by key (the sketches of every limit
-    /// derived from the same limiter).
+    /// The denials of this limiter, by key, found by its name in the
+    /// registry of every limiter derived from the same one.
     denials: Arc<top::Denials>,
     registry: Arc<top::Registry>,
+    /// Whether its verdicts are counted (not for a local quota's batches:
+    /// the request a batch is asked for is counted on its own).
+    counted: bool,
     fail_mode: FailMode,
     /// Keys never limited.
     allowed: Arc<HashSet<String>>,
@@ -96,6 +99,7 @@ impl Limiter {
                 label: Arc::clone(&name),
                 name,
                 registry,
+                counted: true,
                 fail_mode: FailMode::default(),
                 allowed: Arc::default(),
                 deny_cache: Some(Arc::new(DenyCache::new(DEFAULT_DENY_CACHE_SIZE))),
@@ -218,19 +222,34 @@ impl Limiter {
     }
 
     /// Count the verdict of a check of `key` (as given, not namespaced) in
-    /// the metrics, and a denial among the limit's most denied keys
+    /// the metrics, and a denial among the limiter's most denied keys
     /// (sharing them through the store when a share is due).
     pub(crate) fn counted(
         &self,
         key: &str,
         verdict: Result<Verdict, LimitError>,
     ) -> Result<Verdict, LimitError> {
-        let outcome = Outcome::of(&verdict);
-        crate::metrics::decision(&self.inner.label, outcome, Source::of(&verdict));
+        if !self.inner.counted {
+            return verdict;
+        }
+        let (outcome, decider) = classify(&verdict);
+        crate::metrics::decision(&self.inner.label, outcome, decider);
         if matches!(outcome, Outcome::Denied | Outcome::Blocked) {
             self.denied(key);
         }
         verdict
+    }
+
+    /// Count `denied`, a denial the deny cache gave `key` (as given) before
+    /// any check was started (the rules' first look).
+    pub(crate) fn count_cached_denial(&self, key: &str, denied: &Decision) {
+        let verdict = Verdict::without_permit(Some(denied.clone()), DecidedBy::DenyCache);
+        let _counted = self.counted(key, Ok(verdict));
+    }
+
+    /// The same limiter, whose verdicts are not counted.
+    pub(crate) fn uncounted(self) -> Self {
+        self.map(|s| s.counted = false)
     }
 
     /// Count the denials of this limiter and of every limiter derived
@@ -247,23 +266,25 @@ impl Limiter {
         // Shared in the background, when there is a runtime to do it.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let share = Arc::clone(&self.inner.store)
-                .share_denials_owned(Arc::clone(&self.inner.label), counts);
+                .share_denials_owned(Arc::clone(&self.inner.name), counts);
             runtime.spawn(async move {
                 if let Err(error) = share.await {
-                    tracing::debug!(%error, "rate limit: sharing the most denied keys failed");
+                    tracing::warn!(%error, "rate limit: sharing the most denied keys failed; those counts are lost");
                 }
             });
         }
     }
 
-    /// The keys of this limit denied most over this minute and the last,
-    /// most first, each with its denials: by every process sharing the
-    /// store when it keeps them ([`RedisStore`](crate::RedisStore) does),
-    /// else by this process. Counted from bounded memory (32 keys per limit
-    /// and minute in each process; a key denied more than 1/32 of the
-    /// minute's denials is always there, its count over by at most the
-    /// smallest count kept). Under rules, a rule's tiers count together.
-    /// This process's denials not shared yet are shared first.
+    /// The keys this limiter denied most over this minute and the last,
+    /// most first, each with its denials: by every process that watches
+    /// them (this call, or an admin router) and shares the store, when it
+    /// keeps them ([`RedisStore`](crate::RedisStore) does), else by this
+    /// process. Counted from bounded memory: 32 keys per limiter and
+    /// minute in each process (a key taking more than 1/32 of a process's
+    /// denials in a minute is always among them) and 128 per minute in
+    /// Redis; the counts are estimates (Space-Saving's). Under rules each
+    /// tier of a rule has its own. This process's denials not shared yet
+    /// are shared first.
     ///
     /// # Errors
     /// The store failed.
@@ -274,13 +295,15 @@ impl Limiter {
     pub async fn most_denied(&self) -> Result<Vec<(String, u64)>, StoreError> {
         self.watch_denials();
         let pending = self.inner.denials.take_unshared();
-        if !pending.is_empty() {
-            Arc::clone(&self.inner.store)
-                .share_denials_owned(Arc::clone(&self.inner.label), pending)
-                .await?;
+        if !pending.is_empty()
+            && let Err(error) = Arc::clone(&self.inner.store)
+                .share_denials_owned(Arc::clone(&self.inner.name), pending)
+                .await
+        {
+            tracing::warn!(%error, "rate limit: sharing the most denied keys failed; those counts are lost");
         }
         let shared = Arc::clone(&self.inner.store)
-            .shared_denials_owned(Arc::clone(&self.inner.label))
+            .shared_denials_owned(Arc::clone(&self.inner.name))
             .await?;
         Ok(shared.unwrap_or_else(|| self.inner.denials.top(std::time::Instant::now())))
     }
@@ -336,7 +359,7 @@ impl Limiter {
     /// (the limiter's when `None`): an allowed key is admitted unlimited.
     fn start(&self, key: String, policy: Option<Arc<Policy>>) -> Check {
         if self.is_allowed(&key) {
-            crate::metrics::decision(&self.inner.label, Outcome::Skipped, Source::None);
+            crate::metrics::decision(&self.inner.label, Outcome::Skipped, Decider::None);
             return Check::done(Ok(Verdict::unlimited(DecidedBy::AllowedKey)));
         }
         if policy.is_none()
@@ -486,7 +509,7 @@ impl Limiter {
             s.policy = Arc::new(policy);
             s.name = Arc::from(name);
             s.label = Arc::from(prefix);
-            s.denials = s.registry.of(&s.label);
+            s.denials = s.registry.of(&s.name);
             s.allowed = Arc::default();
         })
     }
@@ -539,9 +562,6 @@ impl Limiter {
         !self.inner.allowed.is_empty() && self.inner.allowed.contains(key)
     }
 
-    /// The store key of an extracted key: `{name}:{key}`, written into the
-    /// extracted key's own buffer (no allocation when it has room, as the
-    /// IP extractors leave).
     /// The key as given, of store key `key` (see [`store_key`](Self::store_key)).
     pub(crate) fn raw_key<'k>(&self, key: &'k str) -> &'k str {
         key.strip_prefix(&*self.inner.name)
@@ -549,6 +569,9 @@ impl Limiter {
             .unwrap_or(key)
     }
 
+    /// The store key of an extracted key: `{name}:{key}`, written into the
+    /// extracted key's own buffer (no allocation when it has room, as the
+    /// IP extractors leave).
     fn store_key(&self, mut key: String) -> String {
         key.reserve(self.inner.name.len() + 1);
         key.insert(0, ':');
@@ -608,4 +631,27 @@ fn default_name(policy: &Policy) -> String {
         let _ = write!(name, ";{}", policy.execution());
     }
     name
+}
+
+/// The metrics' outcome and source of a verdict (the store, for a failure
+/// the fail mode refused).
+fn classify(verdict: &Result<Verdict, LimitError>) -> (Outcome, Decider) {
+    let Ok(verdict) = verdict else {
+        return (Outcome::FailedClosed, Decider::Store);
+    };
+    let decider = match verdict.decided_by() {
+        DecidedBy::Store => Decider::Store,
+        DecidedBy::DenyCache => Decider::DenyCache,
+        DecidedBy::LocalQuota => Decider::LocalQuota,
+        DecidedBy::Fallback => Decider::Fallback,
+        DecidedBy::FailOpen | DecidedBy::AllowedKey => Decider::None,
+    };
+    let outcome = match verdict.decided_by() {
+        DecidedBy::FailOpen => Outcome::FailedOpen,
+        DecidedBy::AllowedKey => Outcome::Skipped,
+        _ if verdict.allowed() => Outcome::Admitted,
+        _ if verdict.decision().is_some_and(Decision::blocked) => Outcome::Blocked,
+        _ => Outcome::Denied,
+    };
+    (outcome, decider)
 }

@@ -128,6 +128,9 @@ impl State {
             self.this_minute = Sketch::default();
             Sketch::default()
         };
+        // Denials not shared by now belong to a minute that is over: shared
+        // later, they would be counted in the wrong one.
+        self.unshared = Sketch::default();
         self.minute_started = Some(now);
     }
 }

@@ -88,12 +88,7 @@ async fn decide(planned: Vec<Planned>) -> Result<Admission, LimitError> {
             continue;
         }
         if let Some(denied) = p.limiter.cached_denial(&p.key) {
-            crate::metrics::decision(
-                p.limiter.label(),
-                crate::metrics::Outcome::of_decision(&denied),
-                crate::metrics::Source::DenyCache,
-            );
-            p.limiter.denied(&p.key);
+            p.limiter.count_cached_denial(&p.key, &denied);
             let shown = Checked::new(p, Some(denied), DecidedBy::DenyCache, None);
             return Ok(Admission {
                 allowed: false,

@@ -142,13 +142,19 @@ impl RuleSet {
             field: path.display().to_string(),
             problem: error.to_string(),
         })?;
+        Self::parse_as(path, &text)
+    }
+
+    /// Read `text` as the file `path` holds it: JSON if its name ends in
+    /// `.json`, else TOML.
+    pub(crate) fn parse_as(path: &std::path::Path, text: &str) -> Result<Self, RulesError> {
         if path
             .extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("json"))
         {
-            Self::from_json(&text)
+            Self::from_json(text)
         } else {
-            Self::from_toml(&text)
+            Self::from_toml(text)
         }
     }
 }
@@ -234,14 +240,7 @@ impl Rules {
                 if seen.as_deref() == Some(&*text) {
                     continue;
                 }
-                let parsed = if path
-                    .extension()
-                    .is_some_and(|e| e.eq_ignore_ascii_case("json"))
-                {
-                    RuleSet::from_json(&text)
-                } else {
-                    RuleSet::from_toml(&text)
-                };
+                let parsed = RuleSet::parse_as(&path, &text);
                 apply(
                     &rules,
                     parsed,
@@ -286,6 +285,7 @@ impl Rules {
             }));
         };
         self.replace(RuleSet::parse(&text)?);
+        crate::metrics::rules_loaded(true);
         let source = Source::Redis {
             client: Box::new(client.clone()),
             key: key.clone(),

@@ -95,7 +95,8 @@ async fn decisions_by_outcome_and_source_and_store_latency_are_scraped() {
     let server = RedisServer::start();
     let store = RedisStore::connect(&server.url()).await.unwrap();
     // The fixed window's denials are final: the deny cache holds them.
-    let policy = "2/10s".parse::<Policy>().unwrap().fixed_window().unwrap();
+    // (An hour's window: no window edge is crossed during the test.)
+    let policy = "2/h".parse::<Policy>().unwrap().fixed_window().unwrap();
     let limiter = Limiter::new(store, policy)
         .with_name(rule)
         .with_circuit_breaker(CircuitBreaker::new(2, Duration::from_secs(60)));
@@ -174,6 +175,26 @@ async fn local_quota_fallback_and_rule_sets_are_scraped() {
     for _ in 0..5 {
         assert!(local.check("hot").await.unwrap().allowed());
     }
+    // A local quota's refused batch: the request it was asked for is
+    // counted once. 6 an hour, batches of 5: the first request takes a
+    // batch (1 + 4 held), the 6th finds the batch refused and is checked
+    // alone, the 7th is denied: 7 requests, 7 counted.
+    let refused = Limiter::new(
+        MemoryStore::new(),
+        "6/h".parse::<Policy>().unwrap().gcra().unwrap(),
+    )
+    .with_name("metrics-test-refused")
+    .with_local_quota(LocalQuota::new(5, Duration::from_secs(60)).unwrap())
+    .unwrap();
+    let admitted = {
+        let mut admitted = 0;
+        for _ in 0..7 {
+            admitted += usize::from(refused.check("hot").await.unwrap().allowed());
+        }
+        admitted
+    };
+    assert_eq!(admitted, 6);
+
     // A fallback: Redis stopped, limited in process.
     let server = RedisServer::start();
     let store = RedisStore::connect(&server.url())
@@ -199,7 +220,11 @@ async fn local_quota_fallback_and_rule_sets_are_scraped() {
     .unwrap();
     let rules = Rules::new(MemoryStore::new(), RuleSet::from_toml("").unwrap());
     let watch = rules.watch_file(&path, Duration::from_millis(20));
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while watch.status().version < 1 {
+        assert!(std::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     std::fs::write(
         &path,
         "[[rules]]\nname = \"a\"\nkey = \"ip\"\npolicy = \"0/s\"\n",
@@ -215,6 +240,18 @@ async fn local_quota_fallback_and_rule_sets_are_scraped() {
     let by = decisions(&samples, "metrics-test-local");
     assert_eq!(count(&by, "admitted", "store"), 1.0, "{by:?}");
     assert_eq!(count(&by, "admitted", "local_quota"), 4.0, "{by:?}");
+    let by = decisions(&samples, "metrics-test-refused");
+    assert_eq!(
+        by.values().sum::<f64>(),
+        7.0,
+        "one count per request: {by:?}"
+    );
+    assert_eq!(count(&by, "admitted", "local_quota"), 4.0, "{by:?}");
+    assert_eq!(
+        count(&by, "admitted", "store") + count(&by, "admitted", "local_quota"),
+        6.0,
+        "{by:?}"
+    );
     let by = decisions(&samples, "metrics-test-fallback");
     assert_eq!(count(&by, "admitted", "fallback"), 1.0, "{by:?}");
     assert_eq!(count(&by, "denied", "fallback"), 1.0, "{by:?}");

@@ -192,6 +192,7 @@ fn a_bad_value_exits_with_status_2_naming_the_variable() {
 /// The admin router needs both its address and its token, a token of at
 /// least 16 bytes, and never the public listener; the token is never
 /// echoed.
+#[cfg(feature = "admin")]
 #[test]
 fn admin_settings_are_both_or_neither_and_never_public() {
     let token = "a-token-of-sixteen-plus-bytes";

@@ -97,7 +97,8 @@ impl RedisStore {
         let mut merged: HashMap<String, u64> = HashMap::new();
         for (key, score) in sets.into_iter().flatten() {
             // Scores are sums of counts: whole, non-negative numbers.
-            *merged.entry(key).or_default() += score.max(0.0) as u64;
+            let count = merged.entry(key).or_default();
+            *count = count.saturating_add(score.max(0.0) as u64);
         }
         let mut top: Vec<(String, u64)> = merged.into_iter().collect();
         top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));

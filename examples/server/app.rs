@@ -69,7 +69,12 @@ pub(crate) fn limiter<St: Store>(
     policy: Policy,
     settings: &Settings,
 ) -> Result<Limiter, BadSetting> {
-    let limiter = Limiter::new(store, policy).with_fail_mode(settings.fail_mode.clone());
+    // Named: a server restarted with another RATE_LIMIT keeps counting the
+    // same count (a tightened limit bites at once, and a rollout never
+    // adds two quotas).
+    let limiter = Limiter::new(store, policy)
+        .with_name("api")
+        .with_fail_mode(settings.fail_mode.clone());
     // The deny cache is on by default.
     let limiter = if settings.deny_cache {
         limiter

@@ -37,14 +37,23 @@ struct Units {
 }
 
 /// `GET /api/limits/{name}/top`: the keys denied most over this minute
-/// and the last, each with its tier, across the processes that share them.
+/// and the last, across the processes that share them; with the tier when
+/// a tier counts apart (under rules a rule's tiers count together: no
+/// tier).
 pub(crate) async fn top(
     State(operated): State<Arc<Operated>>,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, Problem> {
     let Path(name) = path.map_err(|e| Problem::bad_request(e.body_text()))?;
     let mut keys: Vec<(String, Option<String>, u64)> = Vec::new();
+    let mut seen: Vec<String> = Vec::new();
     for (tier, limiter) in tiers(&operated, &name)? {
+        // Limiters counting under one name (a rule's tiers) share their
+        // denials: read them once.
+        if seen.iter().any(|n| n == limiter.name()) {
+            continue;
+        }
+        seen.push(limiter.name().to_owned());
         let denied = limiter.most_denied().await.map_err(store_failed)?;
         keys.extend(
             denied

@@ -7,7 +7,10 @@
 //! arithmetic works on the TAT's offset from now, `d` (µs, an `f64`), where
 //! magnitudes are small: at today's timestamps (~1.7e15 µs) a double only
 //! resolves 0.25 µs, which would round intervals and lose bursts. The TAT is
-//! stored as whole µs plus a fraction.
+//! stored as whole µs plus a fraction, with the interval `T` it was written
+//! under: after a change of the rate's max, the offset is read as
+//! `d / T_written · T`, so the units a key used are kept (a lowered max
+//! bites at once, a raised one gives exactly the difference).
 //!
 //! A request of cost `c` at `now` moves the offset to `max(d, 0) + c·T` and
 //! is admitted if that is at most the window (with a relative tolerance of
@@ -34,11 +37,30 @@ pub(crate) const EPSILON: f64 = 1e-9;
 /// exact.
 pub(crate) const MAX_OFFSET: f64 = 2.0 * crate::policy::MAX_WINDOW.as_micros() as f64;
 
-/// One TAT per rate, found by its window: (window µs, TAT whole µs, TAT fraction).
+/// One TAT per rate, found by its window: (window µs, TAT whole µs, TAT
+/// fraction, the emission interval `T` it was written under).
 ///
 /// One rate's state is held inline (no allocation, and no pointer to
 /// follow from the store's table).
-pub(crate) type State = smallvec::SmallVec<[(u64, u64, f64); 1]>;
+pub(crate) type State = smallvec::SmallVec<[Tat; 1]>;
+
+/// A rate's TAT: (window µs, whole µs, fraction, `T` when written).
+pub(crate) type Tat = (u64, u64, f64, f64);
+
+/// The offset of `tat` from `now` under a rate of interval `interval`: the
+/// units it holds are kept when the max changed (the offset is read as
+/// `d / T_written · T`), so a lowered max bites at once and a raised one
+/// gives exactly the difference. Unchanged `T`: the offset as is.
+#[inline]
+fn offset(tat: &Tat, now: u64, interval: f64) -> f64 {
+    let &(_, whole, frac, written) = tat;
+    let d = (whole as i64 - now as i64) as f64 + frac;
+    if written == interval {
+        d
+    } else {
+        d / written * interval
+    }
+}
 
 /// (window, T, offset now, offset after this request) of one rate: the
 /// state's TAT of the rate's window as an offset from `now`.
@@ -49,10 +71,8 @@ fn plan(state: &State, now: u64, cost: f64, rate: &Rate) -> (f64, f64, f64, f64)
     let interval = w / rate.max() as f64;
     let offset = state
         .iter()
-        .find(|(win, _, _)| *win == window)
-        .map_or(0.0, |&(_, whole, frac)| {
-            (whole as i64 - now as i64) as f64 + frac
-        });
+        .find(|tat| tat.0 == window)
+        .map_or(0.0, |tat| offset(tat, now, interval));
     let d = offset.max(0.0);
     (w, interval, d, d + cost * interval)
 }
@@ -78,11 +98,12 @@ fn status(rate: &Rate, allowed: bool, plan: (f64, f64, f64, f64), kept: f64) -> 
     }
 }
 
-/// The TAT of an offset `kept` (> 0) at `now`, for a rate of `window` µs.
+/// The TAT of an offset `kept` (> 0) at `now`, for a rate of `window` µs
+/// and interval `interval`.
 #[inline]
-fn tat(window: u64, now: u64, kept: f64) -> (u64, u64, f64) {
+fn tat(window: u64, interval: f64, now: u64, kept: f64) -> Tat {
     let whole = floor_non_negative(kept);
-    (window, now + whole, kept - whole as f64)
+    (window, now + whole, kept - whole as f64, interval)
 }
 
 #[inline]
@@ -121,7 +142,7 @@ fn check_many(state: &mut State, now: u64, cost: f64, rates: &[Rate]) -> (Decisi
         builder.rate(status(rate, allowed, plan, kept));
         if kept > 0.0 {
             expires_at = expires_at.max(now + ceil_positive(kept));
-            let tat = tat(rate.window_micros(), now, kept);
+            let tat = tat(rate.window_micros(), plan.1, now, kept);
             if in_place {
                 state[i] = tat;
             } else if allowed {
@@ -141,7 +162,7 @@ fn check_many(state: &mut State, now: u64, cost: f64, rates: &[Rate]) -> (Decisi
 fn check_one(state: &mut State, now: u64, cost: f64, rate: &Rate) -> (Decision, u64) {
     let window = rate.window_micros();
     let plan = plan(state, now, cost, rate);
-    let (w, _, d, new_d) = plan;
+    let (w, interval, d, new_d) = plan;
     let allowed = new_d <= w * (1.0 + EPSILON);
     let kept = if allowed { new_d } else { d };
     let status = status(rate, allowed, plan, kept);
@@ -153,7 +174,7 @@ fn check_one(state: &mut State, now: u64, cost: f64, rate: &Rate) -> (Decision, 
     // Admitted, the offset is at least one interval (a cost is at least 1):
     // the state becomes this rate's TAT alone.
     if allowed {
-        let tat = tat(window, now, kept);
+        let tat = tat(window, interval, now, kept);
         match state.as_mut_slice() {
             [only] => *only = tat,
             _ => {
@@ -202,15 +223,12 @@ fn set(state: &mut State, now: u64, policy: &Policy, f: impl Fn(f64, f64) -> f64
         let interval = window as f64 / rate.max() as f64;
         let offset = state
             .iter()
-            .find(|(win, _, _)| *win == window)
-            .map_or(0.0, |&(_, whole, frac)| {
-                (whole as i64 - now as i64) as f64 + frac
-            });
+            .find(|tat| tat.0 == window)
+            .map_or(0.0, |tat| offset(tat, now, interval));
         let kept = f(offset.max(0.0), interval);
         if kept > 0.0 {
-            let whole = floor_non_negative(kept);
             expires_at = expires_at.max(now + ceil_positive(kept));
-            next.push((window, now + whole, kept - whole as f64));
+            next.push(tat(window, interval, now, kept));
         }
     }
     *state = next;
@@ -240,6 +258,28 @@ fn micros_ceil(us: f64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The units a key used are kept across a change of max: lowered, the
+    /// key is denied at once; raised again, it gets exactly the difference.
+    #[test]
+    fn a_changed_max_keeps_the_units_used() {
+        let policy = |text: &str| text.parse::<Policy>().unwrap().gcra().unwrap();
+        let (ten, five) = (policy("10/10s"), policy("5/10s"));
+        let now = 1_700_000_000_000_000;
+        let mut state = State::new();
+        for _ in 0..8 {
+            assert!(check(&mut state, now, &ten).0.allowed());
+        }
+        let lowered = check(&mut state, now, &five).0;
+        assert!(!lowered.allowed());
+        assert_eq!(lowered.remaining(), 0);
+        let admitted = (0..5)
+            .filter(|_| check(&mut state, now, &ten).0.allowed())
+            .count();
+        assert_eq!(admitted, 2);
+        // Unchanged T reads the TAT as is: 10 used of 10.
+        assert_eq!(peek(&state, now, &ten).remaining(), 0);
+    }
 
     #[test]
     fn cast_floor_and_ceil_match_libm() {
@@ -281,8 +321,8 @@ mod tests {
                 let (mut fast, mut general) = (State::new(), State::new());
                 // A state of other windows, as a changed policy leaves.
                 for state in [&mut fast, &mut general] {
-                    state.push((5_000_000, base + 3_000_000, 0.25));
-                    state.push((60_000_000, base + 1_000, 0.5));
+                    state.push((5_000_000, base + 3_000_000, 0.25, 1_000_000.0));
+                    state.push((60_000_000, base + 1_000, 0.5, 600_000.0));
                 }
                 for (step, now) in super::super::burst_times(base) {
                     let a = check_one(&mut fast, now, cost as f64, &rate);

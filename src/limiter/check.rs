@@ -53,7 +53,10 @@ impl Limiter {
     /// wait takes the key and hands it back with the answer.
     pub(super) fn begin(&self, key: &mut String, policy: Option<Arc<Policy>>) -> Begun {
         if policy.is_none()
-            && let Some(denied) = self.usable_deny_cache().and_then(|c| c.get(key))
+            && let Some(denied) = self
+                .usable_deny_cache()
+                .and_then(|c| c.get(key))
+                .filter(|denied| self.denied_under_this_policy(denied))
         {
             tracing::debug!(
                 key = %KeyHash::stored(key),

@@ -7,7 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::decision::Decision;
+use crate::decision::{Decision, RateStatus};
 use crate::metrics::{Decider, Outcome};
 use crate::policy::{Policy, PolicyError};
 use crate::store::{Command, DynStore, Store, StoreError};
@@ -187,12 +187,14 @@ impl Limiter {
     /// (`"2/min;script"`), in that order. (The algorithm is not in the name:
     /// the stores keep each algorithm's state apart.) So limiters with the
     /// same policy share counts, limiters whose policies count differently
-    /// never do, and changing a policy starts its counts afresh. Use one
-    /// name for one policy only: a check trims entries older than its own
-    /// longest window, so a shorter policy under the same name would erase
-    /// history a longer one needs. The store key is `{name}:{key}`, so on a
-    /// shared store no name should be another's followed by `:` (default
-    /// names hold no `:`).
+    /// never do, and changing the policy of an unnamed limiter starts its
+    /// counts afresh. A named limiter keeps its counts when its policy
+    /// changes (a tightened max bites at once; a rollout shares one count):
+    /// name your limiters. Policies sharing a name should share their
+    /// windows: a sliding log check trims entries older than its own
+    /// longest window, and the windowed counters keep a counter per window.
+    /// The store key is `{name}:{key}`, so on a shared store no name should
+    /// be another's followed by `:` (default names hold no `:`).
     #[must_use]
     pub fn with_name(self, name: impl Into<String>) -> Self {
         let name: Arc<str> = Arc::from(name.into());
@@ -496,8 +498,11 @@ impl Limiter {
     /// cache, shared) for `policy`, named `{prefix}@{policy's default name}`:
     /// one per rule and policy of a rule set, so a rule keeps its counts
     /// while its policy is unchanged.
-    pub(crate) fn for_rule(&self, prefix: &str, policy: Policy) -> Self {
-        let name = format!("{prefix}@{}", default_name(&policy));
+    pub(crate) fn for_rule(&self, rule: &str, policy: Policy) -> Self {
+        // Counted under the rule's name alone: a changed policy (or another
+        // tier's) applies to the same counts (the store keeps each
+        // algorithm's state apart, and each window's counters apart).
+        let name = rule.to_owned();
         self.clone().map(|s| {
             if let FailMode::Fallback { instances, .. } = &s.fail_mode {
                 s.fallback_policy = Some(Arc::new(policy.shared_by(*instances)));
@@ -508,7 +513,7 @@ impl Limiter {
                 .and_then(|l| local::Local::new(l.config(), &policy).ok().map(Arc::new));
             s.policy = Arc::new(policy);
             s.name = Arc::from(name);
-            s.label = Arc::from(prefix);
+            s.label = Arc::from(rule);
             s.denials = s.registry.of(&s.name);
             s.allowed = Arc::default();
         })
@@ -540,7 +545,20 @@ impl Limiter {
     /// denied without asking the store.
     pub(crate) fn cached_denial(&self, key: &str) -> Option<Decision> {
         let cache = self.usable_deny_cache()?;
-        cache.get(&self.store_key(key.to_owned()))
+        cache
+            .get(&self.store_key(key.to_owned()))
+            .filter(|denied| self.denied_under_this_policy(denied))
+    }
+
+    /// Whether a cached denial was decided under this limiter's rates: a
+    /// rule's tiers, or its policy before a reload, share its counts and
+    /// the cache, but not each other's denials.
+    pub(crate) fn denied_under_this_policy(&self, denied: &Decision) -> bool {
+        denied
+            .rates()
+            .iter()
+            .map(RateStatus::rate)
+            .eq(self.inner.policy.rates().iter().copied())
     }
 
     /// Give back one admitted check of `key` costing `units`, whose

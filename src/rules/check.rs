@@ -150,7 +150,8 @@ async fn decide(planned: Vec<Planned>) -> Result<Admission, LimitError> {
     // Denied (or failed): give back what the admitting rules took, and
     // block the keys of breached rules that block.
     let mut undo = Vec::new();
-    for (c, p) in checks.iter_mut().zip(&planned) {
+    let mut blocks: Vec<(usize, BoxFuture<Option<Decision>>)> = Vec::new();
+    for (i, (c, p)) in checks.iter_mut().zip(&planned).enumerate() {
         if c.allowed() {
             if let Some(permit) = c.permit.take() {
                 undo.push(Box::pin(async move {
@@ -172,18 +173,38 @@ async fn decide(planned: Vec<Planned>) -> Result<Admission, LimitError> {
             && !decision.blocked()
         {
             let (limiter, key) = (c.limiter.clone(), c.key.clone());
-            c.decision = Some(crate::algorithm::blocked(
-                limiter.policy(),
-                crate::algorithm::block_micros(block),
+            blocks.push((
+                i,
+                Box::pin(async move {
+                    match limiter.block(&key, block).await {
+                        // The denial announces the block once it is written.
+                        Ok(_) => Some(crate::algorithm::blocked(
+                            limiter.policy(),
+                            crate::algorithm::block_micros(block),
+                        )),
+                        Err(error) => {
+                            tracing::error!(%error, "rules: could not block a key after its breach; its denial claims no block");
+                            None
+                        }
+                    }
+                }),
             ));
-            undo.push(Box::pin(async move {
-                if let Err(error) = limiter.block(&key, block).await {
-                    tracing::warn!(%error, "rules: could not block a key after its breach");
-                }
-            }));
         }
     }
-    futures_util::future::join_all(undo).await;
+    let (blocked, _) = futures_util::future::join(
+        futures_util::future::join_all(
+            blocks
+                .into_iter()
+                .map(|(i, block)| async move { (i, block.await) }),
+        ),
+        futures_util::future::join_all(undo),
+    )
+    .await;
+    for (i, decision) in blocked {
+        if let (Some(decision), Some(check)) = (decision, checks.get_mut(i)) {
+            check.decision = Some(decision);
+        }
+    }
     if let Some(error) = failure {
         return Err(error);
     }

@@ -19,10 +19,12 @@ use crate::store::Store;
 /// whole when the rules change ([`replace`](Self::replace)), with no
 /// request ever seeing half of a change.
 ///
-/// A rule's counts are kept under `{rule}@{policy}` (the policy as in
-/// [`Limiter::with_name`]), so they **survive a reload while the rule's
-/// name and policy are unchanged**, and a changed policy starts afresh.
-/// Tiers with the same policy share counts.
+/// A rule's counts are kept under the rule's name (and the algorithm, as
+/// every limiter's), so they **survive any reload that keeps the rule's
+/// name**, a changed max applies to them at once, and a rule's tiers share
+/// them: a caller moved to another tier keeps what it used. See the
+/// [rules guide](crate::guide::rules#changing-rules-at-runtime) for what a
+/// change of window or algorithm does.
 ///
 /// Cheap to clone: clones share the rules.
 ///

@@ -609,6 +609,34 @@ fn rules_from_a_file_pick_the_tier_and_a_bad_rules_setting_exits_2() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A rules file edited from 10 to 5 an hour denies at once a client that
+/// used 8: the rule's count is kept under its name, not its numbers.
+#[test]
+fn a_tightened_rules_file_bites_at_once() {
+    let redis = RedisServer::start();
+    let dir = std::env::temp_dir().join(format!("server-tighten-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("rules.toml");
+    let rules = |policy: &str| {
+        format!("[[rules]]\nname = \"api\"\nkey = \"header:x-client\"\npolicy = \"{policy}\"\n")
+    };
+    std::fs::write(&file, rules("10/h")).unwrap();
+    let url = redis.url();
+    let server = Server::start(&[
+        ("REDIS_URL", url.as_str()),
+        ("RULES", file.to_str().unwrap()),
+    ]);
+    for i in 0..8 {
+        assert_eq!(server.status(&[("x-client", "a")]), 200, "request {i}");
+    }
+    std::fs::write(&file, rules("5/h")).unwrap();
+    // The server re-reads the file every second; no request meanwhile.
+    std::thread::sleep(Duration::from_millis(2_500));
+    assert_eq!(server.status(&[("x-client", "a")]), 429, "8 used of 5");
+    assert_eq!(server.status(&[("x-client", "b")]), 200, "a fresh client");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn a_local_quota_admits_hot_keys_locally_within_the_limit() {
     let redis = RedisServer::start();

@@ -154,11 +154,14 @@ async fn redis_key_holds_one_tat_per_rate_and_expires() {
         "{fields}"
     );
     let short = server.command(&["HGET", &key, "200000"]);
-    // "<whole µs> <fraction>": 200 ms / 2 = 100000 µs exactly, no fraction.
+    // "<whole µs> <fraction> <T>": 200 ms / 2 = 100000 µs exactly, no
+    // fraction, under T = 100000 µs.
     let value = short.lines().nth(1).unwrap();
-    let (whole, frac) = value.split_once(' ').unwrap();
-    let whole: u64 = whole.parse().unwrap();
-    let frac: f64 = frac.parse().unwrap();
+    let mut parts = value.split(' ');
+    let whole: u64 = parts.next().unwrap().parse().unwrap();
+    let frac: f64 = parts.next().unwrap().parse().unwrap();
+    let written: f64 = parts.next().unwrap().parse().unwrap();
+    assert_eq!(written, 100_000.0, "{short}");
     assert!(
         whole > 1_000_000_000_000_000,
         "a TAT in µs since the epoch: {short}"
@@ -219,4 +222,32 @@ async fn redis_bursts_are_exact_for_awkward_intervals() {
         }
         assert!(!store.check(&key, &policy).await.unwrap().allowed());
     }
+}
+
+/// A TAT written before the interval was stored ("<whole> <fraction>") is
+/// read under the rate's interval: counts of keys written by an earlier
+/// version carry over.
+#[tokio::test]
+async fn a_tat_without_its_interval_reads_under_the_current_one() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let policy = "10/10s".parse::<Policy>().unwrap().gcra().unwrap();
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    // 8 units used under T = 1 s: the TAT 8 s ahead.
+    let key = store.redis_key("gcra", "old");
+    let tat = format!("{} 0", now_us + 8_000_000);
+    server.command(&["HSET", &key, "10000000", &tat]);
+    let decision = store
+        .command("old", &policy, tower_redis_ratelimit::store::Command::Peek)
+        .await
+        .unwrap();
+    assert!(decision.allowed());
+    assert!(
+        (1..=2).contains(&decision.remaining()),
+        "{}",
+        decision.remaining()
+    );
 }

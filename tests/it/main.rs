@@ -33,6 +33,7 @@ mod network_faults;
 mod operating;
 mod redis_cluster;
 mod redis_store;
+mod rule_counts;
 mod rules;
 mod rules_faults;
 mod sentinel;

@@ -7,9 +7,9 @@
 //! arithmetic works on the TAT's offset from now, `d` (µs, an `f64`), where
 //! magnitudes are small: at today's timestamps (~1.7e15 µs) a double only
 //! resolves 0.25 µs, which would round intervals and lose bursts. The TAT is
-//! stored as whole µs plus a fraction, with the interval `T` it was written
-//! under: after a change of the rate's max, the offset is read as
-//! `d / T_written · T`, so the units a key used are kept (a lowered max
+//! stored as whole µs plus a fraction, with the max it was written under:
+//! after a change of the rate's max, the offset is read as
+//! `d / (w / max_written) · T`, so the units a key used are kept (a lowered max
 //! bites at once, a raised one gives exactly the difference).
 //!
 //! A request of cost `c` at `now` moves the offset to `max(d, 0) + c·T` and
@@ -38,27 +38,28 @@ pub(crate) const EPSILON: f64 = 1e-9;
 pub(crate) const MAX_OFFSET: f64 = 2.0 * crate::policy::MAX_WINDOW.as_micros() as f64;
 
 /// One TAT per rate, found by its window: (window µs, TAT whole µs, TAT
-/// fraction, the emission interval `T` it was written under).
+/// fraction, the rate's max it was written under).
 ///
 /// One rate's state is held inline (no allocation, and no pointer to
 /// follow from the store's table).
 pub(crate) type State = smallvec::SmallVec<[Tat; 1]>;
 
-/// A rate's TAT: (window µs, whole µs, fraction, `T` when written).
-pub(crate) type Tat = (u64, u64, f64, f64);
+/// A rate's TAT: (window µs, whole µs, fraction, max when written).
+pub(crate) type Tat = (u64, u64, f64, u64);
 
-/// The offset of `tat` from `now` under a rate of interval `interval`: the
-/// units it holds are kept when the max changed (the offset is read as
-/// `d / T_written · T`), so a lowered max bites at once and a raised one
-/// gives exactly the difference. Unchanged `T`: the offset as is.
+/// The offset of `tat` from `now` under `rate` (of interval `interval`):
+/// the units it holds are kept when the max changed (the offset is read as
+/// `d / (w / max_written) · T`), so a lowered max bites at once and a
+/// raised one gives exactly the difference. Unchanged max: the offset as
+/// is.
 #[inline]
-fn offset(tat: &Tat, now: u64, interval: f64) -> f64 {
-    let &(_, whole, frac, written) = tat;
+fn offset(tat: &Tat, now: u64, rate: &Rate, interval: f64) -> f64 {
+    let &(window, whole, frac, written) = tat;
     let d = (whole as i64 - now as i64) as f64 + frac;
-    if written == interval {
+    if written == rate.max() {
         d
     } else {
-        d / written * interval
+        d / (window as f64 / written as f64) * interval
     }
 }
 
@@ -72,7 +73,7 @@ fn plan(state: &State, now: u64, cost: f64, rate: &Rate) -> (f64, f64, f64, f64)
     let offset = state
         .iter()
         .find(|tat| tat.0 == window)
-        .map_or(0.0, |tat| offset(tat, now, interval));
+        .map_or(0.0, |tat| offset(tat, now, rate, interval));
     let d = offset.max(0.0);
     (w, interval, d, d + cost * interval)
 }
@@ -98,12 +99,16 @@ fn status(rate: &Rate, allowed: bool, plan: (f64, f64, f64, f64), kept: f64) -> 
     }
 }
 
-/// The TAT of an offset `kept` (> 0) at `now`, for a rate of `window` µs
-/// and interval `interval`.
+/// The TAT of an offset `kept` (> 0) at `now`, for `rate`.
 #[inline]
-fn tat(window: u64, interval: f64, now: u64, kept: f64) -> Tat {
+fn tat(rate: &Rate, now: u64, kept: f64) -> Tat {
     let whole = floor_non_negative(kept);
-    (window, now + whole, kept - whole as f64, interval)
+    (
+        rate.window_micros(),
+        now + whole,
+        kept - whole as f64,
+        rate.max(),
+    )
 }
 
 #[inline]
@@ -142,7 +147,7 @@ fn check_many(state: &mut State, now: u64, cost: f64, rates: &[Rate]) -> (Decisi
         builder.rate(status(rate, allowed, plan, kept));
         if kept > 0.0 {
             expires_at = expires_at.max(now + ceil_positive(kept));
-            let tat = tat(rate.window_micros(), plan.1, now, kept);
+            let tat = tat(rate, now, kept);
             if in_place {
                 state[i] = tat;
             } else if allowed {
@@ -160,9 +165,8 @@ fn check_many(state: &mut State, now: u64, cost: f64, rates: &[Rate]) -> (Decisi
 /// and the same state, planned once and without a builder.
 #[inline]
 fn check_one(state: &mut State, now: u64, cost: f64, rate: &Rate) -> (Decision, u64) {
-    let window = rate.window_micros();
     let plan = plan(state, now, cost, rate);
-    let (w, interval, d, new_d) = plan;
+    let (w, _, d, new_d) = plan;
     let allowed = new_d <= w * (1.0 + EPSILON);
     let kept = if allowed { new_d } else { d };
     let status = status(rate, allowed, plan, kept);
@@ -174,7 +178,7 @@ fn check_one(state: &mut State, now: u64, cost: f64, rate: &Rate) -> (Decision, 
     // Admitted, the offset is at least one interval (a cost is at least 1):
     // the state becomes this rate's TAT alone.
     if allowed {
-        let tat = tat(window, interval, now, kept);
+        let tat = tat(rate, now, kept);
         match state.as_mut_slice() {
             [only] => *only = tat,
             _ => {
@@ -224,11 +228,11 @@ fn set(state: &mut State, now: u64, policy: &Policy, f: impl Fn(f64, f64) -> f64
         let offset = state
             .iter()
             .find(|tat| tat.0 == window)
-            .map_or(0.0, |tat| offset(tat, now, interval));
+            .map_or(0.0, |tat| offset(tat, now, rate, interval));
         let kept = f(offset.max(0.0), interval);
         if kept > 0.0 {
             expires_at = expires_at.max(now + ceil_positive(kept));
-            next.push(tat(window, interval, now, kept));
+            next.push(tat(rate, now, kept));
         }
     }
     *state = next;
@@ -321,8 +325,8 @@ mod tests {
                 let (mut fast, mut general) = (State::new(), State::new());
                 // A state of other windows, as a changed policy leaves.
                 for state in [&mut fast, &mut general] {
-                    state.push((5_000_000, base + 3_000_000, 0.25, 1_000_000.0));
-                    state.push((60_000_000, base + 1_000, 0.5, 600_000.0));
+                    state.push((5_000_000, base + 3_000_000, 0.25, 5));
+                    state.push((60_000_000, base + 1_000, 0.5, 100));
                 }
                 for (step, now) in super::super::burst_times(base) {
                     let a = check_one(&mut fast, now, cost as f64, &rate);

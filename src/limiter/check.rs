@@ -111,22 +111,8 @@ impl Limiter {
         sent: Option<Instant>,
         ticket: Option<Ticket>,
     ) -> Result<Verdict, LimitError> {
-        let verdict = self.decide(key, policy, outcome, sent, ticket);
-        self.counted(self.raw_key(key), verdict)
-    }
-
-    /// [`finish`](Self::finish), uncounted.
-    fn decide(
-        &self,
-        key: &str,
-        policy: &Arc<Policy>,
-        outcome: Result<Decision, StoreError>,
-        sent: Option<Instant>,
-        ticket: Option<Ticket>,
-    ) -> Result<Verdict, LimitError> {
         let name = self.label();
-        let decision = match outcome {
-            Ok(decision) => decision,
+        let verdict = match outcome {
             Err(error) => {
                 // While the circuit is open nothing was asked: no news for
                 // the breaker.
@@ -134,20 +120,29 @@ impl Limiter {
                     crate::metrics::store_latency(name, sent);
                     self.store_answered(ticket, false);
                 }
-                return self.fail(key, policy, error);
+                self.fail(key, policy, error)
+            }
+            Ok(decision) => {
+                crate::metrics::store_latency(name, sent);
+                self.store_answered(ticket, true);
+                Ok(self.stored(key, policy, decision, sent))
             }
         };
-        crate::metrics::store_latency(name, sent);
-        self.store_answered(ticket, true);
+        self.counted(self.raw_key(key), verdict)
+    }
+
+    /// The verdict of the store's `decision`; a denial held in the deny
+    /// cache.
+    fn stored(
+        &self,
+        key: &str,
+        policy: &Arc<Policy>,
+        decision: Decision,
+        sent: Option<Instant>,
+    ) -> Verdict {
         if decision.allowed() {
             tracing::debug!(key = %KeyHash::stored(key), remaining = decision.remaining(), "rate limit: admitted");
-            return Ok(Verdict::of(
-                &self.inner.store,
-                policy,
-                key,
-                decision,
-                DecidedBy::Store,
-            ));
+            return Verdict::of(&self.inner.store, policy, key, decision, DecidedBy::Store);
         }
         tracing::debug!(
             key = %KeyHash::stored(key),
@@ -159,7 +154,7 @@ impl Limiter {
         {
             deny_cache.insert(key, &decision, sent.unwrap_or_else(Instant::now));
         }
-        Ok(Verdict::without_permit(Some(decision), DecidedBy::Store))
+        Verdict::without_permit(Some(decision), DecidedBy::Store)
     }
 
     /// Tell the breaker how the store did with the check of `ticket`.

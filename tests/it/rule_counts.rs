@@ -21,6 +21,11 @@ const COUNTED: [(&str, &str); 5] = [
 ];
 
 fn rule(algorithm: &str, execution: &str, policy: &str) -> RuleSet {
+    tiered(algorithm, execution, policy, "")
+}
+
+/// Rule `api` keyed by client address, with `tiers` (TOML, empty: none).
+fn tiered(algorithm: &str, execution: &str, policy: &str, tiers: &str) -> RuleSet {
     let execution = if execution.is_empty() {
         String::new()
     } else {
@@ -28,7 +33,7 @@ fn rule(algorithm: &str, execution: &str, policy: &str) -> RuleSet {
     };
     RuleSet::from_toml(&format!(
         "[[rules]]\nname = \"api\"\nkey = \"ip\"\npolicy = \"{policy}\"\n\
-         algorithm = \"{algorithm}\"\n{execution}"
+         algorithm = \"{algorithm}\"\n{execution}{tiers}"
     ))
     .unwrap()
 }
@@ -113,19 +118,18 @@ async fn a_caller_moved_to_another_tier_keeps_its_usage() {
     every_backend(async |backend, name| {
         for (i, (algorithm, execution)) in COUNTED.into_iter().enumerate() {
             let key = format!("tier-{i}");
-            let rules = backend.rules(rule(algorithm, execution, "10/h")).await;
             // A pro tier of 20 an hour.
-            let rules_pro = {
-                let text = format!(
-                    "[[rules]]\nname = \"api\"\nkey = \"ip\"\npolicy = \"10/h\"\nalgorithm = \"{algorithm}\"\n{}tiers = {{ pro = \"20/h\" }}\n",
-                    if execution.is_empty() { String::new() } else { format!("execution = \"{execution}\"\n") }
-                );
-                RuleSet::from_toml(&text).unwrap()
-            };
-            rules.replace(rules_pro);
+            let tiers = "tiers = { pro = \"20/h\" }\n";
+            let rules = backend
+                .rules(tiered(algorithm, execution, "10/h", tiers))
+                .await;
             assert_eq!(admitted(&rules, None, &key, 8).await, 8);
             // Upgraded: 20 an hour on the 8 already used.
-            assert_eq!(admitted(&rules, Some("pro"), &key, 15).await, 12, "{name} {algorithm} {execution}");
+            assert_eq!(
+                admitted(&rules, Some("pro"), &key, 15).await,
+                12,
+                "{name} {algorithm} {execution}"
+            );
         }
     })
     .await;

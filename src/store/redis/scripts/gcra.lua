@@ -5,14 +5,14 @@
 -- timestamps (~1.7e15 µs) a double only resolves 0.25 µs.
 --
 -- KEYS[1]  a hash of one limited key: field = window µs (decimal), value =
---          "<TAT whole µs> <TAT fraction> <T>" (the fraction and the
---          emission interval T it was written under with %.17g, so they
---          read back as the same doubles; a value without T was written
---          under the current one); field 'e' = the key's expiry (ms since
---          the epoch) as a check last set it
+--          "<TAT whole µs> <TAT fraction> <max>" (the fraction written
+--          with %.17g so it reads back as the same double; the rate's max
+--          it was written under: a value without one was written under
+--          the current max); field 'e' = the key's expiry (ms since the
+--          epoch) as a check last set it
 --
--- A TAT written under another T (the rate's max changed) keeps its units:
--- its offset d is read as d / T_written * T.
+-- A TAT written under another max keeps its units: its offset d is read
+-- as d / (w / max_written) * T.
 -- ARGV     cost of the request (tokens it takes from every rate); then max
 --          and window (µs) of each rate, in pairs
 --
@@ -80,8 +80,8 @@ local function offsets()
         return nil, redis.error_reply('gcra: unreadable TAT in ' .. key .. ' field ' .. fields[i])
       end
       offset = (whole - now) + frac
-      if written ~= nil and written ~= intervals[i] then
-        offset = offset / written * intervals[i]
+      if written ~= nil and written ~= maxes[i] then
+        offset = offset / (windows[i] / written) * intervals[i]
       end
     end
     local d = offset
@@ -102,7 +102,7 @@ local function store(kepts)
     if kept > 0 then
       local whole = math.floor(kept)
       writes[#writes + 1] = fields[i]
-      writes[#writes + 1] = string.format('%.0f', now + whole) .. ' ' .. string.format('%.17g %.17g', kept - whole, intervals[i])
+      writes[#writes + 1] = string.format('%.0f', now + whole) .. ' ' .. string.format('%.17g %d', kept - whole, maxes[i])
       if latest == nil or kept > latest then
         latest = kept
       end
@@ -135,7 +135,7 @@ local function admit(kepts, expiry)
     writes[#writes + 1] = fields[i]
     -- now + whole is an integer below 2^53 (now about 2^51, offsets at
     -- most MAX_OFFSET): '%d' is exact, and one format call is cheaper.
-    writes[#writes + 1] = string.format('%d %.17g %.17g', now + whole, kept - whole, intervals[i])
+    writes[#writes + 1] = string.format('%d %.17g %d', now + whole, kept - whole, maxes[i])
     if kept > latest then
       latest = kept
     end

@@ -164,3 +164,35 @@ async fn another_window_or_algorithm_starts_afresh() {
     })
     .await;
 }
+
+/// The concurrency limit keeps its leases: lowered below the requests in
+/// flight, it admits none; raised again, exactly the difference.
+#[tokio::test]
+async fn a_concurrency_limit_keeps_its_leases() {
+    every_backend(async |backend, name| {
+        let rules = backend.rules(rule("concurrency", "", "10/1h")).await;
+        let limiter = rules.current().limiter("api", None).unwrap().clone();
+        let mut held = Vec::new();
+        for _ in 0..8 {
+            let verdict = limiter.check("in-flight").await.unwrap();
+            assert!(verdict.allowed(), "{name}");
+            held.push(verdict);
+        }
+        rules.replace(rule("concurrency", "", "5/1h"));
+        assert_eq!(
+            admitted(&rules, None, "in-flight", 3).await,
+            0,
+            "{name}: lowered"
+        );
+        rules.replace(rule("concurrency", "", "10/1h"));
+        let limiter = rules.current().limiter("api", None).unwrap().clone();
+        for _ in 0..3 {
+            let verdict = limiter.check("in-flight").await.unwrap();
+            if verdict.allowed() {
+                held.push(verdict);
+            }
+        }
+        assert_eq!(held.len(), 10, "{name}: raised again");
+    })
+    .await;
+}

@@ -14,6 +14,10 @@
 //! time, and the time reported per iteration is the wall time divided by
 //! two: the throughput, as ns per decision.
 //!
+//! `limiter-denied/{unwatched,watched}` times 100 denied checks (of 100
+//! keys over their limit) through `Limiter::check`, without and with the
+//! most denied keys counted (issue 26).
+//!
 //! `sliding-log/<n>-entries` holds about `n` entries per key: a manual clock
 //! moves 1 µs per decision and the window is `n` rounds of the keys long, so
 //! that many of each key's entries are in it (one thread).
@@ -147,6 +151,38 @@ fn bench(c: &mut Criterion) {
             ));
         }
     });
+
+    // Denied checks through Limiter::check, with the most denied keys not
+    // counted (nobody watches them) and counted (an admin router, or
+    // most_denied, watches them): every key over its limit (1 per hour,
+    // each key used once before the timing), one thread.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let hourly: Policy = "1/h".parse::<Policy>().unwrap().gcra().unwrap();
+    let denying = keys("d");
+    for watched in [false, true] {
+        let limiter = Limiter::new(MemoryStore::new(), hourly.clone()).with_name("denied");
+        if watched {
+            runtime.block_on(limiter.most_denied()).unwrap();
+        }
+        for key in &denying {
+            limiter.check_owned(owned(key)).now();
+        }
+        let name = if watched { "watched" } else { "unwatched" };
+        group.bench_function(format!("limiter-denied/{name}"), |b| {
+            // Inside the runtime: a due share of the denials is spawned.
+            let _entered = runtime.enter();
+            b.iter(|| {
+                for key in denying.iter().take(100) {
+                    let verdict = limiter.check_owned(owned(key)).now();
+                    let verdict = verdict.expect("in process").expect("no store error");
+                    debug_assert!(!verdict.allowed());
+                    drop(black_box(verdict));
+                }
+            });
+        });
+    }
 
     // The sliding log at 10 and 1,000 entries per key.
     let one = keys("a");

@@ -21,23 +21,6 @@ async fn app(server: &RedisServer, policy: Policy, cache: bool) -> Router {
     ok_router(RateLimitLayer::from_limiter(limiter, key::peer_ip()))
 }
 
-/// Wait until 10–60 ms past a whole second of the system clock.
-async fn start_of_a_second() {
-    loop {
-        let ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_millis();
-        if (10..60).contains(&ms) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(
-            u64::from((1_010 - ms) % 1_000).max(1),
-        ))
-        .await;
-    }
-}
-
 /// Redis calls of the script behind `policy` so far.
 fn calls(server: &RedisServer) -> u64 {
     server.calls("evalsha") + server.calls("exec")
@@ -61,7 +44,7 @@ async fn a_flood_after_a_denial_costs_redis_nothing_until_it_ends() {
         let app = app(&server, policy, true).await;
         // Windows of wall-clock time: start just after one begins, so the
         // denial lasts well past the flood (Redis runs on this machine's clock).
-        start_of_a_second().await;
+        crate::support::start_of_a_second().await;
         // Fill the quota, then one denial from Redis.
         let mut denied_at = None;
         for _ in 0..3 {

@@ -529,6 +529,8 @@ async fn a_breach_blocks_the_key_in_every_process() {
         let one = app(RulesLayer::new(rules_on(&server, &text).await));
         let other = rules_on(&server, &text).await;
         let other_app = app(RulesLayer::new(other.clone()));
+        // The burst in one second of the fixed window.
+        support::start_of_a_second().await;
         let start = Instant::now();
         assert_eq!(
             status(&one, request("/", "10.0.0.1")).await,
@@ -955,6 +957,8 @@ async fn a_breach_blocks_with_the_deny_cache_on() {
     let text = "[[rules]]\nname = \"burst\"\nkey = \"ip\"\npolicy = \"1/s\"\nalgorithm = \"fixed-window\"\nblock = \"2s\"\n";
     let rules = Rules::new(store, RuleSet::from_toml(text).unwrap());
     let app = app(RulesLayer::new(rules.clone()));
+    // Both requests in one second of the fixed window.
+    support::start_of_a_second().await;
     let start = Instant::now();
     assert_eq!(status(&app, request("/", "10.0.0.1")).await, StatusCode::OK);
     let (denied, _) = send(&app, request("/", "10.0.0.1")).await;

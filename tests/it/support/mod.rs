@@ -644,3 +644,22 @@ pub fn every_algorithm() -> Vec<(&'static str, tower_redis_ratelimit::Policy)> {
         ("gcra", base.gcra().unwrap()),
     ]
 }
+
+/// Wait until 10–60 ms past a whole second of the system clock (Redis runs
+/// on this machine's clock): a burst that starts then stays in one window
+/// of a fixed window of a second.
+pub async fn start_of_a_second() {
+    loop {
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_millis();
+        if (10..60).contains(&ms) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(
+            u64::from((1_010 - ms) % 1_000).max(1),
+        ))
+        .await;
+    }
+}

@@ -206,6 +206,10 @@ impl RedisStore {
     /// default `test_on_check_out(true)`: it is what replaces a connection
     /// broken by a Redis restart in such a pool (at the cost of a `PING` per
     /// checkout; [`from_tracked_pool`](Self::from_tracked_pool) avoids it).
+    /// Build it with `retry_connection(false)` for a check to fail at once
+    /// (to the fail mode) while Redis refuses connections: by default bb8
+    /// keeps retrying a refused connection, and the check then waits out
+    /// the store's timeout.
     /// Nothing is sent until the first check, which also measures the offset
     /// to Redis's clock.
     pub fn from_pool(pool: Pool<RedisConnectionManager>) -> Self {

@@ -54,7 +54,11 @@ pub async fn open(source: Connections, url: &str, timeout: Duration) -> RedisSto
         Connections::Pool => RedisStore::connect(url).await.unwrap(),
         Connections::Bb8 => {
             let manager = bb8_redis::RedisConnectionManager::new(url).unwrap();
+            // As `RedisStore::from_pool` advises: a refused connection
+            // fails the check at once instead of being retried until the
+            // store's timeout.
             let pool = bb8_redis::bb8::Pool::builder()
+                .retry_connection(false)
                 .build(manager)
                 .await
                 .unwrap();

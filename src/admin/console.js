@@ -29,8 +29,8 @@ const el = (tag, attrs, ...children) => {
   return node;
 };
 const say = (text, kind) => { const m = document.getElementById("message"); m.textContent = text; m.className = kind || ""; };
-const path = (limit, key, command, tier) => "/api/limits/" + encodeURIComponent(limit) + "/keys/" +
-  encodeURIComponent(key) + (command ? "/" + command : "") + (tier ? "?tier=" + encodeURIComponent(tier) : "");
+const path = (limit, key, command) => "/api/limits/" + encodeURIComponent(limit) + "/keys/" +
+  encodeURIComponent(key) + (command ? "/" + command : "");
 
 // Prometheus text: {metric: [{labels, value}]}.
 function parseMetrics(text) {
@@ -148,11 +148,11 @@ async function refreshRules() {
   }
 }
 
-async function act(limit, key, command, body, tier) {
-  const who = limit + (tier ? " (" + tier + ")" : "") + " " + key;
+async function act(limit, key, command, body) {
+  const who = limit + " " + key;
   try {
-    const answer = command === "peek" ? await api("GET", path(limit, key, null, tier))
-      : await api("POST", path(limit, key, command, tier), body);
+    const answer = command === "peek" ? await api("GET", path(limit, key))
+      : await api("POST", path(limit, key, command), body);
     const s = answer.state;
     say(command + " " + who + ": " + (s.allowed ? "admitted" : s.blocked ? "blocked" : "denied") +
       ", remaining " + s.remaining + (s.retry_after_ms ? ", retry after " + (s.retry_after_ms / 1000).toFixed(1) + " s" : ""), "ok");
@@ -165,16 +165,15 @@ async function refreshTop() {
   for (const limit of limits) {
     let top;
     try { top = await api("GET", "/api/limits/" + encodeURIComponent(limit) + "/top"); } catch (error) { say(error.message, "bad"); continue; }
-    for (const { key, tier, denials } of top.keys.slice(0, 10)) {
+    for (const { key, denials } of top.keys.slice(0, 10)) {
       const state = el("td", { class: "dim" }, "");
-      const rule = tier ? limit + " (" + tier + ")" : limit;
-      rows.push(el("tr", { "data-key": key, "data-limit": limit }, el("td", {}, el("code", {}, rule)), el("td", {}, el("code", {}, key)), el("td", { class: "num" }, denials), state,
+      rows.push(el("tr", { "data-key": key, "data-limit": limit }, el("td", {}, el("code", {}, limit)), el("td", {}, el("code", {}, key)), el("td", { class: "num" }, denials), state,
         el("td", {},
-          el("button", { class: "peek", onclick: async () => { const s = await act(limit, key, "peek", undefined, tier); if (s) state.textContent = s.allowed ? "admitted" : s.blocked ? "blocked" : "denied"; } }, "peek"), " ",
-          el("button", { class: "reset", onclick: async () => { if (await act(limit, key, "reset", {}, tier)) state.textContent = "reset"; } }, "reset"), " ",
+          el("button", { class: "peek", onclick: async () => { const s = await act(limit, key, "peek"); if (s) state.textContent = s.allowed ? "admitted" : s.blocked ? "blocked" : "denied"; } }, "peek"), " ",
+          el("button", { class: "reset", onclick: async () => { if (await act(limit, key, "reset", {})) state.textContent = "reset"; } }, "reset"), " ",
           el("button", { class: "block danger", onclick: async () => {
             const minutes = Number(prompt("Block " + key + " for how many minutes (at most a day)?", "10"));
-            if (minutes > 0 && await act(limit, key, "block", { seconds: Math.round(minutes * 60) }, tier)) state.textContent = "blocked";
+            if (minutes > 0 && await act(limit, key, "block", { seconds: Math.round(minutes * 60) })) state.textContent = "blocked";
           } }, "block"))));
     }
   }

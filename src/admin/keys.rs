@@ -37,36 +37,22 @@ struct Units {
 }
 
 /// `GET /api/limits/{name}/top`: the keys denied most over this minute
-/// and the last, across the processes that share them; with the tier when
-/// a tier counts apart (under rules a rule's tiers count together: no
-/// tier).
+/// and the last, across the processes that share them. A rule's tiers
+/// count under the rule's name: its default limiter reads them all.
 pub(crate) async fn top(
     State(operated): State<Arc<Operated>>,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, Problem> {
     let Path(name) = path.map_err(|e| Problem::bad_request(e.body_text()))?;
-    let mut keys: Vec<(String, Option<String>, u64)> = Vec::new();
-    let mut seen: Vec<String> = Vec::new();
-    for (tier, limiter) in tiers(&operated, &name)? {
-        // Limiters counting under one name (a rule's tiers) share their
-        // denials: read them once.
-        if seen.iter().any(|n| n == limiter.name()) {
-            continue;
-        }
-        seen.push(limiter.name().to_owned());
-        let denied = limiter.most_denied().await.map_err(store_failed)?;
-        keys.extend(
-            denied
-                .into_iter()
-                .map(|(key, denials)| (key, tier.clone(), denials)),
-        );
-    }
-    keys.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
+    let denied = find(&operated, &name, None)?
+        .most_denied()
+        .await
+        .map_err(store_failed)?;
     Ok(Json(json!({
         "name": name,
-        "keys": keys
+        "keys": denied
             .into_iter()
-            .map(|(key, tier, denials)| json!({ "key": key, "tier": tier, "denials": denials }))
+            .map(|(key, denials)| json!({ "key": key, "denials": denials }))
             .collect::<Vec<_>>(),
     })))
 }

@@ -37,7 +37,7 @@
 //! |---|---|
 //! | `GET /api/rules` | the rules in force: each rule's policies, and the watch's source, version, text, load time, error and last rejected set |
 //! | `PUT /api/rules` | publish a rule set `{"text": "..."}` (TOML or JSON), validated first: to Redis (every process follows it) or into the watched file |
-//! | `GET /api/limits/{name}/top` | the keys denied most over this minute and the last (each with its tier), by every process that operates its limits with an admin router and shares the store (by this process over a [`MemoryStore`](crate::MemoryStore)) |
+//! | `GET /api/limits/{name}/top` | the keys denied most over this minute and the last (a rule's tiers together), by every process that operates its limits with an admin router and shares the store (by this process over a [`MemoryStore`](crate::MemoryStore)) |
 //! | `GET /api/limits/{name}/keys/{key}` | peek: the decision one more request would get (its `remaining` is what that request would leave), reset, blocked |
 //! | `POST /api/limits/{name}/keys/{key}/reset` | forget the key's counts, leases and block |
 //! | `POST /api/limits/{name}/keys/{key}/block` | `{"seconds": N}`: deny the key for N seconds, at most a day ([`rules::MAX_BLOCK`](crate::rules::MAX_BLOCK); 0 lifts a block) |

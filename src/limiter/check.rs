@@ -53,10 +53,7 @@ impl Limiter {
     /// wait takes the key and hands it back with the answer.
     pub(super) fn begin(&self, key: &mut String, policy: Option<Arc<Policy>>) -> Begun {
         if policy.is_none()
-            && let Some(denied) = self
-                .usable_deny_cache()
-                .and_then(|c| c.get(key))
-                .filter(|denied| self.denied_under_this_policy(denied))
+            && let Some(denied) = self.cached(key)
         {
             tracing::debug!(
                 key = %KeyHash::stored(key),

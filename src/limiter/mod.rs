@@ -544,21 +544,22 @@ impl Limiter {
     /// cache may answer for this limiter: a check of `key` now would be
     /// denied without asking the store.
     pub(crate) fn cached_denial(&self, key: &str) -> Option<Decision> {
-        let cache = self.usable_deny_cache()?;
-        cache
-            .get(&self.store_key(key.to_owned()))
-            .filter(|denied| self.denied_under_this_policy(denied))
+        self.cached(&self.store_key(key.to_owned()))
     }
 
-    /// Whether a cached denial was decided under this limiter's rates: a
-    /// rule's tiers, or its policy before a reload, share its counts and
-    /// the cache, but not each other's denials.
-    pub(crate) fn denied_under_this_policy(&self, denied: &Decision) -> bool {
-        denied
-            .rates()
-            .iter()
-            .map(RateStatus::rate)
-            .eq(self.inner.policy.rates().iter().copied())
+    /// The deny cache's denial of store key `key`, when it may answer for
+    /// this limiter and was decided under this limiter's rates: a rule's
+    /// tiers, or its policy before a reload, share its counts and the
+    /// cache, but not each other's denials.
+    pub(crate) fn cached(&self, key: &str) -> Option<Decision> {
+        self.usable_deny_cache()?.get(key).filter(|denied| {
+            denied.rates().iter().map(RateStatus::rate).eq(self
+                .inner
+                .policy
+                .rates()
+                .iter()
+                .copied())
+        })
     }
 
     /// Give back one admitted check of `key` costing `units`, whose

@@ -1,6 +1,7 @@
 //! Peek, reset, block, penalty and reward of one key of a rule (and tier)
 //! or a limiter, and the keys denied most.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,9 +15,10 @@ use serde_json::{Value, json};
 
 use super::Operated;
 use super::problem::{Problem, parse_body};
+use crate::key::KeyHash;
 use crate::policy::MAX_MAX;
 use crate::rules::MAX_BLOCK;
-use crate::store::MAX_RAW_KEY_LEN;
+use crate::store::{Command, bounded_key};
 use crate::{Decision, Limiter, StoreError};
 
 #[derive(Debug, Deserialize)]
@@ -67,8 +69,12 @@ pub(crate) async fn peek(
     let Path((name, key)) = path.map_err(|e| Problem::bad_request(e.body_text()))?;
     let Query(tier) = tier.map_err(|e| Problem::bad_request(e.body_text()))?;
     let limiter = find(&operated, &name, tier.tier.as_deref())?;
-    check_key(&key)?;
-    answer(&name, &key, limiter.peek(&key).await)
+    let held = held_key(&key)?;
+    answer(
+        &name,
+        &key,
+        limiter.command_limited(&held, Command::Peek).await,
+    )
 }
 
 /// `POST /api/limits/{name}/keys/{key}/{command}`.
@@ -81,9 +87,9 @@ pub(crate) async fn command(
     let Path((name, key, command)) = path.map_err(|e| Problem::bad_request(e.body_text()))?;
     let Query(tier) = tier.map_err(|e| Problem::bad_request(e.body_text()))?;
     let limiter = find(&operated, &name, tier.tier.as_deref())?;
-    check_key(&key)?;
-    let outcome = match command.as_str() {
-        "reset" => limiter.reset(&key).await,
+    let held = held_key(&key)?;
+    let run = match command.as_str() {
+        "reset" => Command::Reset,
         "block" => {
             let Block { seconds } = parse_body(&body)?;
             if seconds > MAX_BLOCK.as_secs() {
@@ -93,7 +99,7 @@ pub(crate) async fn command(
                 ))
                 .with("field", "seconds"));
             }
-            limiter.block(&key, Duration::from_secs(seconds)).await
+            Command::Block(Duration::from_secs(seconds))
         }
         "penalty" | "reward" => {
             let Units { units } = parse_body(&body)?;
@@ -104,9 +110,9 @@ pub(crate) async fn command(
                 );
             }
             if command == "penalty" {
-                limiter.penalty(&key, units).await
+                Command::Penalty(units)
             } else {
-                limiter.reward(&key, units).await
+                Command::Reward(units)
             }
         }
         _ => {
@@ -116,7 +122,11 @@ pub(crate) async fn command(
             ));
         }
     };
-    tracing::info!(limit = %name, tier = ?tier.tier, key, command, "admin: key command");
+    let outcome = limiter.command_limited(&held, run).await;
+    // Keys are often API keys: hashed as every log of the crate shows them,
+    // the key itself only at debug level.
+    tracing::info!(limit = %name, tier = ?tier.tier, key = %KeyHash::of(limiter.name(), &held), command, "admin: key command");
+    tracing::debug!(limit = %name, key, command, "admin: key command on this key");
     answer(&name, &key, outcome)
 }
 
@@ -179,18 +189,25 @@ fn unknown(name: &str) -> Problem {
     .with("rule", name)
 }
 
-fn check_key(key: &str) -> Result<(), Problem> {
+/// The key as the limiter holds it: `key` itself (hashed by the limiter
+/// when long), or, for `#` and 40 hex digits, the hashed form the top keys
+/// show for a key too long to show (a key sent starting with `#` is always
+/// held hashed, so the two cannot meet).
+fn held_key(key: &str) -> Result<Cow<'_, str>, Problem> {
     if key.is_empty() {
         return Err(Problem::invalid("the key is empty").with("field", "key"));
     }
-    if key.len() > MAX_RAW_KEY_LEN {
-        return Err(Problem::invalid(format!(
-            "the key is {} bytes long; at most {MAX_RAW_KEY_LEN}",
-            key.len()
-        ))
-        .with("field", "key"));
+    let Some(hash) = key.strip_prefix('#') else {
+        return Ok(bounded_key(key));
+    };
+    if hash.len() == 40 && hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return Ok(Cow::Borrowed(key));
     }
-    Ok(())
+    Err(Problem::invalid(
+        "a key starting with `#` is the form the top keys show for a long key: \
+         `#` and 40 lowercase hex digits",
+    )
+    .with("field", "key"))
 }
 
 fn store_failed(error: StoreError) -> Problem {

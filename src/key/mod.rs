@@ -390,7 +390,8 @@ pub fn or<A, C>(first: A, second: C) -> Or<A, C> {
 }
 
 /// A key in logs: the first 12 hex digits of the SHA-1 of its store key
-/// (`{name}:{key}`, or `{key}` alone with no name), the same in every
+/// (`{name}:{key}` with the key as the limiter holds it, a long one
+/// hashed; or `{key}` alone with no name), the same in every
 /// process and whoever logs it, so events of one client can be followed
 /// without logging its address or API key. Computed only when an event is
 /// written.
@@ -418,11 +419,15 @@ impl<'a> KeyHash<'a> {
 impl fmt::Display for KeyHash<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut sha = sha1_smol::Sha1::new();
-        if let Some(name) = self.name {
-            sha.update(name.as_bytes());
-            sha.update(b":");
+        match self.name {
+            // As the limiter holds it: a long key by its hash.
+            Some(name) => {
+                sha.update(name.as_bytes());
+                sha.update(b":");
+                sha.update(crate::store::bounded_key(self.key).as_bytes());
+            }
+            None => sha.update(self.key.as_bytes()),
         }
-        sha.update(self.key.as_bytes());
         let digest = sha.digest().to_string();
         f.write_str(&digest[..12])
     }

@@ -25,8 +25,9 @@
 //! window); under the fixed window none more (a unit is only used in the
 //! window that counted it).
 
-use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
 use std::hash::BuildHasher;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -35,7 +36,7 @@ use std::time::{Duration, Instant};
 use hashbrown::HashTable;
 
 use super::{Check, DecidedBy, Limiter, Verdict};
-use crate::decision::Decision;
+use crate::decision::{Decision, RefundId};
 use crate::policy::{Algorithm, Policy, PolicyError, Rate};
 
 /// How a [`Limiter`] admits hot keys locally
@@ -172,27 +173,72 @@ const MAX_KEYS_PER_SHARD: usize = MAX_LOCAL_KEYS / SHARDS;
 /// keys held.
 const EVICTION_TRIES: usize = 4;
 
-/// The units of each key this process holds.
+/// The local quota of one limiter: its batch, and the units this process
+/// holds of its count.
 pub(crate) struct Local {
     config: LocalQuota,
     /// The batch for this limiter's policy.
     batch: u64,
+    /// Shared by every limiter counting under the same name (a rule's
+    /// tiers, its limiters after a reload): one batch per key and count.
+    held: Arc<Held>,
+}
+
+/// The units this process holds of one count, by key.
+pub(crate) struct Held {
     hasher: RandomState,
     shards: Box<[Mutex<Shard>]>,
+}
+
+impl Held {
+    fn new() -> Self {
+        Self {
+            hasher: RandomState::new(),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+        }
+    }
+}
+
+/// The units held of every count of a limiter and of the limiters derived
+/// from it (a rule set's), found by the count's name.
+#[derive(Default)]
+pub(crate) struct Registry {
+    counts: Mutex<HashMap<Arc<str>, Weak<Held>>>,
+}
+
+impl Registry {
+    /// The units held of the count `name`.
+    fn of(&self, name: &str) -> Arc<Held> {
+        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(held) = counts.get(name).and_then(Weak::upgrade) {
+            return held;
+        }
+        // Names of counts no limiter uses any more go as new ones come.
+        counts.retain(|_, held| held.strong_count() > 0);
+        let held = Arc::new(Held::new());
+        counts.insert(Arc::from(name), Arc::downgrade(&held));
+        held
+    }
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registry").finish_non_exhaustive()
+    }
 }
 
 /// Some of the held keys.
 #[derive(Default)]
 struct Shard {
     /// Found by the key's hash (computed once per check).
-    keys: HashTable<Held>,
+    keys: HashTable<HeldKey>,
     /// The held keys, oldest first: where room is made. A key looked at
     /// and kept goes to the back; an entry whose key was forgotten is
     /// dropped when it comes up.
     order: VecDeque<(u64, Weak<tokio::sync::Mutex<Units>>)>,
 }
 
-struct Held {
+struct HeldKey {
     key: Box<str>,
     units: Arc<tokio::sync::Mutex<Units>>,
 }
@@ -249,6 +295,19 @@ impl Shard {
 struct Units {
     left: u64,
     until: Option<Instant>,
+    /// The policy the units were taken under: usable only by checks of an
+    /// equal one (a rule's tiers share the units of a count, not each
+    /// other's maxes).
+    policy: Option<Arc<Policy>>,
+    /// Counts the batches taken: a batch's return finds whether its units
+    /// are still the ones held.
+    batch: u64,
+    /// Whether units left unused when the batch expires go back to the
+    /// store (not a fixed window's that end with its window, or too close
+    /// to its end: given back in the next window they would count there).
+    returnable: bool,
+    /// The refund id of the batch's check (the sliding log's entries).
+    refund_id: Option<RefundId>,
     /// Until when the store could not give a whole batch: checks of one
     /// request meanwhile, without asking for a batch first.
     no_batch_until: Option<Instant>,
@@ -272,10 +331,20 @@ impl Units {
             || self.no_batch_until.is_some_and(|t| now < t)
     }
 
-    /// Take one kept unit, if any is still usable.
-    fn take(&mut self) -> Option<Verdict> {
+    /// Whether these units were taken under `policy`.
+    fn taken_under(&self, policy: &Policy) -> bool {
+        self.policy.as_deref() == Some(policy)
+    }
+
+    /// Take one kept unit for a check under `policy`, if any is still
+    /// usable.
+    fn take(&mut self, policy: &Policy) -> Option<Verdict> {
         if self.left == 0 || self.until.is_none_or(|until| Instant::now() >= until) {
-            self.left = 0;
+            // Expired: what is left goes back to the store (its return is
+            // on its way, or the units end with their window).
+            return None;
+        }
+        if !self.taken_under(policy) {
             return None;
         }
         self.left -= 1;
@@ -286,24 +355,54 @@ impl Units {
     }
 }
 
+/// Units given back to the store: how many, and the refund id of the
+/// batch's check.
+type GiveBack = (u64, Option<RefundId>);
+
+impl Units {
+    /// What is left of the batch, taken (nothing more will be used of
+    /// it), to give back to the store: `None` when nothing is left or the
+    /// units end with their window.
+    fn leftover(&mut self) -> Option<GiveBack> {
+        let left = std::mem::take(&mut self.left);
+        let cost = self.policy.as_deref().map_or(1, Policy::cost);
+        (left > 0 && self.returnable).then(|| (left * cost, self.refund_id))
+    }
+}
+
+/// How close to the end of a fixed window a batch's units may expire and
+/// still go back: one given back after its window ended would count in
+/// the next one.
+const RETURN_MARGIN: Duration = Duration::from_secs(1);
+
 impl Local {
-    pub(crate) fn new(config: LocalQuota, policy: &Policy) -> Result<Self, PolicyError> {
+    /// The local quota `config` for `policy`, holding the units of its
+    /// count in `held`.
+    pub(crate) fn new(
+        config: LocalQuota,
+        policy: &Policy,
+        held: Arc<Held>,
+    ) -> Result<Self, PolicyError> {
         Ok(Self {
             config,
             batch: config.batch_for(policy)?,
-            hasher: RandomState::new(),
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            held,
         })
     }
 
-    /// The same quota, holding no units (for a limiter of another name:
-    /// units are counted under a name, and only usable under it).
-    pub(crate) fn fresh(&self) -> Self {
+    /// The units of `name`'s count in `registry`.
+    pub(crate) fn held_of(registry: &Registry, name: &str) -> Arc<Held> {
+        registry.of(name)
+    }
+
+    /// The same quota, holding the units in `held` (for a limiter of
+    /// another name: units are counted under a name, and only usable
+    /// under it).
+    pub(crate) fn under(&self, held: Arc<Held>) -> Self {
         Self {
             config: self.config,
             batch: self.batch,
-            hasher: RandomState::new(),
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            held,
         }
     }
 
@@ -313,34 +412,41 @@ impl Local {
 
     /// The hash of `key` and its shard, locked.
     fn shard_of(&self, key: &str) -> (u64, std::sync::MutexGuard<'_, Shard>) {
-        let hash = self.hasher.hash_one(key);
+        let hash = self.held.hasher.hash_one(key);
         // Bits 32 and up: not the bucket bits nor hashbrown's top-7 tag.
-        let shard = &self.shards[(hash >> 32) as usize % SHARDS];
+        let shard = &self.held.shards[(hash >> 32) as usize % SHARDS];
         (hash, shard.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// Drop what this process holds of `key` (a command changed it in the
-    /// store: a block, a reset, a penalty).
+    /// store: a block, a reset, a penalty), giving nothing back.
     pub(crate) fn forget(&self, key: &str) {
         let (hash, mut shard) = self.shard_of(key);
         if let Ok(found) = shard.keys.find_entry(hash, |held| &*held.key == key) {
-            found.remove();
+            let (held, _) = found.remove();
+            // A batch's return still on its way finds nothing left. (A
+            // refill under way when this runs holds the lock: its units
+            // were taken after the command, and are this count's.)
+            if let Ok(mut units) = held.units.try_lock() {
+                units.left = 0;
+                units.batch += 1;
+            }
         }
     }
 
-    /// How many keys this process holds units (or a refusal) of.
+    /// How many keys this process holds units (or a refusal) of, and the
+    /// bytes of those keys.
     #[cfg(test)]
-    fn held(&self) -> usize {
-        self.shards
+    pub(crate) fn held(&self) -> (usize, usize) {
+        self.held
+            .shards
             .iter()
             .map(|shard| {
-                shard
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .keys
-                    .len()
+                let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+                let bytes: usize = shard.keys.iter().map(|held| held.key.len()).sum();
+                (shard.keys.len(), bytes)
             })
-            .sum()
+            .fold((0, 0), |(n, b), (sn, sb)| (n + sn, b + sb))
     }
 
     /// The units of `key`, held from now on if they were not; `None` when
@@ -355,10 +461,10 @@ impl Local {
             return None;
         }
         let units = Arc::new(tokio::sync::Mutex::new(Units::default()));
-        let hasher = &self.hasher;
+        let hasher = &self.held.hasher;
         shard.keys.insert_unique(
             hash,
-            Held {
+            HeldKey {
                 key: key.into(),
                 units: Arc::clone(&units),
             },
@@ -369,13 +475,14 @@ impl Local {
         Some(units)
     }
 
-    /// The check of `key` (as given, not namespaced) at the policy's cost.
+    /// The check of `key` (as the limiter holds it, not namespaced) at the
+    /// policy's cost.
     pub(crate) fn check(self: &Arc<Self>, limiter: &Limiter, key: String) -> Check {
         let Some(units) = self.units_of(&key) else {
             return limiter.start_in_store(key, None);
         };
         if let Ok(mut held) = units.try_lock() {
-            if let Some(verdict) = held.take() {
+            if let Some(verdict) = held.take(limiter.policy()) {
                 return Check::done(limiter.counted(&key, Ok(verdict)));
             }
             if held.batch_refused() {
@@ -397,11 +504,17 @@ impl Local {
         Check::boxed(Box::pin(async move {
             // One refill at a time per key: the others wait for its units.
             let mut held = units.lock().await;
-            if let Some(verdict) = held.take() {
+            if let Some(verdict) = held.take(limiter.policy()) {
                 return limiter.counted(&key, Ok(verdict));
             }
+            // Units of an expired batch, or taken under another policy (a
+            // rule's other tier), go back before a batch is taken: one
+            // batch per key and count at a time.
+            if let Some(back) = held.leftover() {
+                give_back(&limiter, &key, back).await;
+            }
             if !held.batch_refused()
-                && local.refill(&limiter, &key, &mut held).await
+                && local.refill(&limiter, &key, &mut held, &units).await
                 && let Some(verdict) = held.batch_verdict.take()
             {
                 return limiter.counted(&key, Ok(verdict));
@@ -416,8 +529,16 @@ impl Local {
     /// `held.batch_verdict`) when the store gave one; false when it could
     /// not (a denial: no batch until that denial's wait ends, at most
     /// `hold`) or failed (the caller's check of one request then meets the
-    /// fail mode, as without a local quota).
-    async fn refill(&self, limiter: &Limiter, key: &str, held: &mut Units) -> bool {
+    /// fail mode, as without a local quota). What is left of the batch
+    /// when it expires goes back to the store then (`cell` is where the
+    /// units live).
+    async fn refill(
+        &self,
+        limiter: &Limiter,
+        key: &str,
+        held: &mut Units,
+        cell: &Arc<tokio::sync::Mutex<Units>>,
+    ) -> bool {
         if limiter.circuit_open() {
             return false;
         }
@@ -448,24 +569,74 @@ impl Local {
         }
         let decision = verdict.decision().cloned();
         let mut until = sent.checked_add(self.config.hold);
+        let mut returnable = true;
         if let Some(d) = &decision
             && d.algorithm() == Algorithm::FixedWindow
         {
-            // Used only in the window that counted them.
+            // Used only in the window that counted them, and given back
+            // only well inside it.
             let window_left = d
                 .rates()
                 .iter()
                 .map(|r| r.reset())
                 .min()
                 .unwrap_or_default();
+            returnable = self.config.hold + RETURN_MARGIN < window_left;
             until = until.min(sent.checked_add(window_left));
         }
         let cost = limiter.policy().cost();
         held.left = (self.batch - cost) / cost;
         held.until = until;
+        held.policy = Some(Arc::new(limiter.policy().clone()));
+        held.batch += 1;
+        held.returnable = returnable;
+        held.refund_id = decision.as_ref().and_then(Decision::refund_id);
         held.decision = decision;
         held.batch_verdict = Some(verdict);
+        if let Some(until) = until {
+            self.return_at(limiter, key, cell, held.batch, until);
+        }
         true
+    }
+
+    /// When batch number `batch` of `key` expires (at `until`), give what
+    /// is left of it back to the store, unless it was replaced or
+    /// forgotten meanwhile: a unit nobody used must not hold a light
+    /// user's quota for the rest of the window.
+    fn return_at(
+        &self,
+        limiter: &Limiter,
+        key: &str,
+        cell: &Arc<tokio::sync::Mutex<Units>>,
+        batch: u64,
+        until: Instant,
+    ) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (limiter, key, cell) = (limiter.clone(), key.to_owned(), Arc::clone(cell));
+        runtime.spawn(async move {
+            tokio::time::sleep_until(tokio::time::Instant::from_std(until)).await;
+            let back = {
+                let mut held = cell.lock().await;
+                if held.batch != batch {
+                    return;
+                }
+                held.leftover()
+            };
+            if let Some(back) = back {
+                give_back(&limiter, &key, back).await;
+            }
+        });
+    }
+}
+
+/// Give `units` of `key` (as held) back to the store: the batch's own
+/// entries where the algorithm keeps them (its refund id), else as a
+/// reward. A failure leaves them counted, as before they were returned.
+async fn give_back(limiter: &Limiter, key: &str, (units, id): GiveBack) {
+    if let Err(error) = limiter.give_back(key, id, units).await {
+        tracing::debug!(%error, "local quota: unused units not given back; they stay counted");
     }
 }
 
@@ -489,16 +660,20 @@ mod tests {
     fn the_keys_held_stay_bounded_and_expired_ones_make_room() {
         let hold_for = Duration::from_millis(300);
         let quota = LocalQuota::new(10, hold_for).unwrap();
-        let local = Local::new(quota, &"1000/s".parse().unwrap()).unwrap();
+        let local = Local::new(quota, &"1000/s".parse().unwrap(), Arc::new(Held::new())).unwrap();
         let held = (0..2 * MAX_LOCAL_KEYS)
             .filter(|i| hold(&local, &format!("k{i}"), hold_for))
             .count();
-        assert_eq!(local.held(), MAX_LOCAL_KEYS, "every shard full, none over");
+        assert_eq!(
+            local.held().0,
+            MAX_LOCAL_KEYS,
+            "every shard full, none over"
+        );
         assert!(held >= MAX_LOCAL_KEYS, "{held}");
         // Past the bound a key is not held, and no held key was dropped
         // for it while its units last.
         assert!(!hold(&local, "one more", hold_for));
-        assert_eq!(local.held(), MAX_LOCAL_KEYS);
+        assert_eq!(local.held().0, MAX_LOCAL_KEYS);
 
         // Once the units ran out, new keys take their places.
         std::thread::sleep(hold_for + Duration::from_millis(100));
@@ -506,7 +681,7 @@ mod tests {
             .filter(|i| hold(&local, &format!("new{i}"), hold_for))
             .count();
         assert_eq!(newer, MAX_LOCAL_KEYS / 2);
-        assert_eq!(local.held(), MAX_LOCAL_KEYS);
+        assert_eq!(local.held().0, MAX_LOCAL_KEYS);
     }
 
     #[test]
@@ -515,6 +690,7 @@ mod tests {
         let local = Local::new(
             LocalQuota::new(10, hold_for).unwrap(),
             &"1000/s".parse().unwrap(),
+            Arc::new(Held::new()),
         )
         .unwrap();
         // Units nobody uses, of no value: any may go to make room...
@@ -534,6 +710,7 @@ mod tests {
         let local = Local::new(
             LocalQuota::new(10, hold_for).unwrap(),
             &"1000/s".parse().unwrap(),
+            Arc::new(Held::new()),
         )
         .unwrap();
         for _ in 0..5 {
@@ -543,7 +720,7 @@ mod tests {
                 local.forget(&key);
             }
         }
-        for shard in local.shards.iter() {
+        for shard in local.held.shards.iter() {
             let shard = shard.lock().unwrap();
             assert!(
                 shard.order.len() <= 2 * MAX_KEYS_PER_SHARD,
@@ -552,5 +729,60 @@ mod tests {
             );
             assert!(shard.keys.is_empty());
         }
+    }
+
+    /// A key as long as a header allows, many times over: held by its
+    /// hash, so the bytes the local quota holds do not grow with the keys.
+    #[tokio::test]
+    async fn long_keys_are_held_by_their_hash() {
+        let limiter = crate::Limiter::new(crate::MemoryStore::new(), "10/s".parse().unwrap())
+            .with_local_quota("5/1s".parse().unwrap())
+            .unwrap();
+        let long = "k".repeat(200_000);
+        for i in 0..100 {
+            assert!(
+                limiter
+                    .check(&format!("{i}{long}"))
+                    .await
+                    .unwrap()
+                    .allowed()
+            );
+        }
+        let local = limiter.inner.local.as_ref().unwrap();
+        let (keys, bytes) = local.held();
+        assert_eq!(keys, 100);
+        // `#` and 40 hex digits a key.
+        assert_eq!(bytes, 100 * 41);
+    }
+
+    /// A rule's tiers share one count, and so one batch of each key: the
+    /// bound `max + N × batch` holds whatever tiers a key is checked
+    /// under. (The store's clock is moved by hand past the window while
+    /// the units, held in real time, still last.)
+    #[tokio::test]
+    async fn the_tiers_of_a_count_hold_one_batch_of_a_key() {
+        let clock = crate::clock::ManualClock::new(Duration::from_secs(1_000));
+        let store = crate::MemoryStore::with_clock(clock.clone());
+        let template = crate::Limiter::new(store, "100/s".parse().unwrap())
+            .with_local_quota("5/1h".parse().unwrap())
+            .unwrap();
+        let free = template.for_rule("api", "10/3s".parse().unwrap());
+        let pro = template.for_rule("api", "10/3s".parse().unwrap());
+        let admitted = |verdicts: Vec<bool>| verdicts.into_iter().filter(|a| *a).count();
+        // One request under each tier: one batch of 5 is taken.
+        let mut first = Vec::new();
+        for tier in [&free, &pro] {
+            first.push(tier.check("k").await.unwrap().allowed());
+        }
+        // The window passes in the store; the units held still last.
+        clock.advance(Duration::from_secs(3));
+        let mut then = Vec::new();
+        for i in 0..40 {
+            let tier = if i % 2 == 0 { &free } else { &pro };
+            then.push(tier.check("k").await.unwrap().allowed());
+        }
+        // max + one batch in the window ending now (each tier holding a
+        // batch of its own admitted 20).
+        assert_eq!(admitted(first) + admitted(then), 15);
     }
 }

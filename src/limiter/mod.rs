@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::decision::{Decision, RateStatus};
 use crate::metrics::{Decider, Outcome};
 use crate::policy::{Policy, PolicyError};
-use crate::store::{Command, DynStore, Store, StoreError};
+use crate::store::{Command, DynStore, Store, StoreError, bounded_key};
 
 mod breaker;
 mod check;
@@ -19,6 +19,7 @@ mod error;
 mod fail_mode;
 mod lease;
 mod local;
+mod names;
 pub(crate) mod top;
 mod verdict;
 
@@ -69,6 +70,9 @@ struct Inner {
     /// registry of every limiter derived from the same one.
     denials: Arc<top::Denials>,
     registry: Arc<top::Registry>,
+    /// The units held in process of every count of this limiter and the
+    /// limiters derived from it, by name.
+    held: Arc<local::Registry>,
     /// Whether its verdicts are counted (not for a local quota's batches:
     /// the request a batch is asked for is counted on its own).
     counted: bool,
@@ -99,6 +103,7 @@ impl Limiter {
                 label: Arc::clone(&name),
                 name,
                 registry,
+                held: Arc::default(),
                 counted: true,
                 fail_mode: FailMode::default(),
                 allowed: Arc::default(),
@@ -200,10 +205,18 @@ impl Limiter {
         let name: Arc<str> = Arc::from(name.into());
         self.map(|s| {
             s.denials = s.registry.of(&name);
+            names::claim_or_warn(
+                &name,
+                names::Owner::Limiter(default_name(&s.policy)),
+                &s.denials,
+            );
             s.label = Arc::clone(&name);
             s.name = name;
             // Units taken under another name are not this name's.
-            s.local = s.local.as_ref().map(|l| Arc::new(l.fresh()));
+            s.local = s
+                .local
+                .as_ref()
+                .map(|l| Arc::new(l.under(local::Local::held_of(&s.held, &s.name))));
         })
     }
 
@@ -223,8 +236,8 @@ impl Limiter {
         &self.inner.label
     }
 
-    /// Count the verdict of a check of `key` (as given, not namespaced) in
-    /// the metrics, and a denial among the limiter's most denied keys
+    /// Count the verdict of a check of `key` (as held: [`limited`], not
+    /// namespaced) in the metrics, and a denial among the limiter's most denied keys
     /// (sharing them through the store when a share is due).
     pub(crate) fn counted(
         &self,
@@ -246,7 +259,7 @@ impl Limiter {
     /// any check was started (the rules' first look).
     pub(crate) fn count_cached_denial(&self, key: &str, denied: &Decision) {
         let verdict = Verdict::without_permit(Some(denied.clone()), DecidedBy::DenyCache);
-        let _counted = self.counted(key, Ok(verdict));
+        let _counted = self.counted(&bounded_key(key), Ok(verdict));
     }
 
     /// The same limiter, whose verdicts are not counted.
@@ -364,6 +377,7 @@ impl Limiter {
             crate::metrics::decision(&self.inner.label, Outcome::Skipped, Decider::None);
             return Check::done(Ok(Verdict::unlimited(DecidedBy::AllowedKey)));
         }
+        let key = limited(key);
         if policy.is_none()
             && let Some(local) = &self.inner.local
         {
@@ -468,6 +482,18 @@ impl Limiter {
     }
 
     async fn command(&self, key: &str, command: Command) -> Result<Decision, StoreError> {
+        self.command_limited(&bounded_key(key), command).await
+    }
+
+    /// Run `command` on `key` as this limiter holds it: as given when it
+    /// is short, else its hashed form ([`limited`]), the form
+    /// [`most_denied`](Self::most_denied) shows (so an operator can steer
+    /// a key too long to be shown).
+    pub(crate) async fn command_limited(
+        &self,
+        key: &str,
+        command: Command,
+    ) -> Result<Decision, StoreError> {
         let raw = key;
         let key = self.store_key(key.to_owned());
         let outcome = Arc::clone(&self.inner.store)
@@ -507,14 +533,18 @@ impl Limiter {
             if let FailMode::Fallback { instances, .. } = &s.fail_mode {
                 s.fallback_policy = Some(Arc::new(policy.shared_by(*instances)));
             }
-            s.local = s
-                .local
-                .as_ref()
-                .and_then(|l| local::Local::new(l.config(), &policy).ok().map(Arc::new));
-            s.policy = Arc::new(policy);
             s.name = Arc::from(name);
+            // One count, one set of units held: a rule's tiers share them.
+            s.local = s.local.as_ref().and_then(|l| {
+                let held = local::Local::held_of(&s.held, &s.name);
+                local::Local::new(l.config(), &policy, held)
+                    .ok()
+                    .map(Arc::new)
+            });
+            s.policy = Arc::new(policy);
             s.label = Arc::from(rule);
             s.denials = s.registry.of(&s.name);
+            names::claim_or_warn(&s.name, names::Owner::Rule, &s.denials);
             s.allowed = Arc::default();
         })
     }
@@ -536,7 +566,8 @@ impl Limiter {
     /// # Errors
     /// A concurrency policy (a slot is one request in flight).
     pub fn with_local_quota(self, quota: LocalQuota) -> Result<Self, PolicyError> {
-        let local = Arc::new(local::Local::new(quota, &self.inner.policy)?);
+        let held = local::Local::held_of(&self.inner.held, &self.inner.name);
+        let local = Arc::new(local::Local::new(quota, &self.inner.policy, held)?);
         Ok(self.map(|s| s.local = Some(local)))
     }
 
@@ -544,7 +575,7 @@ impl Limiter {
     /// cache may answer for this limiter: a check of `key` now would be
     /// denied without asking the store.
     pub(crate) fn cached_denial(&self, key: &str) -> Option<Decision> {
-        self.cached(&self.store_key(key.to_owned()))
+        self.cached(&self.store_key(bounded_key(key).into_owned()))
     }
 
     /// The deny cache's denial of store key `key`, when it may answer for
@@ -570,10 +601,22 @@ impl Limiter {
         id: Option<crate::decision::RefundId>,
         units: u64,
     ) -> Result<Decision, StoreError> {
-        match id {
-            Some(id) => self.command(key, Command::Refund { id, units }).await,
-            None => self.command(key, Command::Reward(units)).await,
-        }
+        self.give_back(&bounded_key(key), id, units).await
+    }
+
+    /// [`refund`](Self::refund) of `key` as this limiter holds it
+    /// ([`limited`]).
+    pub(crate) async fn give_back(
+        &self,
+        key: &str,
+        id: Option<crate::decision::RefundId>,
+        units: u64,
+    ) -> Result<Decision, StoreError> {
+        let command = match id {
+            Some(id) => Command::Refund { id, units },
+            None => Command::Reward(units),
+        };
+        self.command_limited(key, command).await
     }
 
     /// Whether `key` is one of the allowed keys, never limited.
@@ -629,6 +672,19 @@ impl fmt::Debug for Limiter {
                 &self.inner.local.as_ref().map(|l| l.config()),
             )
             .finish_non_exhaustive()
+    }
+}
+
+/// `key` as a limiter holds it everywhere (the store, the deny cache, the
+/// local quota, the most denied keys): as given when it is at most
+/// [`MAX_RAW_KEY_LEN`](crate::store::MAX_RAW_KEY_LEN) bytes and cannot be
+/// mistaken for a hash, else `#` and its SHA-1. So whatever a client sends,
+/// a key held costs at most that many bytes, and a long key is shown and
+/// steered by its hash.
+fn limited(key: String) -> String {
+    match bounded_key(&key) {
+        std::borrow::Cow::Borrowed(_) => key,
+        std::borrow::Cow::Owned(hashed) => hashed,
     }
 }
 

@@ -116,7 +116,48 @@ async fn remaining_and_reset_follow_the_refill(h: Harness) {
     h.assert_near(d.reset(), 250 * MS, "reset of a fresh bucket");
 }
 
+/// A refund (a reward of what one check took) after the key's debt has
+/// drained, wholly or in part, leaves exactly the state of a twin key
+/// that never took that check: never a unit more. (A refund of a drained
+/// unit gives nothing back: the bucket cannot be fuller than full.)
+async fn a_refund_after_a_drained_debt_is_exact(h: Harness) {
+    use tower_redis_ratelimit::store::Command;
+    let p = h.policy_of("4/1s", Algorithm::Gcra);
+    // `taken` checks once and takes a penalty of 6 (1.75 s: 0.75 s of
+    // debt past the window); `twin` only takes the penalty.
+    for (after, key) in [(1_000, "partly"), (1_900, "wholly"), (600, "in-debt")] {
+        let (taken, twin) = (format!("{key}-taken"), format!("{key}-twin"));
+        assert!(h.check(&taken, &p).await.allowed());
+        h.command(&taken, &p, Command::Penalty(6)).await;
+        h.command(&twin, &p, Command::Penalty(6)).await;
+        h.advance(after * MS).await;
+        let refunded = h.command(&taken, &p, Command::Reward(1)).await;
+        let untaken = h.command(&twin, &p, Command::Peek).await;
+        assert_eq!(
+            refunded.remaining(),
+            untaken.remaining(),
+            "{key}: remaining"
+        );
+        h.assert_near(refunded.reset(), untaken.reset(), &format!("{key}: reset"));
+        h.assert_near(
+            refunded.retry_after(),
+            untaken.retry_after(),
+            &format!("{key}: retry after"),
+        );
+        // And as many checks admitted from here on.
+        let mut admitted = [0, 0];
+        for (i, k) in [&taken, &twin].into_iter().enumerate() {
+            while h.check(k, &p).await.allowed() {
+                admitted[i] += 1;
+                assert!(admitted[i] <= 4, "{key}: more than a full bucket");
+            }
+        }
+        assert_eq!(admitted[0], admitted[1], "{key}: admitted after the refund");
+    }
+}
+
 support::every_store!([
+    a_refund_after_a_drained_debt_is_exact,
     burst_then_denied,
     steady_refill,
     cost_takes_several_tokens,

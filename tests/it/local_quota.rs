@@ -466,3 +466,66 @@ async fn a_rule_carries_its_local_quota_through_a_reload() {
     );
     assert!(sources.iter().all(|s| *s == DecidedBy::Store));
 }
+
+/// Units a process took and nobody used go back to the store when their
+/// batch expires: two processes (each its own store and units) with
+/// batches of 5, a limit of 10 a day, and a light client alternating
+/// between them, a request every 400 ms (past each batch's 150 ms), is
+/// admitted ten times, as without a local quota. Before, each process's
+/// batch held its unused units for the whole day and the third request was
+/// denied for hours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unused_units_go_back_so_a_light_client_gets_its_whole_limit() {
+    use tower_redis_ratelimit::policy::Execution;
+    let server = RedisServer::start();
+    let base: Policy = "10/86400s".parse().unwrap();
+    let policies = [
+        base.clone().with_execution(Execution::Transaction).unwrap(),
+        base.clone().with_execution(Execution::Script).unwrap(),
+        base.clone().fixed_window().unwrap(),
+        base.clone().sliding_window().unwrap(),
+        base.gcra().unwrap(),
+    ];
+    let quota: LocalQuota = "5/150ms".parse().unwrap();
+    let memory = tower_redis_ratelimit::MemoryStore::new();
+    let mut runs = Vec::new();
+    for (n, policy) in policies.into_iter().enumerate() {
+        // The two executions of the sliding log share its counts.
+        let key = format!("light-{n}");
+        let in_redis = [
+            process(&server, &policy, quota).await,
+            process(&server, &policy, quota).await,
+        ];
+        let in_memory = [0, 1].map(|_| {
+            Limiter::new(memory.clone(), policy.clone())
+                .with_name("hot")
+                .with_local_quota(quota)
+                .unwrap()
+        });
+        for (store, processes) in [("redis", in_redis), ("memory", in_memory)] {
+            let what = format!("{store} {}", policy.algorithm());
+            let key = key.clone();
+            runs.push(tokio::spawn(async move {
+                let mut admitted = Vec::new();
+                for i in 0..12 {
+                    let verdict = processes[i % 2].check(&key).await.unwrap();
+                    admitted.push(verdict.allowed());
+                    tokio::time::sleep(Duration::from_millis(400)).await;
+                }
+                (what, admitted)
+            }));
+        }
+    }
+    let expected: Vec<bool> = (0..12).map(|i| i < 10).collect();
+    let mut wrong = Vec::new();
+    for run in runs {
+        let (what, admitted) = run.await.unwrap();
+        if admitted != expected {
+            wrong.push(format!("{what}: {admitted:?}"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "admitted, not ten then denied: {wrong:#?}"
+    );
+}

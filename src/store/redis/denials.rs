@@ -1,7 +1,8 @@
 //! The keys denied most, shared by every process through Redis
 //! ([`Store::share_denials`](crate::Store::share_denials)): one sorted set
 //! per limit and minute, `{prefix}:denied:{<limit>}:<minute>`, of at most
-//! [`KEPT`] keys scored by their denials, living three minutes. A process
+//! [`KEPT`] keys of at most [`MAX_RAW_KEY_LEN`] bytes scored by their
+//! denials, living three minutes. A process
 //! adds to it at most about once a second per limit (one `EVALSHA` of at
 //! most 32 `ZINCRBY`s), so Redis's work and memory are bounded whatever the
 //! flood; reading merges this minute's and the last.
@@ -11,7 +12,7 @@ use std::sync::LazyLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::RedisStore;
-use crate::store::StoreError;
+use crate::store::{MAX_RAW_KEY_LEN, StoreError};
 
 /// Keys kept per limit and minute.
 const KEPT: usize = 128;
@@ -63,7 +64,10 @@ impl RedisStore {
             .arg(&key)
             .arg(LIVES.as_millis() as u64)
             .arg(KEPT);
-        for (denied, count) in &counts {
+        // A limiter hands over keys as it holds them, at most
+        // MAX_RAW_KEY_LEN bytes (a long one by its hash): a longer one
+        // would make the set's bytes the client's to choose.
+        for (denied, count) in counts.iter().filter(|(k, _)| k.len() <= MAX_RAW_KEY_LEN) {
             cmd.arg(denied).arg(*count);
         }
         // Not sent again after a lost reply: the counts would add twice.
@@ -95,7 +99,11 @@ impl RedisStore {
             })
             .await?;
         let mut merged: HashMap<String, u64> = HashMap::new();
-        for (key, score) in sets.into_iter().flatten() {
+        for (key, score) in sets
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| k.len() <= MAX_RAW_KEY_LEN)
+        {
             // Scores are sums of counts: whole, non-negative numbers.
             let count = merged.entry(key).or_default();
             *count = count.saturating_add(score.max(0.0) as u64);

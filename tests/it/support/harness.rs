@@ -143,6 +143,19 @@ impl Harness {
         }
     }
 
+    /// Run an operator's command.
+    pub async fn command(
+        &self,
+        key: &str,
+        policy: &Policy,
+        command: tower_redis_ratelimit::store::Command,
+    ) -> Decision {
+        match self {
+            Self::Memory { store, .. } => store.command(key, policy, command).await.unwrap(),
+            Self::Redis { store, .. } => store.command(key, policy, command).await.unwrap(),
+        }
+    }
+
     /// Give back a concurrency lease.
     pub async fn release(
         &self,

@@ -10,7 +10,12 @@
 //! process holds of the key (other processes use theirs for at most
 //! `hold`). A batch is never asked of a fallback store, nor while the
 //! circuit is open; one taken by a check cancelled before its answer is
-//! spent unused. Units are held per limiter name.
+//! spent unused. Units are held per count (a limiter's name; a rule's
+//! tiers and its reloads share one), one batch of a key at a time, and
+//! used only under the policy they were taken under. What a batch leaves
+//! unused when it expires goes back to the store (a light client is not
+//! locked out by units nobody uses), except a fixed window's whose window
+//! ends within a second of the batch's end: they end with it.
 //!
 //! Making room for a new key costs a check the same whatever the keys held
 //! (a bounded look at the oldest keys of one of 16 shards, each with its
@@ -43,17 +48,16 @@ use crate::policy::{Algorithm, Policy, PolicyError, Rate};
 /// ([`Limiter::with_local_quota`]): a check of a key this process holds no
 /// units of takes `batch` units from the store in one check, admits this
 /// request and keeps the rest; the next checks of the key take a kept unit
-/// with no round trip. Kept units are used within `hold`, then dropped,
-/// still counted. A key near its limit is decided in the store, request by
-/// request.
+/// with no round trip. Kept units are used within `hold`; what is left then
+/// goes back to the store. A key near its limit is decided in the store,
+/// request by request.
 ///
 /// **The bound.** Every unit was counted in the store before it is used:
 /// with `N` processes, at most `N × batch` more requests are admitted in
 /// any window than the algorithm alone admits (none more under the fixed
-/// window). A process holds units of at most 10,000 keys per limiter; past
-/// that a key is checked in the store as without a local quota. The
-/// [production guide](crate::guide::production) says when to use it and
-/// how to choose `batch` and `hold`.
+/// window). The [production guide](crate::guide::production) says what a
+/// process holds (in keys and bytes), when to use a local quota and how
+/// to choose `batch` and `hold`.
 ///
 /// ```
 /// use tower_redis_ratelimit::limiter::LocalQuota;

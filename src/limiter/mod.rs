@@ -297,8 +297,11 @@ impl Limiter {
     /// process. Counted from bounded memory: 32 keys per limiter and
     /// minute in each process (a key taking more than 1/32 of a process's
     /// denials in a minute is always among them) and 128 per minute in
-    /// Redis; the counts are estimates (Space-Saving's). Under rules each
-    /// tier of a rule has its own. This process's denials not shared yet
+    /// Redis; the counts are estimates (Space-Saving's). A rule's tiers
+    /// count together. Each key as the limiter holds it: one over
+    /// [`MAX_RAW_KEY_LEN`](crate::store::MAX_RAW_KEY_LEN) bytes (or holding
+    /// `{`, `}` or a leading `#`) as `#` and its SHA-1 in hex, the form the
+    /// admin router's key commands take. This process's denials not shared yet
     /// are shared first.
     ///
     /// # Errors

@@ -93,3 +93,60 @@ async fn memory_per_key_for_each_algorithm() {
         }
     }
 }
+
+/// Keys of 200 KB each, denied: the most denied keys hold each as `#` and
+/// 40 hex digits (the form the admin API steers), in process and in the
+/// set Redis shares between processes, so their bytes do not grow with
+/// what clients send.
+#[tokio::test]
+async fn long_keys_reach_the_top_keys_by_their_hash() {
+    use tower_redis_ratelimit::{Limiter, MemoryStore};
+    let server = RedisServer::start();
+    let redis = RedisStore::connect(&server.url()).await.unwrap();
+    let policy: Policy = "1/1h".parse().unwrap();
+    let long = "k".repeat(200_000);
+    for (what, limiter) in [
+        ("memory", Limiter::new(MemoryStore::new(), policy.clone())),
+        ("redis", Limiter::new(redis, policy.clone())),
+    ] {
+        let limiter = limiter.with_name("flood");
+        // Watched from now on, as an admin router does.
+        assert!(limiter.most_denied().await.unwrap().is_empty());
+        for i in 0..40 {
+            let key = format!("{i}{long}");
+            assert!(limiter.check(&key).await.unwrap().allowed());
+            for _ in 0..=i % 3 {
+                assert!(!limiter.check(&key).await.unwrap().allowed());
+            }
+        }
+        let top = limiter.most_denied().await.unwrap();
+        assert!(!top.is_empty() && top.len() <= 32, "{what}: {}", top.len());
+        for (key, _) in &top {
+            assert_eq!(key.len(), 41, "{what}: {}…", &key[..key.len().min(50)]);
+            assert!(key.starts_with('#'), "{what}");
+        }
+    }
+    // Redis's set of this minute's denials: 40 members of 41 bytes.
+    let sets = server.command(&["KEYS", "rl:denied:*"]);
+    let set = sets
+        .lines()
+        .find(|l| l.starts_with("rl:denied:"))
+        .unwrap_or_else(|| panic!("no denials set: {sets:?}"));
+    let members = server.command(&["ZRANGE", set, "0", "-1"]);
+    let longest = members
+        .lines()
+        .filter(|l| !l.starts_with('*') && !l.starts_with('$'))
+        .map(str::len)
+        .max()
+        .unwrap();
+    assert_eq!(longest, 41, "{members}");
+    let bytes: u64 = server
+        .command(&["MEMORY", "USAGE", set, "SAMPLES", "0"])
+        .trim()
+        .trim_start_matches(':')
+        .parse()
+        .unwrap();
+    // 128 members at most, each at most 128 bytes: well under 64 KiB
+    // (the flood before held 7.6 MB).
+    assert!(bytes < 64 * 1024, "{bytes} bytes");
+}

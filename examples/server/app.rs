@@ -71,9 +71,12 @@ pub(crate) fn limiter<St: Store>(
 ) -> Result<Limiter, BadSetting> {
     // Named: a server restarted with another RATE_LIMIT keeps counting the
     // same count (a tightened limit bites at once, and a rollout never
-    // adds two quotas).
+    // adds two quotas). Counts belong to the name, so it is no rule's
+    // name in `examples/rules.toml`: a server limiting with the rules
+    // would count into this limit (and this one into the rule's). The
+    // admin router addresses it as `/api/limits/server/…`.
     let limiter = Limiter::new(store, policy)
-        .with_name("api")
+        .with_name("server")
         .with_fail_mode(settings.fail_mode.clone());
     // The deny cache is on by default.
     let limiter = if settings.deny_cache {

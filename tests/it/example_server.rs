@@ -774,3 +774,24 @@ fn tls_and_sentinel_urls_are_accepted() {
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("Sentinel URL is not supported"), "{stderr}");
 }
+
+/// Counts belong to a limit's name: the example's rules and its
+/// `RATE_LIMIT` limiter, both on one Redis, never count into each other.
+#[test]
+fn the_example_rules_and_limiter_never_share_a_count() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/rules.toml");
+    let with_rules = Server::start(&[("REDIS_URL", url.as_str()), ("RULES", rules)]);
+    // The default policy, 5/10s, by peer address (the rules' `api` rule is
+    // by client address too: the same key, 127.0.0.1).
+    let with_limiter = Server::start(&[("REDIS_URL", url.as_str())]);
+    for i in 0..5 {
+        assert_eq!(with_rules.get("/api/x", &[]).0, 200, "request {i}");
+    }
+    assert_eq!(
+        with_limiter.status(&[]),
+        200,
+        "the rules' requests are not the limiter's"
+    );
+}

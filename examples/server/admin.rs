@@ -6,7 +6,26 @@ use tokio::net::TcpListener;
 use tower_redis_ratelimit::admin::Admin;
 
 use crate::app::Operated;
+use crate::connections::Caps;
+use crate::serve::ConnectionLimits;
 use crate::settings::{AdminSettings, BadSetting};
+
+/// Connections open at once on the admin listener, from any address: its
+/// clients are a few operators and a metrics scraper. Counted apart from
+/// the public listener's, so a flood there never locks the operator out
+/// (and kept within `connections::RESERVED_FILES`).
+pub(crate) const MAX_CONNECTIONS: usize = 32;
+
+/// The admin listener's limits: the public one's times, its own caps.
+pub(crate) fn limits(public: ConnectionLimits) -> ConnectionLimits {
+    ConnectionLimits {
+        caps: Caps {
+            total: MAX_CONNECTIONS,
+            per_client: MAX_CONNECTIONS,
+        },
+        ..public
+    }
+}
 
 /// The admin router and its listener.
 pub(crate) struct AdminListener {
@@ -28,7 +47,18 @@ pub(crate) async fn listen(
                 format!("cannot install the metrics recorder: {error}"),
             )
         })?;
-    let admin = Admin::new(settings.token.clone())
+    let listener = TcpListener::bind(&settings.bind).await.map_err(|error| {
+        BadSetting::new(
+            "ADMIN_BIND",
+            format!("cannot listen on {:?}: {error}", settings.bind),
+        )
+    })?;
+    let addr = listener.local_addr().map_err(|error| {
+        BadSetting::new("ADMIN_BIND", format!("no address to serve: {error}"))
+    })?;
+    // It serves the hosts of this address: a page of another name that
+    // resolves to it (DNS rebinding) is refused.
+    let admin = Admin::new(settings.token.clone(), addr)
         .map_err(|error| BadSetting::new("ADMIN_TOKEN", error))?
         .with_metrics(metrics);
     let admin = match operated {
@@ -36,15 +66,6 @@ pub(crate) async fn listen(
         Operated::Limiter(limiter) => admin.with_limiter(limiter.clone()),
         Operated::Rules(rules, watch) => admin.with_rules(rules).with_watch(watch),
     };
-    let listener = TcpListener::bind(&settings.bind).await.map_err(|error| {
-        BadSetting::new(
-            "ADMIN_BIND",
-            format!("cannot listen on {:?}: {error}", settings.bind),
-        )
-    })?;
-    let addr = listener
-        .local_addr()
-        .map_or_else(|_| settings.bind.clone(), |addr| addr.to_string());
     tracing::info!("admin router on http://{addr} (bearer token required)");
     Ok(AdminListener {
         listener,

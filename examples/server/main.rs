@@ -18,6 +18,8 @@
 //! | `BIND`       | `127.0.0.1:3000` | address to listen on                                 |
 //! | `HEADER_TIMEOUT` | `10s`        | a connection must send a request's headers within this, or it is closed (an idle kept-alive connection waits for its next request under it too) |
 //! | `SHUTDOWN_GRACE` | `20s`        | after `SIGTERM`, how long the requests in flight may take; then the remaining connections are closed and the server exits 0 |
+//! | `MAX_CONNECTIONS` | `10000`, fewer under a low open-file limit | connections open at once; one more is closed as soon as it is accepted. At most the process's open-file limit (`ulimit -n`, systemd's `LimitNOFILE`) minus 128 kept for Redis, the admin router and files: the default is lowered to fit (1,024 files: 896), a value above it exits 2 |
+//! | `MAX_CONNECTIONS_PER_IP` | `100`; behind `TRUSTED_PROXIES`, `MAX_CONNECTIONS` | connections open at once from one client address (an IPv6 /64 counts as one); one more is closed as soon as it is accepted. Behind proxies every client comes from their addresses: set it to your proxies' connection pool per address, if at all |
 //! | `REDIS_URL`  | unset            | unset: limits held in this process; set: in Redis: `redis://[user:password@]host:port[/db]`, `rediss://…` (TLS, `--features tls`), `redis+sentinel://[user:password@]host[:port][,host[:port]…]/service[/db]` (`--features sentinel`; `rediss+sentinel://` with both) |
 //! | `REDIS_CA_CERT` | unset         | with a TLS URL: a PEM file of the CA(s) to trust instead of the system's roots |
 //! | `REDIS_CLIENT_CERT`, `REDIS_CLIENT_KEY` | unset | with a TLS URL: PEM files of a client certificate and its key (mutual TLS) |
@@ -55,15 +57,20 @@
 //! `SIGTERM` or Ctrl-C stops the server gracefully: it stops accepting,
 //! lets the requests in flight finish within `SHUTDOWN_GRACE`, and exits
 //! with status 0, even while clients hold half-sent requests or stop
-//! reading.
+//! reading. `SIGHUP` is logged and ignored: the settings are read at start,
+//! and the rules are followed as they change without a signal. What the
+//! server defends against, and what it leaves to a reverse proxy: the
+//! production guide ("What the example server defends against").
 
 use std::process::ExitCode;
 
 #[cfg(feature = "admin")]
 mod admin;
 mod app;
+mod connections;
 mod serve;
 mod settings;
+mod signals;
 mod store;
 
 use axum::Router;
@@ -72,16 +79,18 @@ use tower_redis_ratelimit::MemoryStore;
 use tracing_subscriber::EnvFilter;
 
 use crate::app::{Operated, router, rules_router};
-use crate::serve::{ConnectionLimits, serve, shutdown_signal};
+use crate::serve::{ConnectionLimits, serve};
 use crate::settings::{BadSetting, Settings};
+use crate::signals::{ignore_hangups, shutdown_signal};
 use crate::store::{connect_redis, without_password};
 
 #[tokio::main]
 async fn main() -> ExitCode {
     init_logging();
     // Listening for SIGTERM from the start: one sent while the server
-    // starts stops it gracefully too.
+    // starts stops it gracefully too; a SIGHUP never kills it.
     let stop = shutdown_signal();
+    ignore_hangups();
     let Ready {
         listener,
         app,
@@ -100,10 +109,15 @@ async fn main() -> ExitCode {
     match admin {
         #[cfg(feature = "admin")]
         Some(admin) => {
-            let stopped = serve::shared(stop);
+            let stopped = signals::shared(stop);
             tokio::join!(
                 serve(listener, app, limits, stopped()),
-                serve(admin.listener, admin.router, limits, stopped()),
+                serve(
+                    admin.listener,
+                    admin.router,
+                    admin::limits(limits),
+                    stopped()
+                ),
             );
         }
         _ => serve(listener, app, limits, stop).await,
@@ -170,7 +184,8 @@ async fn setup() -> Result<Ready, BadSetting> {
     })
 }
 
-/// The one line logged at start: what is limited, how, and where.
+/// The lines logged at start: how connections are bounded, then what is
+/// limited, how, and where.
 fn log_start(settings: &Settings, listener: &TcpListener) {
     let store = match &settings.redis_url {
         None => "memory".to_owned(),
@@ -179,6 +194,14 @@ fn log_start(settings: &Settings, listener: &TcpListener) {
     let addr = listener
         .local_addr()
         .map_or_else(|_| settings.bind.clone(), |addr| addr.to_string());
+    let limits = &settings.limits;
+    tracing::info!(
+        max_connections = limits.caps.total,
+        max_connections_per_ip = limits.caps.per_client,
+        header_timeout = ?limits.header_timeout,
+        shutdown_grace = ?limits.grace,
+        "connection limits"
+    );
     if let Some(source) = &settings.rules {
         tracing::info!(
             store = %store,

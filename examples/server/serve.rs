@@ -1,5 +1,5 @@
-//! Serving the app: every connection bounded in time, and a stop that
-//! lets the requests in flight finish within the grace period.
+//! Serving the app: connections capped in number and bounded in time, and
+//! a stop that lets the requests in flight finish within the grace period.
 
 use std::time::Duration;
 
@@ -11,19 +11,31 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 
-/// How long a client may hold a connection without progress.
+use crate::connections::{Caps, Connections};
+
+/// The most a connection buffers: a request's head (answered `431 Request
+/// Header Fields Too Large` past it) and the answers waiting to be written.
+/// hyper's default, about 400 KiB, would let the caps' 10,000 connections
+/// hold 4 GB.
+const MAX_BUFFER: usize = 32 * 1024;
+
+/// What bounds the connections of a listener.
 #[derive(Clone, Copy)]
 pub(crate) struct ConnectionLimits {
     /// `HEADER_TIMEOUT`: to send a request's headers.
     pub(crate) header_timeout: Duration,
     /// `SHUTDOWN_GRACE`: for the requests in flight after the stop.
     pub(crate) grace: Duration,
+    /// `MAX_CONNECTIONS` and `MAX_CONNECTIONS_PER_IP`.
+    pub(crate) caps: Caps,
 }
 
-/// Serves `app` until `stop` ([`shutdown_signal`]), then stops accepting and lets
-/// the requests in flight finish for at most the grace period. (axum::serve
-/// has neither a header timeout nor a bounded stop: one client holding
-/// half-sent headers would hold the stop forever.)
+/// Serves `app` until `stop` ([`shutdown_signal`](crate::signals::shutdown_signal)),
+/// then stops accepting and lets the requests in flight finish for at most
+/// the grace period. A connection over a cap is closed as soon as it is
+/// accepted. (axum::serve has neither a header timeout, nor caps, nor a
+/// bounded stop: one client holding half-sent headers would hold the stop
+/// forever.)
 pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
@@ -32,21 +44,42 @@ pub(crate) async fn serve(
 ) {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout);
+        .header_read_timeout(limits.header_timeout)
+        .max_buf_size(MAX_BUFFER);
     let graceful = GracefulShutdown::new();
+    let connections = Connections::new(limits.caps);
+    let mut backoff = AcceptBackoff::default();
     tokio::pin!(stop);
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    // Out of file descriptors, say: wait, then go on.
-                    tracing::warn!(%error, "cannot accept a connection");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                Ok(accepted) => {
+                    backoff.reset();
+                    accepted
+                }
+                // The client gave up before it was accepted: nothing to wait for.
+                Err(error) if is_the_clients(&error) => {
+                    tracing::debug!(%error, "a connection ended before it was accepted");
                     continue;
+                }
+                Err(error) => {
+                    // Out of file descriptors (EMFILE, ENFILE), say: the
+                    // connection waits in the backlog, and accepting again
+                    // at once would fail at once. The open connections go
+                    // on meanwhile, and the stop is heard.
+                    let delay = backoff.next_delay();
+                    tracing::warn!(%error, ?delay, "cannot accept a connection: waiting");
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => continue,
+                        () = &mut stop => break,
+                    }
                 }
             },
             () = &mut stop => break,
+        };
+        // Over a cap: dropped, so closed at once.
+        let Ok(slot) = connections.admit(peer.ip()) else {
+            continue;
         };
         // `key::peer_ip()` reads the client address that this records.
         let app = app
@@ -61,6 +94,8 @@ pub(crate) async fn serve(
             if let Err(error) = connection.await {
                 tracing::debug!(%error, %peer, "connection ended");
             }
+            // Its place under the caps is free again.
+            drop(slot);
         });
     }
     drop(listener);
@@ -78,57 +113,39 @@ pub(crate) async fn serve(
     }
 }
 
-/// Resolves at the first `SIGTERM` (what orchestrators send) or Ctrl-C.
-/// The signals are listened for from the moment this is called, not from
-/// the first time the future is polled: a `SIGTERM` that comes before the
-/// accept loop first waits for it would otherwise take its default action
-/// and kill the process (exit by signal, not 0).
-pub(crate) fn shutdown_signal() -> impl Future<Output = ()> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let listening = signal(SignalKind::terminate())
-            .and_then(|terminate| Ok((terminate, signal(SignalKind::interrupt())?)));
-        async move {
-            match listening {
-                Ok((mut terminate, mut interrupt)) => {
-                    tokio::select! {
-                        _ = terminate.recv() => {}
-                        _ = interrupt.recv() => {}
-                    }
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "cannot listen for SIGTERM and Ctrl-C");
-                    std::future::pending::<()>().await;
-                }
-            }
-        }
+/// An accept error that is about one connection (its client reset or
+/// aborted it), not about the listener.
+fn is_the_clients(error: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
+    matches!(
+        error.kind(),
+        ConnectionAborted | ConnectionRefused | ConnectionReset
+    )
+}
+
+/// The wait after a failed accept: 10 ms, doubling up to a second, and
+/// back to 10 ms once a connection is accepted.
+struct AcceptBackoff {
+    next: Duration,
+}
+
+impl AcceptBackoff {
+    const FIRST: Duration = Duration::from_millis(10);
+    const MAX: Duration = Duration::from_secs(1);
+
+    fn next_delay(&mut self) -> Duration {
+        let delay = self.next;
+        self.next = (delay * 2).min(Self::MAX);
+        delay
     }
-    #[cfg(not(unix))]
-    async {
-        if let Err(error) = tokio::signal::ctrl_c().await {
-            tracing::warn!(%error, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
+
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
     }
 }
 
-/// One stop for several servers: each call of the returned function is a
-/// future that completes once `stop` has.
-#[cfg_attr(not(feature = "admin"), allow(dead_code))]
-pub(crate) fn shared(
-    stop: impl Future<Output = ()> + Send + 'static,
-) -> impl Fn() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
-    let (stopped, watch) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        stop.await;
-        let _ = stopped.send(true);
-    });
-    move || {
-        let mut watch = watch.clone();
-        Box::pin(async move {
-            // An error: the sender is gone, which it is only after the stop.
-            let _ = watch.wait_for(|stopped| *stopped).await;
-        })
+impl Default for AcceptBackoff {
+    fn default() -> Self {
+        Self { next: Self::FIRST }
     }
 }

@@ -10,6 +10,7 @@ use tower_redis_ratelimit::policy::Execution;
 use tower_redis_ratelimit::response::HeaderStyle;
 use tower_redis_ratelimit::{Algorithm, FailMode, MemoryStore, Policy, Rate, key};
 
+use crate::connections::{self, Caps};
 use crate::serve::ConnectionLimits;
 
 /// What the server is configured with.
@@ -24,7 +25,8 @@ pub(crate) struct Settings {
     pub(crate) deny_cache: bool,
     /// `LOCAL_QUOTA`: hot keys admitted locally.
     pub(crate) local_quota: Option<LocalQuota>,
-    /// `HEADER_TIMEOUT` and `SHUTDOWN_GRACE`.
+    /// `HEADER_TIMEOUT`, `SHUTDOWN_GRACE`, `MAX_CONNECTIONS` and
+    /// `MAX_CONNECTIONS_PER_IP`.
     pub(crate) limits: ConnectionLimits,
     /// `TRUSTED_PROXIES` (and `PROXY_HEADER`): the client's address behind them.
     pub(crate) client_ip: Option<key::ClientIp>,
@@ -136,11 +138,6 @@ impl Settings {
             })
             .transpose()?;
 
-        let limits = ConnectionLimits {
-            header_timeout: duration("HEADER_TIMEOUT")?.unwrap_or(Duration::from_secs(10)),
-            grace: duration("SHUTDOWN_GRACE")?.unwrap_or(Duration::from_secs(20)),
-        };
-
         let key = match var("KEY")? {
             None => ClientKey::PeerIp,
             Some(text) => {
@@ -181,6 +178,12 @@ impl Settings {
                     .header(proxy_header);
                 Some(client_ip)
             }
+        };
+
+        let limits = ConnectionLimits {
+            header_timeout: duration("HEADER_TIMEOUT")?.unwrap_or(Duration::from_secs(10)),
+            grace: duration("SHUTDOWN_GRACE")?.unwrap_or(Duration::from_secs(20)),
+            caps: connection_caps(client_ip.is_some())?,
         };
 
         let fail_mode_text = var("FAIL_MODE")?.unwrap_or_else(|| "open".to_owned());
@@ -237,6 +240,54 @@ impl Settings {
     }
 }
 
+/// `MAX_CONNECTIONS` and `MAX_CONNECTIONS_PER_IP`, within the process's
+/// open-file limit: past it, accepting fails and new clients wait in the
+/// backlog until they time out, however few connections each has.
+fn connection_caps(behind_proxies: bool) -> Result<Caps, BadSetting> {
+    // The open-file limit, and how many connections it leaves room for.
+    let room = connections::open_files_limit().map(|files| {
+        let fit = files.saturating_sub(connections::RESERVED_FILES);
+        (files, usize::try_from(fit).unwrap_or(usize::MAX))
+    });
+    let total = match count("MAX_CONNECTIONS")? {
+        Some(total) => total,
+        None => room.map_or(connections::DEFAULT_MAX_CONNECTIONS, |(_, fit)| {
+            fit.min(connections::DEFAULT_MAX_CONNECTIONS)
+        }),
+    };
+    if let Some((files, fit)) = room
+        && (total > fit || fit == 0)
+    {
+        let wanted = if fit == 0 {
+            "no connection".to_owned()
+        } else {
+            format!("{total} connections")
+        };
+        return Err(BadSetting::new(
+            "MAX_CONNECTIONS",
+            format!(
+                "{wanted} cannot be held: the process may open {files} files, {} of them kept \
+                 for Redis, the admin router and files, leaving room for {fit} connections; \
+                 raise the limit (ulimit -n, systemd's LimitNOFILE) or lower MAX_CONNECTIONS",
+                connections::RESERVED_FILES,
+            ),
+        ));
+    }
+    let per_client = match count("MAX_CONNECTIONS_PER_IP")? {
+        Some(per_client) if per_client > total => {
+            return Err(BadSetting::new(
+                "MAX_CONNECTIONS_PER_IP",
+                format!("{per_client} is above MAX_CONNECTIONS ({total}): it would never apply"),
+            ));
+        }
+        Some(per_client) => per_client,
+        // The peers are the proxies, each carrying many clients.
+        None if behind_proxies => total,
+        None => connections::DEFAULT_MAX_CONNECTIONS_PER_IP.min(total),
+    };
+    Ok(Caps { total, per_client })
+}
+
 /// `ADMIN_BIND` and `ADMIN_TOKEN`: both or neither, never the public
 /// listener (the token itself is checked when the admin router is built).
 fn admin_settings(public: &str) -> Result<Option<AdminSettings>, BadSetting> {
@@ -280,6 +331,20 @@ pub(crate) fn var(name: &'static str) -> Result<Option<String>, BadSetting> {
         Err(std::env::VarError::NotPresent) => Ok(None),
         Err(std::env::VarError::NotUnicode(_)) => Err(BadSetting::new(name, "not valid UTF-8")),
     }
+}
+
+/// The count (at least 1) in environment variable `name`; `None` if it is
+/// unset or empty.
+pub(crate) fn count(name: &'static str) -> Result<Option<usize>, BadSetting> {
+    var(name)?
+        .map(|text| match text.trim().parse::<usize>() {
+            Ok(count) if count > 0 => Ok(count),
+            _ => Err(BadSetting::new(
+                name,
+                format!("{text:?} is not a count of at least 1"),
+            )),
+        })
+        .transpose()
 }
 
 /// The duration in environment variable `name`, written as a rate's

@@ -30,6 +30,25 @@ fn binary() -> PathBuf {
     path
 }
 
+/// The example's binary with `BIND=127.0.0.1:0` and nothing else in its
+/// environment; with `open_files`, under that limit of open files (the
+/// soft and hard `RLIMIT_NOFILE`, as systemd's `LimitNOFILE` sets them).
+pub(crate) fn command(open_files: Option<u32>) -> Command {
+    let mut command = match open_files {
+        None => Command::new(binary()),
+        Some(limit) => {
+            let mut shell = Command::new("sh");
+            shell
+                .arg("-c")
+                .arg(format!("ulimit -n {limit} && exec \"$0\""))
+                .arg(binary());
+            shell
+        }
+    };
+    command.env_clear().env("BIND", "127.0.0.1:0");
+    command
+}
+
 /// A running example server; killed when dropped.
 pub(crate) struct Server {
     child: Child,
@@ -38,16 +57,24 @@ pub(crate) struct Server {
     start_line: String,
     /// Where its admin router listens (`ADMIN_BIND`), once it said so.
     admin: std::sync::Mutex<std::sync::mpsc::Receiver<String>>,
+    /// Every line it logged, in order.
+    log: std::sync::Mutex<std::sync::mpsc::Receiver<String>>,
 }
 
 impl Server {
     /// Start it with `vars` (and `BIND=127.0.0.1:0`), and wait for its
     /// "listening on" line.
     pub(crate) fn start(vars: &[(&str, &str)]) -> Self {
-        let mut command = Command::new(binary());
+        Self::spawn(command(None), vars)
+    }
+
+    /// Start it under a limit of `open_files` open files.
+    pub(crate) fn with_open_files(open_files: u32, vars: &[(&str, &str)]) -> Self {
+        Self::spawn(command(Some(open_files)), vars)
+    }
+
+    fn spawn(mut command: Command, vars: &[(&str, &str)]) -> Self {
         command
-            .env_clear()
-            .env("BIND", "127.0.0.1:0")
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -58,6 +85,7 @@ impl Server {
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let (admin_tx, admin) = std::sync::mpsc::channel();
+        let (log_tx, log) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if let Some(rest) = line.split("listening on http://").nth(1) {
@@ -67,6 +95,7 @@ impl Server {
                     let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
                     let _ = admin_tx.send(addr);
                 }
+                let _ = log_tx.send(line);
             }
         });
         let (addr, start_line) = rx
@@ -77,7 +106,37 @@ impl Server {
             addr,
             start_line,
             admin: std::sync::Mutex::new(admin),
+            log: std::sync::Mutex::new(log),
         }
+    }
+
+    /// Send it `signal` (`TERM`, `HUP`) as an operator would, with `kill`.
+    pub(crate) fn signal(&self, signal: &str) {
+        let sent = Command::new("kill")
+            .args([format!("-{signal}"), self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill -{signal}");
+    }
+
+    /// Whether it still runs (it has not exited).
+    pub(crate) fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// The next line it logs that contains `text`, waiting up to `limit`
+    /// (lines logged before are read too, once).
+    pub(crate) fn logged(&self, text: &str, limit: Duration) -> Option<String> {
+        let log = self.log.lock().unwrap();
+        let deadline = Instant::now() + limit;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match log.recv_timeout(left) {
+                Ok(line) if line.contains(text) => return Some(line),
+                Ok(_) => {}
+                Err(_) => return None,
+            }
+        }
+        None
     }
 
     /// Where its admin router listens (it says so right after it starts).
@@ -91,7 +150,7 @@ impl Server {
 
     /// `GET path` with `headers`: the status and the response's headers
     /// (names lowercase).
-    fn get(&self, path: &str, headers: &[(&str, &str)]) -> (u16, Vec<(String, String)>) {
+    pub(crate) fn get(&self, path: &str, headers: &[(&str, &str)]) -> (u16, Vec<(String, String)>) {
         let mut stream = TcpStream::connect(&self.addr).unwrap();
         stream
             .set_read_timeout(Some(Duration::from_secs(10)))
@@ -134,9 +193,12 @@ impl Drop for Server {
 /// and what it wrote on stderr (a server that starts instead is stopped
 /// after 10 s, and the test fails).
 fn refused(vars: &[(&str, &str)]) -> (Option<i32>, String) {
-    let mut child = Command::new(binary())
-        .env_clear()
-        .env("BIND", "127.0.0.1:0")
+    refused_by(command(None), vars)
+}
+
+/// `refused`, of `command`.
+pub(crate) fn refused_by(mut command: Command, vars: &[(&str, &str)]) -> (Option<i32>, String) {
+    let mut child = command
         .envs(vars.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -179,6 +241,9 @@ fn a_bad_value_exits_with_status_2_naming_the_variable() {
         ("HEADER_TIMEOUT", "0s"),
         ("SHUTDOWN_GRACE", "10"),
         ("EXECUTION", "both"),
+        ("MAX_CONNECTIONS", "0"),
+        ("MAX_CONNECTIONS", "many"),
+        ("MAX_CONNECTIONS_PER_IP", "-1"),
     ] {
         let (status, stderr) = refused(&[(name, value)]);
         assert_eq!(status, Some(2), "{name}={value}: {stderr}");
@@ -328,9 +393,7 @@ fn the_redis_password_is_never_logged() {
 fn sigterm_stops_the_server_gracefully() {
     let mut server = Server::start(&[]);
     assert_eq!(server.status(&[]), 200);
-    let pid = server.child.id().to_string();
-    let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-    assert!(killed.success());
+    server.signal("TERM");
     let started = Instant::now();
     let status = loop {
         if let Some(status) = server.child.try_wait().unwrap() {
@@ -407,14 +470,7 @@ fn sigterm_exits_within_the_grace_period_despite_half_sent_and_unread_requests()
     // A client that sends whole requests is still answered.
     assert_eq!(server.get("/health", &[]).0, 200);
 
-    let pid = server.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    server.signal("TERM");
     let (status, took) = wait_for_exit(&mut server, grace + Duration::from_secs(3));
     assert_eq!(
         status.code(),

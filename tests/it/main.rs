@@ -22,6 +22,7 @@ mod faults;
 mod fixed_window;
 mod gcra;
 mod grpc;
+mod hostile_clients;
 mod http;
 mod http_strategies;
 mod key_encoding;

@@ -30,7 +30,7 @@ mod tests;
 pub use algorithm::{Algorithm, DEFAULT_LEASE, Execution};
 pub use error::PolicyError;
 pub use rate::Rate;
-pub(crate) use rate::{duration_micros, duration_text};
+pub(crate) use rate::{duration_micros, duration_text, parse_duration};
 
 use algorithm::EXECUTION_ONLY_FOR_THE_LOG;
 use rate::parse_rate;

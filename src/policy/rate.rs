@@ -122,7 +122,23 @@ pub(super) fn parse_rate(input: &str) -> Result<Rate, PolicyError> {
         return Err(invalid("the max must be a whole number, such as \"10/s\""));
     }
     let max: u64 = max.parse().map_err(|_| invalid("the max is too large"))?;
-    let per = per.trim();
+    let window = parse_window(per.trim(), text)?;
+    if max == 0 {
+        return Err(PolicyError::ZeroMax {
+            rate: text.to_owned(),
+        });
+    }
+    Rate::new(max, window)
+}
+
+/// A window as a rate writes it (`s`, `15m`, `250ms`, `1d`: an optional
+/// count, 1 by default, and a unit), for the rate or duration `input`
+/// (named in errors).
+fn parse_window(per: &str, input: &str) -> Result<Duration, PolicyError> {
+    let invalid = |reason: &str| PolicyError::Invalid {
+        input: input.to_owned(),
+        reason: reason.to_owned(),
+    };
     let digits = per.bytes().take_while(u8::is_ascii_digit).count();
     let (count, unit) = per.split_at(digits);
     let count: u64 = if count.is_empty() {
@@ -132,8 +148,7 @@ pub(super) fn parse_rate(input: &str) -> Result<Rate, PolicyError> {
             .parse()
             .map_err(|_| invalid("the window count is too large"))?
     };
-    let unit = unit.trim();
-    let unit_micros: u64 = match unit {
+    let unit_micros: u64 = match unit.trim() {
         "ms" => 1_000,
         "s" => 1_000_000,
         "m" | "min" => 60_000_000,
@@ -147,24 +162,25 @@ pub(super) fn parse_rate(input: &str) -> Result<Rate, PolicyError> {
         other => {
             return Err(PolicyError::UnknownUnit {
                 unit: other.to_owned(),
-                input: text.to_owned(),
+                input: input.to_owned(),
             });
         }
     };
     if count == 0 {
         return Err(PolicyError::ZeroWindow {
-            rate: text.to_owned(),
+            rate: input.to_owned(),
         });
     }
     let micros = count
         .checked_mul(unit_micros)
         .ok_or_else(|| invalid("the window is too long"))?;
-    if max == 0 {
-        return Err(PolicyError::ZeroMax {
-            rate: text.to_owned(),
-        });
-    }
-    Rate::new(max, Duration::from_micros(micros))
+    Ok(Duration::from_micros(micros))
+}
+
+/// A duration written as a rate's window (`"30s"`, `"15m"`, `"1d"`).
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, PolicyError> {
+    let text = text.trim();
+    parse_window(text, text)
 }
 
 /// `1s` → `"s"`, `15 min` → `"15m"`, `1500ms` → `"1500ms"`; written

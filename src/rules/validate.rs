@@ -14,7 +14,7 @@ use super::MAX_BLOCK;
 use super::target::{Target, parse_grpc, parse_path};
 use super::{Counting, KeyPart, Rule, RuleSet, RulesError, Statuses, TierFrom};
 use crate::limiter::LocalQuota;
-use crate::policy::{Algorithm, Policy};
+use crate::policy::{Algorithm, Policy, parse_duration};
 
 /// The file's shape, before validation.
 #[derive(Debug, Deserialize)]
@@ -90,77 +90,116 @@ impl RuleSet {
 }
 
 impl Rule {
+    /// Each field read on its own, then what no field alone can say
+    /// ([`check_combinations`](Self::check_combinations)).
     fn validate(spec: RuleSpec, label: &str) -> Result<Self, RulesError> {
-        let name = match spec.name {
-            Some(name) if name.is_empty() => return Err(fault(label, "name", "is empty")),
-            Some(name)
-                if name.len() > 64
-                    || !name
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')) =>
-            {
-                return Err(fault(
-                    label,
-                    "name",
-                    "use at most 64 letters, digits, `-`, `_` and `.` (it names the rule's keys in the store)",
-                ));
-            }
-            Some(name) => name,
-            None => return Err(fault(label, "name", "is missing")),
+        let shape = Shape::read(spec.algorithm, spec.execution, spec.cost, label)?;
+        let rule = Self {
+            name: Arc::from(name(spec.name, label)?),
+            methods: spec.methods.map(|m| methods(&m, label)).transpose()?,
+            target: target(spec.path, spec.grpc, label)?,
+            key: key(spec.key, label)?,
+            policy: match &spec.policy {
+                Some(text) => shape.policy("policy", text)?,
+                None => return Err(fault(label, "policy", "is missing (e.g. \"100/min\")")),
+            },
+            tiers: tiers(&spec.tiers, &shape)?,
+            allow: spec.allow.into_iter().collect(),
+            only: spec.only.map(|only| only_list(only, label)).transpose()?,
+            counting: counting(spec.count, spec.refund, label)?,
+            block: spec.block.map(|text| block(&text, label)).transpose()?,
+            local_quota: spec
+                .local_quota
+                .map(|text| {
+                    text.parse::<LocalQuota>()
+                        .map_err(|e| fault(label, "local_quota", e))
+                })
+                .transpose()?,
         };
-        let methods = spec
-            .methods
-            .map(|methods| {
-                if methods.is_empty() {
-                    return Err(fault(
-                        label,
-                        "methods",
-                        "is empty: leave it out to match every method",
-                    ));
-                }
-                methods
+        rule.check_combinations(label)?;
+        Ok(rule)
+    }
+
+    /// The checks of several fields together.
+    fn check_combinations(&self, label: &str) -> Result<(), RulesError> {
+        let policies = || {
+            std::iter::once(("policy".to_owned(), &self.policy)).chain(
+                self.tiers
                     .iter()
-                    .map(|m| {
-                        Method::from_bytes(m.to_ascii_uppercase().as_bytes()).map_err(|_| {
-                            fault(label, "methods", format!("{m:?} is not an HTTP method"))
-                        })
-                    })
-                    .collect()
-            })
-            .transpose()?;
-        let target = match (spec.path, spec.grpc) {
-            (Some(_), Some(_)) => {
+                    .map(|(tier, policy)| (format!("tiers.{tier}"), policy)),
+            )
+        };
+        let concurrency = policies().any(|(_, p)| p.algorithm() == Algorithm::Concurrency);
+        let by_outcome = match self.counting {
+            Counting::All => None,
+            Counting::Only(_) => Some("count"),
+            Counting::Except(_) => Some("refund"),
+        };
+        if let Some(field) = by_outcome {
+            if matches!(self.target, Target::Grpc { .. }) {
                 return Err(fault(
                     label,
-                    "grpc",
-                    "a rule matches a path or a gRPC method, not both",
+                    field,
+                    "counting by outcome reads the HTTP status, and a gRPC call's status is in its trailers",
                 ));
             }
-            (Some(path), None) => {
-                Target::Path(parse_path(&path).map_err(|p| fault(label, "path", p))?)
-            }
-            (None, Some(grpc)) => parse_grpc(&grpc).map_err(|p| fault(label, "grpc", p))?,
-            (None, None) => Target::Any,
-        };
-        let key = match spec.key {
-            Some(key) => parse_key(&key).map_err(|p| fault(label, "key", p))?,
-            None => {
+            if concurrency {
                 return Err(fault(
                     label,
-                    "key",
-                    "is missing (e.g. \"client_ip\", \"global\")",
+                    field,
+                    "a concurrency limit counts requests in flight, not responses: its slot is given back when the response ends",
                 ));
             }
-        };
-        let algorithm = spec
-            .algorithm
+        }
+        if self.block.is_some() && concurrency {
+            return Err(fault(
+                label,
+                "block",
+                "a concurrency limit does not block after a breach",
+            ));
+        }
+        if let Some(quota) = self.local_quota {
+            if by_outcome.is_some() {
+                return Err(fault(
+                    label,
+                    "local_quota",
+                    "a rule counting by outcome gives a request's units back after its \
+                     response, and a unit admitted from a local batch cannot be given back",
+                ));
+            }
+            for (field, policy) in policies() {
+                quota
+                    .batch_for(policy)
+                    .map_err(|e| fault(label, "local_quota", format!("with {field}: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What every policy of a rule (its own and its tiers') takes from the
+/// rule: an algorithm, an execution and a cost.
+struct Shape<'a> {
+    label: &'a str,
+    algorithm: Option<Algorithm>,
+    execution: Option<crate::policy::Execution>,
+    cost: Option<u64>,
+}
+
+impl<'a> Shape<'a> {
+    fn read(
+        algorithm: Option<String>,
+        execution: Option<String>,
+        cost: Option<u64>,
+        label: &'a str,
+    ) -> Result<Self, RulesError> {
+        let algorithm = algorithm
             .map(|a| {
                 a.parse::<Algorithm>()
                     .map_err(|e| fault(label, "algorithm", e))
             })
             .transpose()?;
-        let execution = spec
-            .execution
+        let execution = execution
             .map(|e| {
                 e.parse::<crate::policy::Execution>().map_err(|_| {
                     fault(
@@ -171,168 +210,164 @@ impl Rule {
                 })
             })
             .transpose()?;
-        let policy_of = |field: &str, text: &str| -> Result<Policy, RulesError> {
-            let mut policy: Policy = text.parse().map_err(|e| fault(label, field, e))?;
-            if let Some(algorithm) = algorithm {
-                policy = policy
-                    .with_algorithm(algorithm)
-                    .map_err(|e| fault(label, field, e))?;
-            }
-            if let Some(execution) = execution {
-                policy = policy
-                    .with_execution(execution)
-                    .map_err(|e| fault(label, "execution", e))?;
-            }
-            if let Some(cost) = spec.cost {
-                policy = policy.with_cost(cost).map_err(|e| fault(label, field, e))?;
-            }
-            Ok(policy)
-        };
-        let policy = match &spec.policy {
-            Some(text) => policy_of("policy", text)?,
-            None => return Err(fault(label, "policy", "is missing (e.g. \"100/min\")")),
-        };
-        let mut tiers = BTreeMap::new();
-        for (tier, text) in &spec.tiers {
-            if tier.trim().is_empty() {
-                return Err(fault(label, "tiers", "a tier's name is empty"));
-            }
-            tiers.insert(tier.clone(), policy_of(&format!("tiers.{tier}"), text)?);
-        }
-        let counting = match (spec.count, spec.refund) {
-            (Some(_), Some(_)) => {
-                return Err(fault(
-                    label,
-                    "refund",
-                    "name what counts (`count`) or what is refunded (`refund`), not both",
-                ));
-            }
-            (Some(list), None) => {
-                Counting::Only(parse_statuses(&list).map_err(|p| fault(label, "count", p))?)
-            }
-            (None, Some(list)) => {
-                Counting::Except(parse_statuses(&list).map_err(|p| fault(label, "refund", p))?)
-            }
-            (None, None) => Counting::All,
-        };
-        let field = match counting {
-            Counting::Only(_) => "count",
-            _ => "refund",
-        };
-        if counting != Counting::All && matches!(target, Target::Grpc { .. }) {
-            return Err(fault(
-                label,
-                field,
-                "counting by outcome reads the HTTP status, and a gRPC call's status is in its trailers",
-            ));
-        }
-        if counting != Counting::All
-            && std::iter::once(&policy)
-                .chain(tiers.values())
-                .any(|p| p.algorithm() == Algorithm::Concurrency)
-        {
-            return Err(fault(
-                label,
-                field,
-                "a concurrency limit counts requests in flight, not responses: its slot is given back when the response ends",
-            ));
-        }
-        let block = spec
-            .block
-            .map(|text| {
-                let block = duration(&text).map_err(|_| {
-                    fault(
-                        label,
-                        "block",
-                        format!("{text:?} is not a duration such as \"30s\" or \"15m\""),
-                    )
-                })?;
-                if block > MAX_BLOCK {
-                    return Err(fault(
-                        label,
-                        "block",
-                        format!(
-                            "{text:?} is longer than a day, the longest block a rule may set \
-                             (did you mean minutes, `m`?)"
-                        ),
-                    ));
-                }
-                Ok(block)
-            })
-            .transpose()?;
-        if block.is_some()
-            && std::iter::once(&policy)
-                .chain(tiers.values())
-                .any(|p| p.algorithm() == Algorithm::Concurrency)
-        {
-            return Err(fault(
-                label,
-                "block",
-                "a concurrency limit does not block after a breach",
-            ));
-        }
-        let local_quota = spec
-            .local_quota
-            .map(|text| {
-                let quota = text
-                    .parse::<LocalQuota>()
-                    .map_err(|e| fault(label, "local_quota", e))?;
-                if counting != Counting::All {
-                    return Err(fault(
-                        label,
-                        "local_quota",
-                        "a rule counting by outcome gives a request's units back after its \
-                         response, and a unit admitted from a local batch cannot be given back",
-                    ));
-                }
-                let policies = std::iter::once(("policy".to_owned(), &policy)).chain(
-                    tiers
-                        .iter()
-                        .map(|(tier, policy)| (format!("tiers.{tier}"), policy)),
-                );
-                for (field, policy) in policies {
-                    quota
-                        .batch_for(policy)
-                        .map_err(|e| fault(label, "local_quota", format!("with {field}: {e}")))?;
-                }
-                Ok(quota)
-            })
-            .transpose()?;
-        let only = spec
-            .only
-            .map(|only| {
-                if only.is_empty() {
-                    Err(fault(
-                        label,
-                        "only",
-                        "is empty: nobody could call; leave it out to let everyone call",
-                    ))
-                } else {
-                    Ok(only.into_iter().collect::<HashSet<_>>())
-                }
-            })
-            .transpose()?;
         Ok(Self {
-            name: Arc::from(name),
-            methods,
-            target,
-            key,
-            policy,
-            tiers,
-            allow: spec.allow.into_iter().collect(),
-            only,
-            counting,
-            block,
-            local_quota,
+            label,
+            algorithm,
+            execution,
+            cost,
         })
+    }
+
+    /// The policy written `text` in `field`, in this shape.
+    fn policy(&self, field: &str, text: &str) -> Result<Policy, RulesError> {
+        let label = self.label;
+        let mut policy: Policy = text.parse().map_err(|e| fault(label, field, e))?;
+        if let Some(algorithm) = self.algorithm {
+            policy = policy
+                .with_algorithm(algorithm)
+                .map_err(|e| fault(label, field, e))?;
+        }
+        if let Some(execution) = self.execution {
+            policy = policy
+                .with_execution(execution)
+                .map_err(|e| fault(label, "execution", e))?;
+        }
+        if let Some(cost) = self.cost {
+            policy = policy.with_cost(cost).map_err(|e| fault(label, field, e))?;
+        }
+        Ok(policy)
     }
 }
 
-/// A duration written as a rate's window (`"30s"`, `"15m"`, `"1d"`).
-fn duration(text: &str) -> Result<Duration, crate::PolicyError> {
-    format!("1/{}", text.trim())
-        .parse::<crate::policy::Rate>()
-        .map(|rate| rate.window())
+fn name(name: Option<String>, label: &str) -> Result<String, RulesError> {
+    match name {
+        Some(name) if name.is_empty() => Err(fault(label, "name", "is empty")),
+        Some(name)
+            if name.len() > 64
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')) =>
+        {
+            Err(fault(
+                label,
+                "name",
+                "use at most 64 letters, digits, `-`, `_` and `.` (it names the rule's keys in the store)",
+            ))
+        }
+        Some(name) => Ok(name),
+        None => Err(fault(label, "name", "is missing")),
+    }
+}
+
+fn methods(methods: &[String], label: &str) -> Result<HashSet<Method>, RulesError> {
+    if methods.is_empty() {
+        return Err(fault(
+            label,
+            "methods",
+            "is empty: leave it out to match every method",
+        ));
+    }
+    methods
+        .iter()
+        .map(|m| {
+            Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                .map_err(|_| fault(label, "methods", format!("{m:?} is not an HTTP method")))
+        })
+        .collect()
+}
+
+fn target(path: Option<String>, grpc: Option<String>, label: &str) -> Result<Target, RulesError> {
+    match (path, grpc) {
+        (Some(_), Some(_)) => Err(fault(
+            label,
+            "grpc",
+            "a rule matches a path or a gRPC method, not both",
+        )),
+        (Some(path), None) => Ok(Target::Path(
+            parse_path(&path).map_err(|p| fault(label, "path", p))?,
+        )),
+        (None, Some(grpc)) => parse_grpc(&grpc).map_err(|p| fault(label, "grpc", p)),
+        (None, None) => Ok(Target::Any),
+    }
+}
+
+fn key(key: Option<String>, label: &str) -> Result<Vec<KeyPart>, RulesError> {
+    match key {
+        Some(key) => parse_key(&key).map_err(|p| fault(label, "key", p)),
+        None => Err(fault(
+            label,
+            "key",
+            "is missing (e.g. \"client_ip\", \"global\")",
+        )),
+    }
+}
+
+fn tiers(
+    tiers: &BTreeMap<String, String>,
+    shape: &Shape<'_>,
+) -> Result<BTreeMap<String, Policy>, RulesError> {
+    tiers
+        .iter()
+        .map(|(tier, text)| {
+            if tier.trim().is_empty() {
+                return Err(fault(shape.label, "tiers", "a tier's name is empty"));
+            }
+            Ok((tier.clone(), shape.policy(&format!("tiers.{tier}"), text)?))
+        })
+        .collect()
+}
+
+fn counting(
+    count: Option<Vec<String>>,
+    refund: Option<Vec<String>>,
+    label: &str,
+) -> Result<Counting, RulesError> {
+    match (count, refund) {
+        (Some(_), Some(_)) => Err(fault(
+            label,
+            "refund",
+            "name what counts (`count`) or what is refunded (`refund`), not both",
+        )),
+        (Some(list), None) => Ok(Counting::Only(
+            parse_statuses(&list).map_err(|p| fault(label, "count", p))?,
+        )),
+        (None, Some(list)) => Ok(Counting::Except(
+            parse_statuses(&list).map_err(|p| fault(label, "refund", p))?,
+        )),
+        (None, None) => Ok(Counting::All),
+    }
+}
+
+fn block(text: &str, label: &str) -> Result<Duration, RulesError> {
+    let block = parse_duration(text).map_err(|_| {
+        fault(
+            label,
+            "block",
+            format!("{text:?} is not a duration such as \"30s\" or \"15m\""),
+        )
+    })?;
+    if block > MAX_BLOCK {
+        return Err(fault(
+            label,
+            "block",
+            format!(
+                "{text:?} is longer than a day, the longest block a rule may set \
+                 (did you mean minutes, `m`?)"
+            ),
+        ));
+    }
+    Ok(block)
+}
+
+fn only_list(only: Vec<String>, label: &str) -> Result<HashSet<String>, RulesError> {
+    if only.is_empty() {
+        return Err(fault(
+            label,
+            "only",
+            "is empty: nobody could call; leave it out to let everyone call",
+        ));
+    }
+    Ok(only.into_iter().collect())
 }
 
 /// How a rule is named in errors: `"login" (#3)`, or `#3` without a name.

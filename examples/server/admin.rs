@@ -47,14 +47,6 @@ pub(crate) async fn listen(
                 format!("cannot install the metrics recorder: {error}"),
             )
         })?;
-    let admin = Admin::new(settings.token.clone())
-        .map_err(|error| BadSetting::new("ADMIN_TOKEN", error))?
-        .with_metrics(metrics);
-    let admin = match operated {
-        Operated::Nothing => admin,
-        Operated::Limiter(limiter) => admin.with_limiter(limiter.clone()),
-        Operated::Rules(rules, watch) => admin.with_rules(rules).with_watch(watch),
-    };
     let listener = TcpListener::bind(&settings.bind).await.map_err(|error| {
         BadSetting::new(
             "ADMIN_BIND",
@@ -63,7 +55,17 @@ pub(crate) async fn listen(
     })?;
     let addr = listener
         .local_addr()
-        .map_or_else(|_| settings.bind.clone(), |addr| addr.to_string());
+        .map_err(|error| BadSetting::new("ADMIN_BIND", format!("no address to serve: {error}")))?;
+    // It serves the hosts of this address: a page of another name that
+    // resolves to it (DNS rebinding) is refused.
+    let admin = Admin::new(settings.token.clone(), addr)
+        .map_err(|error| BadSetting::new("ADMIN_TOKEN", error))?
+        .with_metrics(metrics);
+    let admin = match operated {
+        Operated::Nothing => admin,
+        Operated::Limiter(limiter) => admin.with_limiter(limiter.clone()),
+        Operated::Rules(rules, watch) => admin.with_rules(rules).with_watch(watch),
+    };
     tracing::info!("admin router on http://{addr} (bearer token required)");
     Ok(AdminListener {
         listener,

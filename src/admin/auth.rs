@@ -1,5 +1,5 @@
 //! The bearer token every admin route requires, and the refusal of
-//! requests another site's page could make.
+//! requests for another host or from another site's page.
 
 use std::fmt;
 use std::sync::Arc;
@@ -7,10 +7,12 @@ use std::sync::Arc;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use http::uri::Authority;
+use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use subtle::ConstantTimeEq as _;
 
-use super::{AdminError, MIN_TOKEN_LEN};
+use super::hosts::Hosts;
+use super::{AdminError, MIN_TOKEN_BITS, MIN_TOKEN_LEN};
 use crate::admin::problem::Problem;
 
 /// The admin token: never shown by `Debug`, compared in constant time.
@@ -25,6 +27,15 @@ impl Token {
         // newline from a secret file would make every request a 401).
         if !token.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(AdminError::TokenNotPrintable);
+        }
+        let bits = estimated_bits(token.as_bytes());
+        // A small tolerance: sixteen distinct characters carry 64 bits
+        // exactly, which the sum of floats may miss by a rounding.
+        if bits + 1e-9 < f64::from(MIN_TOKEN_BITS) {
+            return Err(AdminError::TokenTooWeak {
+                // Truncated: at most 63 here.
+                bits: bits as u32,
+            });
         }
         Ok(Self(token))
     }
@@ -42,21 +53,54 @@ impl Token {
     }
 }
 
+/// What a token's characters carry, estimated from their frequencies: its
+/// length times the Shannon entropy of its characters, in bits. A random
+/// token of 24 hexadecimal digits or more always passes 64 bits; a
+/// character repeated, or a word written twice, does not.
+fn estimated_bits(token: &[u8]) -> f64 {
+    let mut counts = [0_u32; 256];
+    for &byte in token {
+        counts[usize::from(byte)] += 1;
+    }
+    let len = token.len() as f64;
+    counts
+        .iter()
+        .filter(|&&count| count > 0)
+        .map(|&count| {
+            let share = f64::from(count) / len;
+            -share * share.log2() * len
+        })
+        .sum()
+}
+
 impl fmt::Debug for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Token(..)")
     }
 }
 
-/// Answer 401 unless the request bears the token, 403 to a request from
-/// another site's page, 415 to a change whose body is not declared JSON;
-/// mark every answer as not to be stored or sniffed.
+/// What every request must pass: the hosts served and the token.
+#[derive(Debug)]
+pub(crate) struct Gate {
+    pub(crate) token: Token,
+    pub(crate) hosts: Hosts,
+}
+
+/// Answer 400 or 403 to a request for a host this router does not serve,
+/// 401 unless the request bears the token, 403 to a request from another
+/// site's page, 415 to a change whose body is not declared JSON; mark
+/// every answer as not to be stored or sniffed.
 pub(crate) async fn require(
-    State(token): State<Arc<Token>>,
+    State(gate): State<Arc<Gate>>,
     request: Request,
     next: Next,
 ) -> Response {
-    let refused = if !token.admits(request.headers().get(header::AUTHORIZATION)) {
+    let refused = if let Some(refused) = wrong_host(request.uri(), request.headers(), &gate.hosts) {
+        Some(refused.into_response())
+    } else if !gate
+        .token
+        .admits(request.headers().get(header::AUTHORIZATION))
+    {
         let mut denied = Problem::new(
             StatusCode::UNAUTHORIZED,
             "this needs the header `Authorization: Bearer <admin token>`",
@@ -68,7 +112,8 @@ pub(crate) async fn require(
         );
         Some(denied)
     } else {
-        cross_site(request.method(), request.headers()).map(IntoResponse::into_response)
+        cross_site(request.method(), request.headers(), &gate.hosts)
+            .map(IntoResponse::into_response)
     };
     let mut response = match refused {
         Some(refused) => refused,
@@ -83,33 +128,78 @@ pub(crate) async fn require(
     response
 }
 
+/// Why a request is not for this router: it names no host, or one the
+/// router does not serve (in its `Host`, or its URI's authority, as HTTP/2
+/// sends it). A page of a name an attacker's DNS points at the admin
+/// address (DNS rebinding) sends that name.
+fn wrong_host(uri: &Uri, headers: &HeaderMap, hosts: &Hosts) -> Option<Problem> {
+    let mut named = headers.get_all(header::HOST).iter();
+    let host = named.next();
+    if named.next().is_some() {
+        return Some(Problem::bad_request("the request has more than one `Host`"));
+    }
+    if uri.authority().is_none() && host.is_none() {
+        return Some(Problem::bad_request(
+            "the request names no host: it needs a `Host` header",
+        ));
+    }
+    if let Some(authority) = uri.authority()
+        && !hosts.serves(authority)
+    {
+        return Some(not_served(
+            hosts,
+            "authority",
+            "host",
+            authority.as_str().as_bytes(),
+        ));
+    }
+    let host = host?;
+    match Authority::try_from(host.as_bytes()) {
+        Ok(authority) if hosts.serves(&authority) => None,
+        _ => Some(not_served(hosts, "`Host`", "host", host.as_bytes())),
+    }
+}
+
+/// 403: the request's `what` (`Host`, its authority, its `Origin`) is
+/// `value`, which this router does not serve; `member` names it in the
+/// problem.
+fn not_served(hosts: &Hosts, what: &str, member: &str, value: &[u8]) -> Problem {
+    let value = String::from_utf8_lossy(value);
+    Problem::new(
+        StatusCode::FORBIDDEN,
+        format!(
+            "this admin router does not serve {value:?} (the request's {what}): {}",
+            hosts.how_to_serve()
+        ),
+    )
+    .with(member, value.into_owned())
+}
+
 /// Why a request that bears the token is still refused: a browser that
 /// adds the token to every request to the admin address (as the console
 /// needs) would add it to another site's requests too. Such a request says
-/// where it comes from (`Sec-Fetch-Site`, `Origin`); and a change must
-/// declare a JSON body, which a page of another origin cannot send without
-/// a CORS preflight, which this router never answers.
-fn cross_site(method: &Method, headers: &HeaderMap) -> Option<Problem> {
-    let from_elsewhere = || {
-        Problem::new(
-            StatusCode::FORBIDDEN,
-            "a request from another site's page is refused",
-        )
-    };
+/// where it comes from (`Sec-Fetch-Site`, an `Origin` of a host this router
+/// does not serve); and a change must declare a JSON body, which a page of
+/// another origin cannot send without a CORS preflight, which this router
+/// never answers.
+fn cross_site(method: &Method, headers: &HeaderMap, hosts: &Hosts) -> Option<Problem> {
     if let Some(site) = headers.get("sec-fetch-site")
         && site != "same-origin"
         && site != "none"
     {
-        return Some(from_elsewhere());
+        return Some(Problem::new(
+            StatusCode::FORBIDDEN,
+            "a request from another site's page is refused (`Sec-Fetch-Site`)",
+        ));
     }
     if let Some(origin) = headers.get(header::ORIGIN) {
-        let host = headers.get(header::HOST).map(HeaderValue::as_bytes);
-        let origin_host = origin
+        let authority = origin
             .as_bytes()
             .strip_prefix(b"http://")
-            .or_else(|| origin.as_bytes().strip_prefix(b"https://"));
-        if host.is_none() || origin_host != host {
-            return Some(from_elsewhere());
+            .or_else(|| origin.as_bytes().strip_prefix(b"https://"))
+            .and_then(|authority| Authority::try_from(authority).ok());
+        if !authority.is_some_and(|authority| hosts.serves(&authority)) {
+            return Some(not_served(hosts, "`Origin`", "origin", origin.as_bytes()));
         }
     }
     let changes = !matches!(*method, Method::GET | Method::HEAD);
@@ -159,7 +249,73 @@ mod tests {
     }
 
     #[test]
+    fn a_token_too_easy_to_guess_is_refused() {
+        for weak in [
+            "aaaaaaaaaaaaaaaa",
+            "abababababababababababababababab",
+            "passwordpassword",
+            "adminadminadmin1",
+            "1234567812345678",
+            "changeme-changeme",
+        ] {
+            let error = Token::new(weak.to_owned()).unwrap_err();
+            assert!(
+                matches!(error, AdminError::TokenTooWeak { bits } if bits < 64),
+                "{weak}: {error:?}"
+            );
+            let message = error.to_string();
+            assert!(message.contains("openssl rand -hex 32"), "{message}");
+            assert!(!message.contains(weak), "{message}");
+        }
+        // Sixteen different characters carry 64 bits.
+        assert!(Token::new("0123456789abcdef".to_owned()).is_ok());
+        assert!(Token::new("correct-horse-battery-staple".to_owned()).is_ok());
+        // What `openssl rand -hex 32` and `head -c 32 /dev/urandom | base64`
+        // print.
+        assert!(
+            Token::new(
+                "3f9c1be07a5d48e2c6f1a0b9d7e4c3a25b8f0e1d6c9a7b3e4f2d1c0b9a8e7f6d".to_owned()
+            )
+            .is_ok()
+        );
+        assert!(Token::new("q3v2Jk9Zx0LmN4pR7sT1uW8yB6cD5eF+gH/iA2oQ=".to_owned()).is_ok());
+    }
+
+    #[test]
+    fn hosts_not_served_are_refused() {
+        let hosts = Hosts::bound_to("127.0.0.1:9000".parse().unwrap()).unwrap();
+        let refused = |uri: &str, host: Option<&'static str>| {
+            let mut headers = HeaderMap::new();
+            if let Some(host) = host {
+                headers.insert(header::HOST, HeaderValue::from_static(host));
+            }
+            wrong_host(&uri.parse().unwrap(), &headers, &hosts).map(|p| format!("{p:?}"))
+        };
+        assert_eq!(refused("/api/rules", Some("127.0.0.1:9000")), None);
+        assert_eq!(refused("/api/rules", Some("localhost:9000")), None);
+        // HTTP/2: the URI's authority.
+        assert_eq!(refused("http://127.0.0.1:9000/api/rules", None), None);
+        let rebound = refused("/api/rules", Some("rebind.attacker.example:9000")).unwrap();
+        assert!(rebound.contains("403") && rebound.contains("rebind.attacker.example:9000"));
+        assert!(rebound.contains("with_host_name"), "{rebound}");
+        assert!(
+            refused(
+                "http://rebind.attacker.example:9000/",
+                Some("127.0.0.1:9000")
+            )
+            .is_some()
+        );
+        assert!(refused("/", None).unwrap().contains("400"));
+        assert!(refused("/", Some("not a host")).is_some());
+        let mut two = HeaderMap::new();
+        two.append(header::HOST, HeaderValue::from_static("127.0.0.1:9000"));
+        two.append(header::HOST, HeaderValue::from_static("evil.example"));
+        assert!(wrong_host(&"/".parse().unwrap(), &two, &hosts).is_some());
+    }
+
+    #[test]
     fn requests_from_other_sites_and_changes_without_json_are_refused() {
+        let hosts = Hosts::bound_to("10.0.0.7:9000".parse().unwrap()).unwrap();
         let headers = |pairs: &[(&'static str, &'static str)]| {
             let mut map = HeaderMap::new();
             for (name, value) in pairs {
@@ -168,43 +324,39 @@ mod tests {
             map
         };
         let json = ("content-type", "application/json");
-        let host = ("host", "10.0.0.7:9000");
         let refused = |method: Method, pairs: &[(&'static str, &'static str)]| {
-            cross_site(&method, &headers(pairs)).map(|p| format!("{p:?}"))
+            cross_site(&method, &headers(pairs), &hosts).map(|p| format!("{p:?}"))
         };
-        assert_eq!(refused(Method::GET, &[host]), None);
-        assert_eq!(refused(Method::POST, &[host, json]), None);
+        assert_eq!(refused(Method::GET, &[]), None);
+        assert_eq!(refused(Method::POST, &[json]), None);
         assert_eq!(
             refused(
                 Method::POST,
-                &[host, ("content-type", "application/json; charset=utf-8")]
+                &[("content-type", "application/json; charset=utf-8")]
             ),
             None
         );
         assert_eq!(
-            refused(
-                Method::POST,
-                &[host, json, ("sec-fetch-site", "same-origin")]
-            ),
+            refused(Method::POST, &[json, ("sec-fetch-site", "same-origin")]),
             None
         );
         assert_eq!(
-            refused(
-                Method::POST,
-                &[host, json, ("origin", "http://10.0.0.7:9000")]
-            ),
+            refused(Method::POST, &[json, ("origin", "http://10.0.0.7:9000")]),
             None
         );
         for pairs in [
-            &[host][..],
-            &[host, ("content-type", "text/plain")],
-            &[host, json, ("sec-fetch-site", "cross-site")],
-            &[host, json, ("sec-fetch-site", "same-site")],
-            &[host, json, ("origin", "https://evil.example")],
-            &[host, json, ("origin", "null")],
+            &[][..],
+            &[("content-type", "text/plain")],
+            &[json, ("sec-fetch-site", "cross-site")],
+            &[json, ("sec-fetch-site", "same-site")],
+            &[json, ("origin", "https://evil.example")],
+            &[json, ("origin", "http://rebind.attacker.example:9000")],
+            &[json, ("origin", "http://10.0.0.7:9001")],
+            &[json, ("origin", "null")],
+            &[json, ("origin", "http://10.0.0.7:9000/path")],
         ] {
             assert!(refused(Method::POST, pairs).is_some(), "{pairs:?}");
         }
-        assert!(refused(Method::GET, &[host, ("origin", "https://evil.example")]).is_some());
+        assert!(refused(Method::GET, &[("origin", "https://evil.example")]).is_some());
     }
 }

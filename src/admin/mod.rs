@@ -11,39 +11,49 @@
 //! let rules = Rules::new(MemoryStore::new(), RuleSet::from_toml("")?);
 //! let watch = rules.watch_file("rules.toml", std::time::Duration::from_secs(1));
 //! let metrics = tower_redis_ratelimit::admin::prometheus_builder().install_recorder()?;
-//! let admin = Admin::new(std::env::var("ADMIN_TOKEN")?)?
+//! // Never on the public listener: a port only operators reach.
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:9000").await?;
+//! let admin = Admin::new(std::env::var("ADMIN_TOKEN")?, listener.local_addr()?)?
 //!     .with_rules(&rules)
 //!     .with_watch(&watch)
 //!     .with_metrics(metrics)
 //!     .into_router();
-//! // Never on the public listener: a port only operators reach.
-//! let listener = tokio::net::TcpListener::bind("127.0.0.1:9000").await?;
 //! axum::serve(listener, admin).await?;
 //! # Ok(()) }
 //! ```
 //!
+//! The router serves only the hosts it is bound to: a request whose `Host`
+//! (or, over HTTP/2, whose URI's authority) or `Origin` names another host
+//! is refused (403), so a page of a name an attacker's DNS points at the
+//! admin address (DNS rebinding) reaches nothing. It serves the address
+//! given to [`Admin::new`] (any IP address with its port when that is
+//! unspecified, `0.0.0.0` or `[::]`; and `localhost` with its port when it
+//! takes loopback connections), and the names listed with
+//! [`with_host_name`](Admin::with_host_name) (a reverse proxy's, a DNS
+//! name of the admin network).
+//!
 //! Every route, `/metrics` and the console included, needs
 //! `Authorization: Bearer <token>` (compared in constant time; 401
-//! otherwise). Bodies are JSON, errors `application/problem+json` naming
-//! what was wrong. No cookies and no CORS headers; a request that says it
-//! comes from another site's page (`Sec-Fetch-Site`, `Origin`) is refused
-//! (403), and a change (`POST`, `PUT`) must declare
-//! `Content-Type: application/json` (415 otherwise), which another origin's
-//! page cannot send without a preflight this router never answers: a
-//! browser that adds the token to every request (as the console needs)
-//! cannot be driven by another site.
+//! otherwise). Bodies are JSON of at most 2 MiB, every error
+//! `application/problem+json` naming what was wrong. No cookies and no
+//! CORS headers; a request that says it comes from another site's page
+//! (`Sec-Fetch-Site`, `Origin`) is refused (403), and a change (`POST`,
+//! `PUT`) must declare `Content-Type: application/json` (415 otherwise),
+//! which another origin's page cannot send without a preflight this router
+//! never answers: a browser that adds the token to every request (as the
+//! console needs) cannot be driven by another site.
 //!
 //! | route | does |
 //! |---|---|
 //! | `GET /api/rules` | the rules in force: each rule's policies, and the watch's source, version, text, load time, error and last rejected set |
-//! | `PUT /api/rules` | publish a rule set `{"text": "..."}` (TOML or JSON), validated first: to Redis (every process follows it) or into the watched file |
+//! | `PUT /api/rules` | publish a rule set `{"text": "..."}` (TOML or JSON), validated first: to Redis (every process follows it) or into the watched file; a set of no rules, which lifts every limit at once, only with `"confirm_empty": true` |
 //! | `GET /api/limits/{name}/top` | the keys denied most over this minute and the last (a rule's tiers together), by every process that operates its limits with an admin router and shares the store (by this process over a [`MemoryStore`](crate::MemoryStore)) |
 //! | `GET /api/limits/{name}/keys/{key}` | peek: the decision one more request would get (its `remaining` is what that request would leave), reset, blocked |
 //! | `POST /api/limits/{name}/keys/{key}/reset` | forget the key's counts, leases and block |
 //! | `POST /api/limits/{name}/keys/{key}/block` | `{"seconds": N}`: deny the key for N seconds, at most a day ([`rules::MAX_BLOCK`](crate::rules::MAX_BLOCK); 0 lifts a block) |
 //! | `POST /api/limits/{name}/keys/{key}/penalty` | `{"units": N}`: take N units of its quota |
 //! | `POST /api/limits/{name}/keys/{key}/reward` | `{"units": N}`: give N units back |
-//! | `GET /metrics` | the crate's metrics in Prometheus's text format |
+//! | `GET /metrics` | the crate's metrics in Prometheus's text format (given [`with_metrics`](Admin::with_metrics)) |
 //! | `GET /` | the console: a page that refreshes itself every second with decisions per second per rule (this process's, from the metrics), the store's health, the top limited keys with buttons to peek, reset and block, and the rules in force |
 //!
 //! `{name}` is a rule's name or a [`Limiter`]'s
@@ -54,13 +64,18 @@
 //! it.
 
 mod auth;
+mod hosts;
 mod keys;
 mod problem;
+mod prometheus;
 mod rules;
+mod rules_file;
 
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
+use axum::extract::DefaultBodyLimit;
 use axum::response::IntoResponse as _;
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -68,17 +83,31 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use crate::Limiter;
 use crate::rules::{Rules, Source, Watch, WatchStatus};
 
-use self::auth::Token;
+use self::auth::{Gate, Token};
+use self::hosts::Hosts;
+
+pub use self::prometheus::prometheus_builder;
 
 /// The shortest token [`Admin::new`] accepts, in bytes.
 pub const MIN_TOKEN_LEN: usize = 16;
+
+/// The least a token must carry, in bits, as [`Admin::new`] estimates it:
+/// its length times the Shannon entropy of its characters' frequencies.
+/// A token from `openssl rand -hex 32` carries about 240.
+pub const MIN_TOKEN_BITS: u32 = 64;
+
+/// The largest body a route reads, in bytes (413 above).
+const MAX_BODY: usize = 2 << 20;
 
 /// Why an [`Admin`] cannot be built.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AdminError {
     /// The bearer token is too short to resist guessing.
-    #[error("the admin token is {len} bytes long; it must be at least {MIN_TOKEN_LEN}")]
+    #[error(
+        "the admin token is {len} bytes long; it must be at least {MIN_TOKEN_LEN}: {}",
+        MAKE_A_TOKEN
+    )]
     TokenTooShort {
         /// Its length in bytes.
         len: usize,
@@ -87,13 +116,46 @@ pub enum AdminError {
     /// ASCII: it cannot be sent in a header as is.
     #[error("the admin token must be printable ASCII with no space (a trailing newline?)")]
     TokenNotPrintable,
+    /// The token repeats too few characters to resist guessing (less than
+    /// [`MIN_TOKEN_BITS`]).
+    #[error(
+        "the admin token is too easy to guess: its characters carry about {bits} bits, \
+         at least {MIN_TOKEN_BITS} are needed (too few different characters for its length): {}",
+        MAKE_A_TOKEN
+    )]
+    TokenTooWeak {
+        /// What it carries, as estimated (rounded down).
+        bits: u32,
+    },
+    /// The address has port 0: the listener's own address
+    /// (`listener.local_addr()`) tells the port the system picked.
+    #[error(
+        "the admin router's address {addr} has port 0: give the address the listener is bound to (`listener.local_addr()`)"
+    )]
+    PortNotBound {
+        /// The address given.
+        addr: SocketAddr,
+    },
+    /// Not a host name, or `host:port`.
+    #[error(
+        "{name:?} is not a host name (`admin.internal`) or a host and port (`admin.internal:9000`)"
+    )]
+    BadHostName {
+        /// The name given.
+        name: String,
+    },
 }
 
-/// The builder of the admin router: what it operates, and its token.
+/// How to make a token, for the errors above.
+const MAKE_A_TOKEN: &str =
+    "make one with `openssl rand -hex 32` or `head -c 32 /dev/urandom | base64`";
+
+/// The builder of the admin router: what it operates, the hosts it serves
+/// and its token.
 #[derive(Debug)]
 #[must_use]
 pub struct Admin {
-    token: Token,
+    gate: Gate,
     operated: Operated,
 }
 
@@ -103,20 +165,46 @@ pub(crate) struct Operated {
     rules: Option<Rules>,
     watch: Option<(Arc<Mutex<WatchStatus>>, Source)>,
     limiters: Vec<Limiter>,
-    metrics: Option<PrometheusHandle>,
+    metrics: Option<Arc<PrometheusHandle>>,
 }
 
 impl Admin {
-    /// An admin router that answers only requests bearing `token` (at
-    /// least [`MIN_TOKEN_LEN`] bytes).
+    /// An admin router that answers only requests bearing `token`, for the
+    /// hosts of `bound_to`: the address of the listener it is served on
+    /// (`listener.local_addr()?`; its IP address and port, or any IP
+    /// address with its port when it is unspecified, and `localhost` with
+    /// its port when it takes loopback connections). Other names by which
+    /// operators reach it are listed with
+    /// [`with_host_name`](Self::with_host_name).
+    ///
+    /// The token must be at least [`MIN_TOKEN_LEN`] bytes of printable
+    /// ASCII carrying [`MIN_TOKEN_BITS`]: make one with
+    /// `openssl rand -hex 32`.
     ///
     /// # Errors
-    /// [`AdminError::TokenTooShort`].
-    pub fn new(token: impl Into<String>) -> Result<Self, AdminError> {
+    /// [`AdminError::TokenTooShort`], [`AdminError::TokenNotPrintable`],
+    /// [`AdminError::TokenTooWeak`]; [`AdminError::PortNotBound`] for an
+    /// address of port 0 (the one asked of `bind`, not the one bound).
+    pub fn new(token: impl Into<String>, bound_to: SocketAddr) -> Result<Self, AdminError> {
         Ok(Self {
-            token: Token::new(token.into())?,
+            gate: Gate {
+                token: Token::new(token.into())?,
+                hosts: Hosts::bound_to(bound_to)?,
+            },
             operated: Operated::default(),
         })
+    }
+
+    /// Also serve requests for `name`: a host name (any port) or
+    /// `host:port`, by which operators reach the router (a reverse
+    /// proxy's name, a DNS name of the admin network). Only list names
+    /// whose DNS the operator controls.
+    ///
+    /// # Errors
+    /// [`AdminError::BadHostName`].
+    pub fn with_host_name(mut self, name: &str) -> Result<Self, AdminError> {
+        self.gate.hosts.with_name(name)?;
+        Ok(self)
     }
 
     /// Operate `rules`: list them, run key commands on each rule and tier,
@@ -147,13 +235,19 @@ impl Admin {
     }
 
     /// Serve `GET /metrics` from `handle` (the recorder the application
-    /// installed with `metrics_exporter_prometheus::PrometheusBuilder`).
+    /// installed with [`prometheus_builder`]), and keep the recorder's
+    /// memory flat while nobody scrapes it: every second, as long as the
+    /// router lives, its histogram samples are folded into their buckets
+    /// (the exporter's upkeep), on the tokio runtime this is called on (a
+    /// thread of its own outside one).
     pub fn with_metrics(mut self, handle: PrometheusHandle) -> Self {
+        let handle = Arc::new(handle);
+        prometheus::keep_up(&handle);
         self.operated.metrics = Some(handle);
         self
     }
 
-    /// The router, every route behind the token.
+    /// The router, every route behind the hosts it serves and the token.
     pub fn into_router(self) -> Router {
         let operated = Arc::new(self.operated);
         Router::new()
@@ -164,35 +258,18 @@ impl Admin {
                 "/api/limits/{name}/keys/{key}/{command}",
                 post(keys::command),
             )
-            .route("/metrics", get(metrics))
+            .route("/metrics", get(prometheus::render))
             .route("/", get(console))
             .route("/console.js", get(console_script))
             .fallback(problem::not_found)
             .with_state(operated)
+            .layer(DefaultBodyLimit::max(MAX_BODY))
             .layer(axum::middleware::from_fn_with_state(
-                Arc::new(self.token),
+                Arc::new(self.gate),
                 auth::require,
             ))
+            .layer(axum::middleware::from_fn(problem::every_error))
     }
-}
-
-/// A Prometheus recorder's builder with the buckets of the crate's
-/// histograms (the store's latency: 100 µs to 2.5 s), to install as the
-/// process's `metrics` recorder and give to [`Admin::with_metrics`].
-pub fn prometheus_builder() -> metrics_exporter_prometheus::PrometheusBuilder {
-    const STORE_SECONDS: &[f64] = &[
-        0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-        2.5,
-    ];
-    metrics_exporter_prometheus::PrometheusBuilder::new()
-        .set_buckets_for_metric(
-            metrics_exporter_prometheus::Matcher::Full(
-                "ratelimit_store_duration_seconds".to_owned(),
-            ),
-            STORE_SECONDS,
-        )
-        // Valid buckets, never empty: this cannot fail.
-        .unwrap_or_else(|_| metrics_exporter_prometheus::PrometheusBuilder::new())
 }
 
 /// The console: one page and its script, inside the crate (no build step,
@@ -226,24 +303,4 @@ async fn console_script() -> axum::response::Response {
         CONSOLE_SCRIPT,
     )
         .into_response()
-}
-
-/// `GET /metrics`.
-async fn metrics(
-    axum::extract::State(operated): axum::extract::State<Arc<Operated>>,
-) -> Result<axum::response::Response, problem::Problem> {
-    let handle = operated.metrics.as_ref().ok_or_else(|| {
-        problem::Problem::new(
-            http::StatusCode::NOT_FOUND,
-            "no metrics here: the application gave the admin router no Prometheus recorder",
-        )
-    })?;
-    Ok((
-        [(
-            http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        handle.render(),
-    )
-        .into_response())
 }

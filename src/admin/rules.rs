@@ -10,8 +10,8 @@ use http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::Operated;
 use super::problem::{Problem, parse_body};
+use super::{Operated, rules_file};
 use crate::rules::{RuleSet, Source, WatchStatus};
 
 #[derive(Debug, Deserialize)]
@@ -19,6 +19,9 @@ use crate::rules::{RuleSet, Source, WatchStatus};
 struct Publish {
     /// A rule set in TOML, or JSON.
     text: String,
+    /// Publish it even though it has no rules (which lifts every limit).
+    #[serde(default)]
+    confirm_empty: bool,
 }
 
 /// `GET /api/rules`: each rule and tier's policy, and what the watch last
@@ -85,24 +88,39 @@ fn unix_ms(at: SystemTime) -> u64 {
 }
 
 /// `PUT /api/rules` `{"text": "..."}`: validated, then published to the
-/// watch's source. A set that does not validate changes nothing.
+/// watch's source. A set that does not validate changes nothing; nor does
+/// a set of no rules, unless `"confirm_empty": true` says that every limit
+/// is to be lifted.
 pub(crate) async fn publish(
     State(operated): State<Arc<Operated>>,
     body: Bytes,
 ) -> Result<(StatusCode, Json<Value>), Problem> {
-    let Publish { text } = parse_body(&body)?;
+    let Publish {
+        text,
+        confirm_empty,
+    } = parse_body(&body)?;
     // Read as its destination will read it: a file by its name's extension.
     let parsed = match &operated.watch {
         Some((_, Source::File(path))) => RuleSet::parse_as(path, &text),
         _ => RuleSet::parse(&text),
     };
-    if let Err(error) = parsed {
-        let mut problem =
-            Problem::invalid(format!("rule set rejected: {error}")).with("field", error.field());
-        if let Some(rule) = error.rule() {
-            problem = problem.with("rule", rule);
+    match parsed {
+        Err(error) => {
+            let mut problem = Problem::invalid(format!("rule set rejected: {error}"))
+                .with("field", error.field());
+            if let Some(rule) = error.rule() {
+                problem = problem.with("rule", rule);
+            }
+            return Err(problem);
         }
-        return Err(problem);
+        Ok(set) if set.rules().is_empty() && !confirm_empty => {
+            return Err(Problem::invalid(
+                "this rule set has no rules: publishing it lifts every limit at once; \
+                 to do so, send it with `\"confirm_empty\": true`",
+            )
+            .with("field", "confirm_empty"));
+        }
+        Ok(_) => {}
     }
     let Some((_, source)) = &operated.watch else {
         return Err(Problem::new(
@@ -142,7 +160,7 @@ pub(crate) async fn publish(
             ))
         }
         Source::File(path) => {
-            write_file(path, &text).await.map_err(|error| {
+            rules_file::write(path, &text).await.map_err(|error| {
                 tracing::warn!(%error, path = %path.display(), "admin: writing the rules file failed");
                 Problem::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -157,27 +175,6 @@ pub(crate) async fn publish(
             ))
         }
     }
-}
-
-/// Replace the file's text at once: written beside it (beside the file a
-/// symbolic link points to), then renamed over it, so the watch never reads
-/// half a file; the file keeps its permissions. Publications are written
-/// one at a time.
-async fn write_file(path: &std::path::Path, text: &str) -> std::io::Result<()> {
-    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    let _alone = ONE_AT_A_TIME.lock().await;
-    let target = tokio::fs::canonicalize(path).await?;
-    let permissions = tokio::fs::metadata(&target).await?.permissions();
-    let mut temporary = target.as_os_str().to_owned();
-    temporary.push(format!(".admin-{}", std::process::id()));
-    let temporary = std::path::PathBuf::from(temporary);
-    tokio::fs::write(&temporary, text).await?;
-    tokio::fs::set_permissions(&temporary, permissions).await?;
-    if let Err(error) = tokio::fs::rename(&temporary, &target).await {
-        let _ = tokio::fs::remove_file(&temporary).await;
-        return Err(error);
-    }
-    Ok(())
 }
 
 /// How long publishing a rule set to Redis may take.

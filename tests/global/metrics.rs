@@ -34,13 +34,14 @@ fn recorder() -> PrometheusHandle {
 
 /// `GET /metrics` through the admin router, parsed.
 async fn scrape(handle: PrometheusHandle) -> Vec<Sample> {
-    let admin = Admin::new(TOKEN)
+    let admin = Admin::new(TOKEN, "127.0.0.1:9000".parse().unwrap())
         .unwrap()
         .with_metrics(handle)
         .into_router();
     let response = admin
         .oneshot(
             Request::get("/metrics")
+                .header("host", "127.0.0.1:9000")
                 .header("authorization", format!("Bearer {TOKEN}"))
                 .body(Body::empty())
                 .unwrap(),

@@ -19,6 +19,14 @@ use crate::support::RedisServer;
 
 const TOKEN: &str = "an-admin-token-of-32-bytes-long!";
 
+/// The address the routers of these tests say they are bound to, which
+/// the requests name as their `Host` (served without a listener).
+const ADDR: &str = "127.0.0.1:9000";
+
+fn addr() -> std::net::SocketAddr {
+    ADDR.parse().unwrap()
+}
+
 const RULES: &str = r#"
 [[rules]]
 name = "api"
@@ -38,37 +46,41 @@ async fn send(
     body: &str,
 ) -> (StatusCode, String, Value) {
     let changes = method != Method::GET;
-    let mut request = Request::builder().method(method).uri(path);
+    let mut request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", ADDR);
     if changes {
         request = request.header("content-type", "application/json");
     }
     if let Some(token) = token {
         request = request.header("authorization", format!("Bearer {token}"));
     }
-    let response = router
-        .clone()
-        .oneshot(request.body(Body::from(body.to_owned())).unwrap())
-        .await
-        .unwrap();
-    let status = response.status();
-    let content_type = response
-        .headers()
+    let (status, headers, body) =
+        answer(router, request.body(Body::from(body.to_owned())).unwrap()).await;
+    let content_type = headers
         .get("content-type")
         .map(|v| v.to_str().unwrap().to_owned())
         .unwrap_or_default();
-    assert_eq!(response.headers()["cache-control"], "no-store");
+    (status, content_type, body)
+}
+
+/// `request`'s answer from `router`: its status, headers and body (JSON
+/// when it parses, else a string). Every answer is not to be stored and
+/// allows no other origin.
+async fn answer(router: &Router, request: Request<Body>) -> (StatusCode, http::HeaderMap, Value) {
+    let response = router.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    assert_eq!(headers["cache-control"], "no-store");
     assert!(
-        !response
-            .headers()
-            .contains_key("access-control-allow-origin")
-            && !response.headers().contains_key("set-cookie"),
-        "no CORS, no cookies: {:?}",
-        response.headers()
+        !headers.contains_key("access-control-allow-origin") && !headers.contains_key("set-cookie"),
+        "no CORS, no cookies: {headers:?}"
     );
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     let text = String::from_utf8_lossy(&bytes).into_owned();
     let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    (status, content_type, body)
+    (status, headers, body)
 }
 
 async fn redis_rules(server: &RedisServer) -> Rules {
@@ -77,7 +89,10 @@ async fn redis_rules(server: &RedisServer) -> Rules {
 }
 
 fn admin(rules: &Rules) -> Router {
-    Admin::new(TOKEN).unwrap().with_rules(rules).into_router()
+    Admin::new(TOKEN, addr())
+        .unwrap()
+        .with_rules(rules)
+        .into_router()
 }
 
 async fn remaining(router: &Router, path: &str) -> u64 {
@@ -87,10 +102,35 @@ async fn remaining(router: &Router, path: &str) -> u64 {
 }
 
 #[test]
-fn a_short_token_is_refused_at_construction() {
-    let error = Admin::new("only-15-bytes!!").unwrap_err();
+fn a_short_or_weak_token_is_refused_at_construction() {
+    let error = Admin::new("only-15-bytes!!", addr()).unwrap_err();
     assert!(matches!(error, AdminError::TokenTooShort { len: 15 }));
     assert!(error.to_string().contains("at least 16"), "{error}");
+    for weak in [
+        "aaaaaaaaaaaaaaaa",
+        "passwordpassword",
+        "admin-admin-admin-admin",
+    ] {
+        let error = Admin::new(weak, addr()).unwrap_err();
+        assert!(
+            matches!(error, AdminError::TokenTooWeak { bits } if bits < 64),
+            "{weak}: {error:?}"
+        );
+        let message = error.to_string();
+        assert!(
+            message.contains("openssl rand -hex 32") && !message.contains(weak),
+            "{message}"
+        );
+    }
+    // The port asked of `bind`, not the one bound.
+    let error = Admin::new(TOKEN, "127.0.0.1:0".parse().unwrap()).unwrap_err();
+    assert!(matches!(error, AdminError::PortNotBound { .. }), "{error}");
+    assert!(error.to_string().contains("local_addr"), "{error}");
+    let error = Admin::new(TOKEN, addr())
+        .unwrap()
+        .with_host_name("admin internal")
+        .unwrap_err();
+    assert!(matches!(error, AdminError::BadHostName { .. }), "{error}");
 }
 
 #[tokio::test]
@@ -165,7 +205,6 @@ async fn bad_input_is_a_clear_4xx_and_changes_nothing() {
     }
     let key = "/api/limits/api/keys/k";
     assert_eq!(remaining(&router, key).await, 2);
-    let long = format!("/api/limits/api/keys/{}", "x".repeat(129));
     let cases: &[(Method, &str, &str, StatusCode, &str)] = &[
         (
             Method::POST,
@@ -260,10 +299,10 @@ async fn bad_input_is_a_clear_4xx_and_changes_nothing() {
         ),
         (
             Method::GET,
-            &long,
+            "/api/limits/api/keys/%23not-a-hash",
             "",
             StatusCode::UNPROCESSABLE_ENTITY,
-            "at most 128",
+            "40 lowercase hex digits",
         ),
         (
             Method::POST,
@@ -391,7 +430,7 @@ async fn a_rule_set_published_through_the_router_reaches_every_follower() {
     };
     let (one, one_watch) = start(client.clone()).await;
     let (other, _other_watch) = start(client.clone()).await;
-    let router = Admin::new(TOKEN)
+    let router = Admin::new(TOKEN, addr())
         .unwrap()
         .with_rules(&one)
         .with_watch(&one_watch)
@@ -477,7 +516,7 @@ async fn a_rule_set_published_to_a_file_source_is_written_and_followed() {
     std::fs::write(&path, RULES).unwrap();
     let rules = Rules::new(MemoryStore::new(), RuleSet::from_toml("").unwrap());
     let watch = rules.watch_file(&path, Duration::from_millis(50));
-    let router = Admin::new(TOKEN)
+    let router = Admin::new(TOKEN, addr())
         .unwrap()
         .with_rules(&rules)
         .with_watch(&watch)
@@ -505,7 +544,10 @@ async fn a_rule_set_published_to_a_file_source_is_written_and_followed() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Rules from code accept none.
-    let coded = Admin::new(TOKEN).unwrap().with_rules(&rules).into_router();
+    let coded = Admin::new(TOKEN, addr())
+        .unwrap()
+        .with_rules(&rules)
+        .into_router();
     let (status, _, answer) = send(&coded, Method::PUT, "/api/rules", Some(TOKEN), &body).await;
     assert_eq!(status, StatusCode::CONFLICT, "{answer}");
     std::fs::remove_dir_all(&dir).unwrap();
@@ -517,7 +559,7 @@ async fn a_limiter_is_operated_under_its_name() {
     let server = RedisServer::start();
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let limiter = Limiter::new(store, "2/min".parse().unwrap()).with_name("login");
-    let router = Admin::new(TOKEN)
+    let router = Admin::new(TOKEN, addr())
         .unwrap()
         .with_limiter(limiter.clone())
         .into_router();
@@ -621,6 +663,7 @@ async fn requests_from_other_sites_are_refused() {
     limiter.block("k", Duration::from_secs(60)).await.unwrap();
     let reset = |headers: &[(&'static str, &'static str)]| {
         let mut request = Request::post("/api/limits/api/keys/k/reset")
+            .header("host", ADDR)
             .header("authorization", format!("Bearer {TOKEN}"));
         for (name, value) in headers {
             request = request.header(*name, *value);
@@ -635,7 +678,7 @@ async fn requests_from_other_sites_are_refused() {
         StatusCode::FORBIDDEN
     );
     assert_eq!(
-        reset(&[json, ("origin", "https://evil.example"), ("host", "admin")]).await,
+        reset(&[json, ("origin", "https://evil.example")]).await,
         StatusCode::FORBIDDEN
     );
     assert_eq!(
@@ -654,7 +697,7 @@ async fn requests_from_other_sites_are_refused() {
 #[tokio::test]
 async fn without_a_shared_store_the_top_is_this_processs_own() {
     let limiter = Limiter::new(MemoryStore::new(), "1/min".parse().unwrap()).with_name("login");
-    let router = Admin::new(TOKEN)
+    let router = Admin::new(TOKEN, addr())
         .unwrap()
         .with_limiter(limiter.clone())
         .into_router();
@@ -671,4 +714,422 @@ async fn without_a_shared_store_the_top_is_this_processs_own() {
     .await;
     assert_eq!(top["keys"][0]["key"], "alice", "{top}");
     assert_eq!(top["keys"][0]["denials"], 3, "{top}");
+}
+
+/// A rule set published over a rules file only its owner may read (it
+/// holds allow-listed keys) is never readable by anyone else, not even
+/// while its temporary copy is written: a thread watches the directory
+/// through many publications.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_published_rules_file_is_never_readable_beyond_its_mode() {
+    use std::os::unix::fs::PermissionsExt as _;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let dir = std::env::temp_dir().join(format!("admin-rules-mode-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("rules.toml");
+    std::fs::write(&path, RULES).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let rules = Rules::new(MemoryStore::new(), RuleSet::from_toml("").unwrap());
+    let watch = rules.watch_file(&path, Duration::from_secs(3600));
+    let router = Admin::new(TOKEN, addr())
+        .unwrap()
+        .with_rules(&rules)
+        .with_watch(&watch)
+        .into_router();
+    // About a megabyte, so that each copy takes a while to write.
+    let padding = format!("# {}\n", "allow-listed key ".repeat(60)).repeat(1_000);
+    let body = serde_json::json!({ "text": format!("{padding}{RULES}") }).to_string();
+
+    let done = std::sync::Arc::new(AtomicBool::new(false));
+    let watcher = std::thread::spawn({
+        let (dir, done) = (dir.clone(), done.clone());
+        move || {
+            let (mut seen, mut exposed) = (0, Vec::new());
+            while !done.load(Ordering::Relaxed) {
+                for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+                    if entry.file_name() == "rules.toml" {
+                        continue;
+                    }
+                    // Gone between listing and reading: renamed in place.
+                    let Ok(meta) = entry.metadata() else { continue };
+                    seen += 1;
+                    let mode = meta.permissions().mode() & 0o777;
+                    if mode & 0o077 != 0 {
+                        exposed.push(format!("{:?} {mode:o}", entry.file_name()));
+                    }
+                }
+            }
+            (seen, exposed)
+        }
+    });
+    for _ in 0..40 {
+        let (status, _, answer) =
+            send(&router, Method::PUT, "/api/rules", Some(TOKEN), &body).await;
+        if status != StatusCode::ACCEPTED {
+            done.store(true, Ordering::Relaxed);
+            panic!("{status}: {answer}");
+        }
+    }
+    done.store(true, Ordering::Relaxed);
+    let (seen, exposed) = watcher.join().unwrap();
+    assert!(seen > 0, "the watcher saw no temporary file");
+    assert!(
+        exposed.is_empty(),
+        "readable beyond 0600 {} times, first {:?}",
+        exposed.len(),
+        exposed.first()
+    );
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the file keeps its mode");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// One raw HTTP/1.1 exchange with `addr`: `head` (request line and
+/// headers, without the blank line), then `body`. The status and the body
+/// (JSON when it parses).
+async fn raw(addr: std::net::SocketAddr, head: &str, body: &str) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "{head}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
+        .await
+        .unwrap()
+        .unwrap();
+    let response = String::from_utf8_lossy(&response).into_owned();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    if status >= 400 {
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("content-type: application/problem+json"),
+            "{head}"
+        );
+    }
+    (
+        status,
+        serde_json::from_str(body).unwrap_or(Value::String(body.to_owned())),
+    )
+}
+
+/// DNS rebinding: a page of the attacker's name, which their DNS points
+/// at the admin address, runs in a browser that adds the token (as the
+/// console needs). Its requests name the attacker's host, in `Host` and
+/// `Origin`, and say they are same-origin: the router serves only the
+/// hosts of its address and refuses them, and nothing changes.
+#[tokio::test]
+async fn a_rebound_host_reaches_nothing() {
+    let server = RedisServer::start();
+    let rules = redis_rules(&server).await;
+    let dir = std::env::temp_dir().join(format!("admin-rebind-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("rules.toml");
+    std::fs::write(&path, RULES).unwrap();
+    let watch = rules.watch_file(&path, Duration::from_secs(3600));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let router = Admin::new(TOKEN, addr)
+        .unwrap()
+        .with_rules(&rules)
+        .with_watch(&watch)
+        .into_router();
+    tokio::spawn(std::future::IntoFuture::into_future(axum::serve(
+        listener, router,
+    )));
+    let port = addr.port();
+    let attacker = format!("rebind.attacker.example:{port}");
+    let headers = |host: &str, origin: &str| {
+        format!(
+            "Host: {host}\r\nOrigin: http://{origin}\r\nSec-Fetch-Site: same-origin\r\n\
+             Content-Type: application/json\r\nAuthorization: Bearer {TOKEN}"
+        )
+    };
+    let block = "POST /api/limits/api/keys/victim/block HTTP/1.1";
+    let publish = "PUT /api/rules HTTP/1.1";
+    let seconds = r#"{"seconds": 600}"#;
+    let no_rules = r#"{"text": "", "confirm_empty": true}"#;
+
+    for (request, body) in [(block, seconds), (publish, no_rules)] {
+        let (status, refused) = raw(
+            addr,
+            &format!("{request}\r\n{}", headers(&attacker, &attacker)),
+            body,
+        )
+        .await;
+        assert_eq!(status, 403, "{request}: {refused}");
+        assert_eq!(refused["host"], attacker.as_str(), "{refused}");
+        let detail = refused["detail"].as_str().unwrap();
+        assert!(
+            detail.contains(&attacker) && detail.contains("with_host_name"),
+            "{detail}"
+        );
+        // The right Host, the attacker's Origin.
+        let ours = addr.to_string();
+        let (status, refused) = raw(
+            addr,
+            &format!("{request}\r\n{}", headers(&ours, &attacker)),
+            body,
+        )
+        .await;
+        assert_eq!(status, 403, "{request}: {refused}");
+        assert_eq!(
+            refused["origin"],
+            format!("http://{attacker}").as_str(),
+            "{refused}"
+        );
+        // An absolute URI of the attacker's host, whatever the Host says.
+        let (path, version) = request
+            .split_once(' ')
+            .map(|(method, rest)| (method, rest.rsplit_once(' ').unwrap()))
+            .map(|(method, (path, version))| (format!("{method} http://{attacker}{path}"), version))
+            .unwrap();
+        let (status, refused) = raw(
+            addr,
+            &format!("{path} {version}\r\n{}", headers(&ours, &ours)),
+            body,
+        )
+        .await;
+        assert_eq!(status, 403, "{request} (absolute): {refused}");
+    }
+    // No Host at all (HTTP/1.0).
+    let (status, refused) = raw(
+        addr,
+        &format!(
+            "POST /api/limits/api/keys/victim/block HTTP/1.0\r\n\
+             Content-Type: application/json\r\nAuthorization: Bearer {TOKEN}"
+        ),
+        seconds,
+    )
+    .await;
+    assert_eq!(status, 400, "{refused}");
+    assert!(
+        refused["detail"].as_str().unwrap().contains("Host"),
+        "{refused}"
+    );
+
+    // Nothing changed.
+    let limiter = rules.current().limiter("api", None).unwrap().clone();
+    assert!(!limiter.peek("victim").await.unwrap().blocked());
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), RULES);
+
+    // The router's own hosts: its address, and localhost (a loopback bind).
+    for host in [addr.to_string(), format!("localhost:{port}")] {
+        let (status, blocked) = raw(
+            addr,
+            &format!("{block}\r\n{}", headers(&host, &host)),
+            seconds,
+        )
+        .await;
+        assert_eq!(status, 200, "{host}: {blocked}");
+    }
+    assert!(limiter.peek("victim").await.unwrap().blocked());
+
+    // A name the operator lists is served too.
+    let named = Admin::new(TOKEN, addr)
+        .unwrap()
+        .with_host_name("admin.internal")
+        .unwrap()
+        .with_rules(&rules)
+        .into_router();
+    let peek = |host: &'static str| {
+        Request::get("/api/limits/api/keys/victim")
+            .header("host", host)
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(
+        answer(&named, peek("admin.internal")).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        answer(&named, peek("admin.internal:8443")).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        answer(&named, peek("admin.internal.attacker.example"))
+            .await
+            .0,
+        StatusCode::FORBIDDEN
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Every error is `application/problem+json`: those of the routes, and
+/// those axum gives (an unknown method, a body over the limit).
+#[tokio::test]
+async fn every_error_is_a_problem() {
+    let server = RedisServer::start();
+    let rules = redis_rules(&server).await;
+    let router = admin(&rules);
+    let request = |method: Method, path: &str, headers: &[(&str, &str)], body: Vec<u8>| {
+        let mut request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", ADDR);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.body(Body::from(body)).unwrap()
+    };
+    let bearer = format!("Bearer {TOKEN}");
+    let token = ("authorization", bearer.as_str());
+    let json = ("content-type", "application/json");
+    let too_large = {
+        let text = "#".repeat(2 << 20);
+        serde_json::json!({ "text": text }).to_string().into_bytes()
+    };
+    let cases = [
+        (
+            request(Method::GET, "/no-such-route", &[token], vec![]),
+            StatusCode::NOT_FOUND,
+            "no such admin route",
+        ),
+        (
+            request(Method::DELETE, "/api/rules", &[token, json], vec![]),
+            StatusCode::METHOD_NOT_ALLOWED,
+            "does not answer DELETE",
+        ),
+        (
+            request(
+                Method::GET,
+                "/api/limits/api/keys/k/reset",
+                &[token],
+                vec![],
+            ),
+            StatusCode::METHOD_NOT_ALLOWED,
+            "does not answer GET",
+        ),
+        (
+            request(Method::PUT, "/api/rules", &[token, json], too_large),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "larger than 2097152 bytes",
+        ),
+        (
+            request(Method::PUT, "/api/rules", &[token, json], b"{text".to_vec()),
+            StatusCode::BAD_REQUEST,
+            "not the JSON",
+        ),
+        (
+            request(
+                Method::PUT,
+                "/api/rules",
+                &[token, ("content-type", "text/plain")],
+                b"{}".to_vec(),
+            ),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Content-Type: application/json",
+        ),
+        (
+            request(Method::GET, "/api/rules", &[], vec![]),
+            StatusCode::UNAUTHORIZED,
+            "Authorization",
+        ),
+        (
+            request(
+                Method::GET,
+                "/api/rules",
+                &[token, ("origin", "https://evil.example")],
+                vec![],
+            ),
+            StatusCode::FORBIDDEN,
+            "evil.example",
+        ),
+        (
+            request(Method::GET, "/api/limits/nope/top", &[token], vec![]),
+            StatusCode::NOT_FOUND,
+            "nope",
+        ),
+    ];
+    for (request, expected, says) in cases {
+        let what = format!("{} {}", request.method(), request.uri());
+        let (status, headers, body) = answer(&router, request).await;
+        assert_eq!(status, expected, "{what}: {body}");
+        assert_eq!(
+            headers["content-type"], "application/problem+json",
+            "{what}"
+        );
+        assert_eq!(body["status"], expected.as_u16(), "{what}: {body}");
+        let detail = body["detail"].as_str().unwrap();
+        assert!(
+            detail.contains(says),
+            "{what}: {detail:?} should say {says:?}"
+        );
+        if status == StatusCode::METHOD_NOT_ALLOWED {
+            let allow = headers["allow"].to_str().unwrap();
+            assert!(
+                allow.contains("POST") || allow.contains("PUT"),
+                "{what}: {allow}"
+            );
+        }
+    }
+}
+
+/// A rule set of no rules lifts every limit at once: it is published only
+/// when the request says so.
+#[tokio::test]
+async fn an_empty_rule_set_is_published_only_when_confirmed() {
+    let dir = std::env::temp_dir().join(format!("admin-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("rules.toml");
+    std::fs::write(&path, RULES).unwrap();
+    let rules = Rules::new(MemoryStore::new(), RuleSet::from_toml(RULES).unwrap());
+    let watch = rules.watch_file(&path, Duration::from_secs(3600));
+    let router = Admin::new(TOKEN, addr())
+        .unwrap()
+        .with_rules(&rules)
+        .with_watch(&watch)
+        .into_router();
+    for body in [
+        r#"{"text": ""}"#,
+        r##"{"text": "# no rules yet\n"}"##,
+        r#"{"text": "rules = []"}"#,
+        r#"{"text": "", "confirm_empty": false}"#,
+    ] {
+        let (status, _, refused) =
+            send(&router, Method::PUT, "/api/rules", Some(TOKEN), body).await;
+        assert_eq!(
+            status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{body}: {refused}"
+        );
+        assert_eq!(refused["field"], "confirm_empty", "{refused}");
+        assert!(
+            refused["detail"]
+                .as_str()
+                .unwrap()
+                .contains(r#""confirm_empty": true"#),
+            "{refused}"
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), RULES, "{body}");
+    }
+    let (status, _, refused) = send(
+        &router,
+        Method::PUT,
+        "/api/rules",
+        Some(TOKEN),
+        r#"{"text": "", "confirm_empty": "yes"}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+    let (status, _, published) = send(
+        &router,
+        Method::PUT,
+        "/api/rules",
+        Some(TOKEN),
+        r##"{"text": "# every limit lifted\n", "confirm_empty": true}"##,
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{published}");
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        "# every limit lifted\n"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -1,0 +1,68 @@
+//! A rule set published to a watched file: written over it at once,
+//! never readable by more than the file's readers.
+
+use std::fs::{File, OpenOptions, Permissions};
+use std::io::{self, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Replace the file's text at once: written beside it (beside the file a
+/// symbolic link points to), then renamed over it, so the watch never reads
+/// half a file. The copy has the file's permissions before its first byte
+/// (it may hold allow-listed keys that only the file's readers may read).
+/// Publications are written one at a time.
+pub(crate) async fn write(path: &Path, text: &str) -> io::Result<()> {
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let (path, text) = (path.to_owned(), text.to_owned());
+    tokio::task::spawn_blocking(move || replace(&path, &text))
+        .await
+        .map_err(io::Error::other)?
+}
+
+/// [`write`]'s work, blocking.
+fn replace(path: &Path, text: &str) -> io::Result<()> {
+    let target = std::fs::canonicalize(path)?;
+    let permissions = std::fs::metadata(&target)?.permissions();
+    let (temporary, mut file) = create_beside(&target, &permissions)?;
+    let written = file
+        .set_permissions(permissions)
+        .and_then(|()| file.write_all(text.as_bytes()))
+        .and_then(|()| file.sync_all())
+        .and_then(|()| std::fs::rename(&temporary, &target));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    written
+}
+
+/// A new file beside `target`, of a name no other file has, readable by
+/// nobody whom `permissions` do not let read (on Unix: created with at
+/// most the target's owner bits, whatever the umask).
+fn create_beside(target: &Path, permissions: &Permissions) -> io::Result<(PathBuf, File)> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut options = OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+        options.mode(permissions.mode() & 0o600);
+    }
+    #[cfg(not(unix))]
+    let _ = permissions;
+    let mut attempts = 0;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let mut name = target.as_os_str().to_owned();
+        name.push(format!(".admin-{}-{n}", std::process::id()));
+        let temporary = PathBuf::from(name);
+        match options.open(&temporary) {
+            Ok(file) => return Ok((temporary, file)),
+            // Left by a process of the same id that died mid-write.
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists && attempts < 16 => {
+                attempts += 1;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}

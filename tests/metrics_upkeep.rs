@@ -1,0 +1,76 @@
+//! The admin router keeps the Prometheus recorder's memory flat when
+//! nobody scrapes `/metrics`. A binary of its own: it installs the
+//! process's metrics recorder, and it reads the process's resident memory,
+//! which other tests running beside it would move.
+#![cfg(all(feature = "admin", target_os = "linux"))]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use tower_redis_ratelimit::admin::{Admin, prometheus_builder};
+use tower_redis_ratelimit::{Algorithm, Limiter, MemoryStore, Policy};
+
+/// This process's resident memory, in bytes.
+fn resident() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    let kb: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// Checks of `limiter` for `during`, a pause now and then so that other
+/// tasks run: how many were made. Each records one sample of the store's
+/// latency histogram.
+async fn checks(limiter: &Limiter, during: Duration) -> u64 {
+    let start = Instant::now();
+    let mut made = 0;
+    while start.elapsed() < during {
+        for _ in 0..5_000 {
+            assert!(limiter.check("k").await.unwrap().allowed());
+        }
+        made += 5_000;
+        tokio::task::yield_now().await;
+    }
+    made
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn histogram_samples_are_not_held_until_a_scrape() {
+    let handle = prometheus_builder().install_recorder().unwrap();
+    let _router = Admin::new(
+        "an-admin-token-of-32-bytes-long!",
+        "127.0.0.1:9000".parse().unwrap(),
+    )
+    .unwrap()
+    .with_metrics(handle)
+    .into_router();
+    // GCRA keeps one value per key, whatever the number of checks.
+    let policy = "1000000000/s"
+        .parse::<Policy>()
+        .unwrap()
+        .with_algorithm(Algorithm::Gcra)
+        .unwrap();
+    let limiter = Limiter::new(MemoryStore::new(), policy).with_name("flat");
+    // Warm up: every structure the checks and the recorder keep is built.
+    checks(&limiter, Duration::from_secs(1)).await;
+
+    let before = resident();
+    let made = checks(&limiter, Duration::from_secs(6)).await;
+    let grown = resident().saturating_sub(before);
+    // Held until a scrape, the samples take about 16 bytes each (RSS grew
+    // by 16.6 bytes a check before the upkeep ran); folded into their
+    // buckets every second, nearly nothing.
+    assert!(
+        made >= 200_000,
+        "too few checks to tell ({made}): the machine is too busy"
+    );
+    assert!(
+        grown < made * 2,
+        "resident memory grew by {grown} bytes over {made} samples ({:.1} bytes each)",
+        grown as f64 / made as f64
+    );
+}

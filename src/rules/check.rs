@@ -28,13 +28,22 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// The future of [`ActiveRules::check`](super::ActiveRules::check).
 #[must_use = "a check does nothing unless awaited"]
 pub struct RulesCheck {
-    state: Option<Result<Admission, BoxFuture<Result<Admission, LimitError>>>>,
+    state: State,
+}
+
+enum State {
+    /// Answered without asking the store (no rule matched).
+    Ready(Admission),
+    /// The rules' checks under way.
+    Deciding(BoxFuture<Result<Admission, LimitError>>),
+    /// Answered.
+    Done,
 }
 
 impl RulesCheck {
     pub(super) fn ready(admission: Admission) -> Self {
         Self {
-            state: Some(Ok(admission)),
+            state: State::Ready(admission),
         }
     }
 
@@ -43,7 +52,7 @@ impl RulesCheck {
             return Self::ready(Admission::default());
         }
         Self {
-            state: Some(Err(Box::pin(decide(planned)))),
+            state: State::Deciding(Box::pin(decide(planned))),
         }
     }
 }
@@ -58,17 +67,14 @@ impl Future for RulesCheck {
     type Output = Result<Admission, LimitError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.state.as_mut() {
-            Some(Err(future)) => {
-                let out = std::task::ready!(future.as_mut().poll(cx));
-                self.state = None;
-                Poll::Ready(out)
-            }
-            Some(Ok(_)) => match self.state.take() {
-                Some(Ok(admission)) => Poll::Ready(Ok(admission)),
-                _ => unreachable!("matched just above"),
-            },
-            None => Poll::Ready(Err(LimitError::Store(
+        if let State::Deciding(future) = &mut self.state {
+            let out = std::task::ready!(future.as_mut().poll(cx));
+            self.state = State::Done;
+            return Poll::Ready(out);
+        }
+        match std::mem::replace(&mut self.state, State::Done) {
+            State::Ready(admission) => Poll::Ready(Ok(admission)),
+            State::Deciding(_) | State::Done => Poll::Ready(Err(LimitError::Store(
                 crate::store::StoreError::UnexpectedReply(
                     "a rules check polled after it completed".into(),
                 ),
@@ -77,27 +83,69 @@ impl Future for RulesCheck {
     }
 }
 
+/// A request against every rule that matched it, all-or-nothing: a
+/// denial held in process answers first; else every rule is checked; a
+/// denial (or failure) gives back what the admitting rules took and
+/// blocks the keys of breached rules that block.
 async fn decide(planned: Vec<Planned>) -> Result<Admission, LimitError> {
-    // A key this process already holds a denial for denies at once: the
-    // other rules are not asked, so a flood from a denied key costs the
-    // store nothing and spends no other rule's quota.
-    for p in &planned {
-        // (The cache holds denials at the policy's own cost: a cheaper
-        // request might be admitted.)
-        if p.cost != p.limiter.policy().cost() {
-            continue;
-        }
-        if let Some(denied) = p.limiter.cached_denial(&p.key) {
-            p.limiter.count_cached_denial(&p.key, &denied);
-            let shown = Checked::new(p, Some(denied), DecidedBy::DenyCache, None);
-            return Ok(Admission {
-                allowed: false,
-                shown: Some(0),
-                checks: vec![shown],
-                forbidden: None,
-            });
-        }
+    if let Some(denied) = first_cached_denial(&planned) {
+        return Ok(denied);
     }
+    let (mut checks, failure) = check_all(&planned).await;
+    if failure.is_none() && checks.iter().all(Checked::allowed) {
+        let shown = checks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| Some((i, c.decision.as_ref()?)))
+            .min_by_key(|(_, d)| d.remaining())
+            .map(|(i, _)| i);
+        return Ok(Admission {
+            allowed: true,
+            shown,
+            checks,
+            forbidden: None,
+        });
+    }
+    compensate(&mut checks, &planned).await;
+    if let Some(error) = failure {
+        return Err(error);
+    }
+    let shown = checks
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| !c.allowed())
+        .max_by_key(|(_, c)| c.decision.as_ref().map(Decision::retry_after))
+        .map(|(i, _)| i);
+    Ok(Admission {
+        allowed: false,
+        shown,
+        checks,
+        forbidden: None,
+    })
+}
+
+/// A key this process already holds a denial for denies at once: the
+/// other rules are not asked, so a flood from a denied key costs the
+/// store nothing and spends no other rule's quota.
+fn first_cached_denial(planned: &[Planned]) -> Option<Admission> {
+    // (The cache holds denials at the policy's own cost: a cheaper request
+    // might be admitted.)
+    let (p, denied) = planned
+        .iter()
+        .filter(|p| p.cost == p.limiter.policy().cost())
+        .find_map(|p| Some((p, p.limiter.cached_denial(&p.key)?)))?;
+    p.limiter.count_cached_denial(&p.key, &denied);
+    Some(Admission {
+        allowed: false,
+        shown: Some(0),
+        checks: vec![Checked::new(p, Some(denied), DecidedBy::DenyCache, None)],
+        forbidden: None,
+    })
+}
+
+/// Check every rule: what each decided, and a failure if one failed (its
+/// check is left out).
+async fn check_all(planned: &[Planned]) -> (Vec<Checked>, Option<LimitError>) {
     let started = Instant::now();
     let check = |p: &Planned| {
         let limiter = p.limiter.clone();
@@ -111,7 +159,7 @@ async fn decide(planned: Vec<Planned>) -> Result<Admission, LimitError> {
     // admit uncounted) although the store answers. So one rule's check goes
     // first, alone, and the others follow its answer.
     let mut verdicts = Vec::with_capacity(planned.len());
-    let mut rest = &planned[..];
+    let mut rest = planned;
     if let [first, others @ ..] = rest
         && first.limiter.circuit_open()
     {
@@ -132,33 +180,23 @@ async fn decide(planned: Vec<Planned>) -> Result<Admission, LimitError> {
             Err(error) => failure = Some(error),
         }
     }
-    let allowed = failure.is_none() && checks.iter().all(Checked::allowed);
-    if allowed {
-        let shown = checks
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| Some((i, c.decision.as_ref()?)))
-            .min_by_key(|(_, d)| d.remaining())
-            .map(|(i, _)| i);
-        return Ok(Admission {
-            allowed,
-            shown,
-            checks,
-            forbidden: None,
-        });
-    }
-    // Denied (or failed): give back what the admitting rules took, and
-    // block the keys of breached rules that block.
-    let mut undo = Vec::new();
-    let mut blocks: Vec<(usize, BoxFuture<Option<Decision>>)> = Vec::new();
-    for (i, (c, p)) in checks.iter_mut().zip(&planned).enumerate() {
+    (checks, failure)
+}
+
+/// After a denial (or failure): give back what the admitting rules took,
+/// and block the keys of breached rules that block (their denial then
+/// shows the block, once it is written).
+async fn compensate(checks: &mut [Checked], planned: &[Planned]) {
+    let mut undo: Vec<BoxFuture<()>> = Vec::new();
+    let mut blocks: Vec<BoxFuture<(usize, Option<Decision>)>> = Vec::new();
+    for (i, (c, p)) in checks.iter_mut().zip(planned).enumerate() {
         if c.allowed() {
             if let Some(permit) = c.permit.take() {
                 undo.push(Box::pin(async move {
                     if let Err(error) = permit.release().await {
                         tracing::warn!(%error, "rules: could not give back a concurrency slot of a denied request");
                     }
-                }) as BoxFuture<()>);
+                }));
             } else if c.decided_by == DecidedBy::Store && c.cost > 0 && c.refundable() {
                 let (limiter, key, cost) = (c.limiter.clone(), c.key.clone(), c.cost);
                 let id = c.decision.as_ref().and_then(Decision::refund_id);
@@ -173,30 +211,20 @@ async fn decide(planned: Vec<Planned>) -> Result<Admission, LimitError> {
             && !decision.blocked()
         {
             let (limiter, key) = (c.limiter.clone(), c.key.clone());
-            blocks.push((
-                i,
-                Box::pin(async move {
-                    match limiter.block(&key, block).await {
-                        // The denial announces the block once it is written.
-                        Ok(_) => Some(crate::algorithm::blocked(
-                            limiter.policy(),
-                            crate::algorithm::block_micros(block),
-                        )),
-                        Err(error) => {
-                            tracing::error!(%error, "rules: could not block a key after its breach; its denial claims no block");
-                            None
-                        }
+            blocks.push(Box::pin(async move {
+                match limiter.block(&key, block).await {
+                    // The state the block leaves: what the denial shows.
+                    Ok(blocked) => (i, Some(blocked)),
+                    Err(error) => {
+                        tracing::error!(%error, "rules: could not block a key after its breach; its denial claims no block");
+                        (i, None)
                     }
-                }),
-            ));
+                }
+            }));
         }
     }
     let (blocked, _) = futures_util::future::join(
-        futures_util::future::join_all(
-            blocks
-                .into_iter()
-                .map(|(i, block)| async move { (i, block.await) }),
-        ),
+        futures_util::future::join_all(blocks),
         futures_util::future::join_all(undo),
     )
     .await;
@@ -205,19 +233,4 @@ async fn decide(planned: Vec<Planned>) -> Result<Admission, LimitError> {
             check.decision = Some(decision);
         }
     }
-    if let Some(error) = failure {
-        return Err(error);
-    }
-    let shown = checks
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| !c.allowed())
-        .max_by_key(|(_, c)| c.decision.as_ref().map(Decision::retry_after))
-        .map(|(i, _)| i);
-    Ok(Admission {
-        allowed: false,
-        shown,
-        checks,
-        forbidden: None,
-    })
 }

@@ -96,7 +96,7 @@ where
                 ResponseFuture::start(request, &mut self.inner, &self.shared, key)
             }
             Ok(_) => {
-                crate::metrics::decision(limiter.label(), Outcome::Skipped, Decider::None);
+                crate::metrics::decision(limiter.name(), Outcome::Skipped, Decider::None);
                 ResponseFuture::unlimited(self.inner.call(request))
             }
             Err(error) => {

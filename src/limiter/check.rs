@@ -68,7 +68,7 @@ impl Limiter {
         let policy = policy.as_ref().unwrap_or(&self.inner.policy);
         let ticket = match self.inner.breaker.as_deref().map(Breaker::gate) {
             Some(Gate::Skip) => {
-                crate::metrics::breaker_open(self.label(), true);
+                crate::metrics::breaker_open(self.name(), true);
                 return Begun::Done(self.finish(
                     key,
                     policy,
@@ -108,7 +108,7 @@ impl Limiter {
         sent: Option<Instant>,
         ticket: Option<Ticket>,
     ) -> Result<Verdict, LimitError> {
-        let name = self.label();
+        let name = self.name();
         let verdict = match outcome {
             Err(error) => {
                 // While the circuit is open nothing was asked: no news for
@@ -162,7 +162,7 @@ impl Limiter {
             } else {
                 breaker.failure(ticket);
             }
-            crate::metrics::breaker_open(self.label(), breaker.is_open());
+            crate::metrics::breaker_open(self.name(), breaker.is_open());
         }
     }
 }

@@ -7,7 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::decision::{Decision, RateStatus};
+use crate::decision::Decision;
 use crate::metrics::{Decider, Outcome};
 use crate::policy::{Policy, PolicyError};
 use crate::store::{Command, DynStore, Store, StoreError, bounded_key};
@@ -17,6 +17,7 @@ mod check;
 mod deny_cache;
 mod error;
 mod fail_mode;
+mod hooks;
 mod lease;
 mod local;
 mod names;
@@ -63,9 +64,6 @@ struct Inner {
     policy: Arc<Policy>,
     /// Namespaces the keys of this limiter in the store.
     name: Arc<str>,
-    /// What the metrics and the admin router call this limit: its rule's
-    /// name under rules, else its name.
-    label: Arc<str>,
     /// The denials of this limiter, by key, found by its name in the
     /// registry of every limiter derived from the same one.
     denials: Arc<top::Denials>,
@@ -100,7 +98,6 @@ impl Limiter {
                 store: Arc::new(store),
                 policy: Arc::new(policy),
                 denials: registry.of(&name),
-                label: Arc::clone(&name),
                 name,
                 registry,
                 held: Arc::default(),
@@ -210,7 +207,6 @@ impl Limiter {
                 names::Owner::Limiter(default_name(&s.policy)),
                 &s.denials,
             );
-            s.label = Arc::clone(&name);
             s.name = name;
             // Units taken under another name are not this name's.
             s.local = s
@@ -228,66 +224,6 @@ impl Limiter {
     /// The name keys are counted under.
     pub fn name(&self) -> &str {
         &self.inner.name
-    }
-
-    /// What the metrics and the admin router call this limit: its rule's
-    /// name under rules, else its [`name`](Self::name).
-    pub(crate) fn label(&self) -> &str {
-        &self.inner.label
-    }
-
-    /// Count the verdict of a check of `key` (as held: [`limited`], not
-    /// namespaced) in the metrics, and a denial among the limiter's most denied keys
-    /// (sharing them through the store when a share is due).
-    pub(crate) fn counted(
-        &self,
-        key: &str,
-        verdict: Result<Verdict, LimitError>,
-    ) -> Result<Verdict, LimitError> {
-        if !self.inner.counted {
-            return verdict;
-        }
-        let (outcome, decider) = classify(&verdict);
-        crate::metrics::decision(&self.inner.label, outcome, decider);
-        if matches!(outcome, Outcome::Denied | Outcome::Blocked) {
-            self.denied(key);
-        }
-        verdict
-    }
-
-    /// Count `denied`, a denial the deny cache gave `key` (as given) before
-    /// any check was started (the rules' first look).
-    pub(crate) fn count_cached_denial(&self, key: &str, denied: &Decision) {
-        let verdict = Verdict::without_permit(Some(denied.clone()), DecidedBy::DenyCache);
-        let _counted = self.counted(&bounded_key(key), Ok(verdict));
-    }
-
-    /// The same limiter, whose verdicts are not counted.
-    pub(crate) fn uncounted(self) -> Self {
-        self.map(|s| s.counted = false)
-    }
-
-    /// Count the denials of this limiter and of every limiter derived
-    /// from it (a rule set's) from now on.
-    pub(crate) fn watch_denials(&self) {
-        self.inner.registry.watch();
-    }
-
-    /// Count a denial of `key` among the limit's most denied keys.
-    pub(crate) fn denied(&self, key: &str) {
-        let Some(counts) = self.inner.denials.record(key, std::time::Instant::now()) else {
-            return;
-        };
-        // Shared in the background, when there is a runtime to do it.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let share = Arc::clone(&self.inner.store)
-                .share_denials_owned(Arc::clone(&self.inner.name), counts);
-            runtime.spawn(async move {
-                if let Err(error) = share.await {
-                    tracing::warn!(%error, "rate limit: sharing the most denied keys failed; those counts are lost");
-                }
-            });
-        }
     }
 
     /// The keys this limiter denied most over this minute and the last,
@@ -377,7 +313,7 @@ impl Limiter {
     /// (the limiter's when `None`): an allowed key is admitted unlimited.
     fn start(&self, key: String, policy: Option<Arc<Policy>>) -> Check {
         if self.is_allowed(&key) {
-            crate::metrics::decision(&self.inner.label, Outcome::Skipped, Decider::None);
+            crate::metrics::decision(&self.inner.name, Outcome::Skipped, Decider::None);
             return Check::done(Ok(Verdict::unlimited(DecidedBy::AllowedKey)));
         }
         let key = limited(key);
@@ -488,76 +424,6 @@ impl Limiter {
         self.command_limited(&bounded_key(key), command).await
     }
 
-    /// Run `command` on `key` as this limiter holds it: as given when it
-    /// is short, else its hashed form ([`limited`]), the form
-    /// [`most_denied`](Self::most_denied) shows (so an operator can steer
-    /// a key too long to be shown).
-    pub(crate) async fn command_limited(
-        &self,
-        key: &str,
-        command: Command,
-    ) -> Result<Decision, StoreError> {
-        let raw = key;
-        let key = self.store_key(key.to_owned());
-        let outcome = Arc::clone(&self.inner.store)
-            .command_owned(key.clone(), Arc::clone(&self.inner.policy), command)
-            .await;
-        // A command that changes the key (even one whose reply was lost: it
-        // may have run) makes this process's cached denial stale. A peek
-        // changes nothing, and leaves a flooded key's denial cached.
-        if command != Command::Peek
-            && let Some(cache) = &self.inner.deny_cache
-        {
-            cache.remove(&key);
-        }
-        // Units held here would admit past a block, or past a penalty's
-        // count: drop them (other processes hold theirs for at most their
-        // hold).
-        if matches!(
-            command,
-            Command::Block(_) | Command::Penalty(_) | Command::Reset
-        ) && let Some(local) = &self.inner.local
-        {
-            local.forget(raw);
-        }
-        outcome
-    }
-
-    /// A limiter like this one (same store, fail mode, breaker and deny
-    /// cache, shared) for `policy`, named `{prefix}@{policy's default name}`:
-    /// one per rule and policy of a rule set, so a rule keeps its counts
-    /// while its policy is unchanged.
-    pub(crate) fn for_rule(&self, rule: &str, policy: Policy) -> Self {
-        // Counted under the rule's name alone: a changed policy (or another
-        // tier's) applies to the same counts (the store keeps each
-        // algorithm's state apart, and each window's counters apart).
-        let name = rule.to_owned();
-        self.clone().map(|s| {
-            if let FailMode::Fallback { instances, .. } = &s.fail_mode {
-                s.fallback_policy = Some(Arc::new(policy.shared_by(*instances)));
-            }
-            s.name = Arc::from(name);
-            // One count, one set of units held: a rule's tiers share them.
-            s.local = s.local.as_ref().and_then(|l| {
-                let held = local::Local::held_of(&s.held, &s.name);
-                local::Local::new(l.config(), &policy, held)
-                    .ok()
-                    .map(Arc::new)
-            });
-            s.policy = Arc::new(policy);
-            s.label = Arc::from(rule);
-            s.denials = s.registry.of(&s.name);
-            names::claim_or_warn(&s.name, names::Owner::Rule, &s.denials);
-            s.allowed = Arc::default();
-        })
-    }
-
-    /// Whether this limiter's circuit breaker is open (or probing): a check
-    /// now is failed fast, or is the one probe let through.
-    pub(crate) fn circuit_open(&self) -> bool {
-        self.inner.breaker.as_deref().is_some_and(Breaker::is_open)
-    }
-
     /// Admit hot keys locally ([`LocalQuota`]): a process takes a batch of
     /// a key's quota from the store in one check and admits from it with
     /// no round trip, at most `N × batch` more admitted in any window than
@@ -574,64 +440,9 @@ impl Limiter {
         Ok(self.map(|s| s.local = Some(local)))
     }
 
-    /// The denial this process holds for `key` in its deny cache, if the
-    /// cache may answer for this limiter: a check of `key` now would be
-    /// denied without asking the store.
-    pub(crate) fn cached_denial(&self, key: &str) -> Option<Decision> {
-        self.cached(&self.store_key(bounded_key(key).into_owned()))
-    }
-
-    /// The deny cache's denial of store key `key`, when it may answer for
-    /// this limiter and was decided under this limiter's rates: a rule's
-    /// tiers, or its policy before a reload, share its counts and the
-    /// cache, but not each other's denials.
-    pub(crate) fn cached(&self, key: &str) -> Option<Decision> {
-        self.usable_deny_cache()?.get(key).filter(|denied| {
-            denied.rates().iter().map(RateStatus::rate).eq(self
-                .inner
-                .policy
-                .rates()
-                .iter()
-                .copied())
-        })
-    }
-
-    /// Give back one admitted check of `key` costing `units`, whose
-    /// decision carried `id` ([`Command::Refund`]); without one, a reward.
-    pub(crate) async fn refund(
-        &self,
-        key: &str,
-        id: Option<crate::decision::RefundId>,
-        units: u64,
-    ) -> Result<Decision, StoreError> {
-        self.give_back(&bounded_key(key), id, units).await
-    }
-
-    /// [`refund`](Self::refund) of `key` as this limiter holds it
-    /// ([`limited`]).
-    pub(crate) async fn give_back(
-        &self,
-        key: &str,
-        id: Option<crate::decision::RefundId>,
-        units: u64,
-    ) -> Result<Decision, StoreError> {
-        let command = match id {
-            Some(id) => Command::Refund { id, units },
-            None => Command::Reward(units),
-        };
-        self.command_limited(key, command).await
-    }
-
     /// Whether `key` is one of the allowed keys, never limited.
     pub fn is_allowed(&self, key: &str) -> bool {
         !self.inner.allowed.is_empty() && self.inner.allowed.contains(key)
-    }
-
-    /// The key as given, of store key `key` (see [`store_key`](Self::store_key)).
-    pub(crate) fn raw_key<'k>(&self, key: &'k str) -> &'k str {
-        key.strip_prefix(&*self.inner.name)
-            .and_then(|rest| rest.strip_prefix(':'))
-            .unwrap_or(key)
     }
 
     /// The store key of an extracted key: `{name}:{key}`, written into the

@@ -1,0 +1,195 @@
+//! What the rest of the crate asks of a [`Limiter`] beyond its public
+//! API: the rules (a limiter per rule, the first look at cached denials,
+//! refunds), the admin router (commands on a key as the limiter holds it,
+//! the most denied keys), the local quota and the metrics.
+
+use std::sync::Arc;
+
+use super::breaker::Breaker;
+use super::{
+    DecidedBy, FailMode, LimitError, Limiter, Verdict, bounded_key, classify, local, names,
+};
+use crate::decision::{Decision, RateStatus};
+use crate::metrics::Outcome;
+use crate::policy::Policy;
+use crate::store::{Command, StoreError};
+
+impl Limiter {
+    /// Count the verdict of a check of `key` (as held: [`limited`], not
+    /// namespaced) in the metrics, and a denial among the limiter's most denied keys
+    /// (sharing them through the store when a share is due).
+    pub(crate) fn counted(
+        &self,
+        key: &str,
+        verdict: Result<Verdict, LimitError>,
+    ) -> Result<Verdict, LimitError> {
+        if !self.inner.counted {
+            return verdict;
+        }
+        let (outcome, decider) = classify(&verdict);
+        crate::metrics::decision(&self.inner.name, outcome, decider);
+        if matches!(outcome, Outcome::Denied | Outcome::Blocked) {
+            self.denied(key);
+        }
+        verdict
+    }
+
+    /// Count `denied`, a denial the deny cache gave `key` (as given) before
+    /// any check was started (the rules' first look).
+    pub(crate) fn count_cached_denial(&self, key: &str, denied: &Decision) {
+        let verdict = Verdict::without_permit(Some(denied.clone()), DecidedBy::DenyCache);
+        let _counted = self.counted(&bounded_key(key), Ok(verdict));
+    }
+
+    /// The same limiter, whose verdicts are not counted.
+    pub(crate) fn uncounted(self) -> Self {
+        self.map(|s| s.counted = false)
+    }
+
+    /// Count the denials of this limiter and of every limiter derived
+    /// from it (a rule set's) from now on.
+    pub(crate) fn watch_denials(&self) {
+        self.inner.registry.watch();
+    }
+
+    /// Count a denial of `key` among the limit's most denied keys.
+    pub(crate) fn denied(&self, key: &str) {
+        let Some(counts) = self.inner.denials.record(key, std::time::Instant::now()) else {
+            return;
+        };
+        // Shared in the background, when there is a runtime to do it.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let share = Arc::clone(&self.inner.store)
+                .share_denials_owned(Arc::clone(&self.inner.name), counts);
+            runtime.spawn(async move {
+                if let Err(error) = share.await {
+                    tracing::warn!(%error, "rate limit: sharing the most denied keys failed; those counts are lost");
+                }
+            });
+        }
+    }
+
+    /// A limiter like this one (same store, fail mode, breaker and deny
+    /// cache, shared) for `policy`, named `{prefix}@{policy's default name}`:
+    /// one per rule and policy of a rule set, so a rule keeps its counts
+    /// while its policy is unchanged.
+    pub(crate) fn for_rule(&self, rule: &str, policy: Policy) -> Self {
+        // Counted under the rule's name alone: a changed policy (or another
+        // tier's) applies to the same counts (the store keeps each
+        // algorithm's state apart, and each window's counters apart).
+        let name = rule.to_owned();
+        self.clone().map(|s| {
+            if let FailMode::Fallback { instances, .. } = &s.fail_mode {
+                s.fallback_policy = Some(Arc::new(policy.shared_by(*instances)));
+            }
+            s.name = Arc::from(name);
+            // One count, one set of units held: a rule's tiers share them.
+            s.local = s.local.as_ref().and_then(|l| {
+                let held = local::Local::held_of(&s.held, &s.name);
+                local::Local::new(l.config(), &policy, held)
+                    .ok()
+                    .map(Arc::new)
+            });
+            s.policy = Arc::new(policy);
+            s.denials = s.registry.of(&s.name);
+            names::claim_or_warn(&s.name, names::Owner::Rule, &s.denials);
+            s.allowed = Arc::default();
+        })
+    }
+
+    /// Whether this limiter's circuit breaker is open (or probing): a check
+    /// now is failed fast, or is the one probe let through.
+    pub(crate) fn circuit_open(&self) -> bool {
+        self.inner.breaker.as_deref().is_some_and(Breaker::is_open)
+    }
+
+    /// The denial this process holds for `key` in its deny cache, if the
+    /// cache may answer for this limiter: a check of `key` now would be
+    /// denied without asking the store.
+    pub(crate) fn cached_denial(&self, key: &str) -> Option<Decision> {
+        self.cached(&self.store_key(bounded_key(key).into_owned()))
+    }
+
+    /// The deny cache's denial of store key `key`, when it may answer for
+    /// this limiter and was decided under this limiter's rates: a rule's
+    /// tiers, or its policy before a reload, share its counts and the
+    /// cache, but not each other's denials.
+    pub(crate) fn cached(&self, key: &str) -> Option<Decision> {
+        self.usable_deny_cache()?.get(key).filter(|denied| {
+            denied.rates().iter().map(RateStatus::rate).eq(self
+                .inner
+                .policy
+                .rates()
+                .iter()
+                .copied())
+        })
+    }
+
+    /// Run `command` on `key` as this limiter holds it: as given when it
+    /// is short, else its hashed form ([`limited`]), the form
+    /// [`most_denied`](Self::most_denied) shows (so an operator can steer
+    /// a key too long to be shown).
+    pub(crate) async fn command_limited(
+        &self,
+        key: &str,
+        command: Command,
+    ) -> Result<Decision, StoreError> {
+        let raw = key;
+        let key = self.store_key(key.to_owned());
+        let outcome = Arc::clone(&self.inner.store)
+            .command_owned(key.clone(), Arc::clone(&self.inner.policy), command)
+            .await;
+        // A command that changes the key (even one whose reply was lost: it
+        // may have run) makes this process's cached denial stale. A peek
+        // changes nothing, and leaves a flooded key's denial cached.
+        if command != Command::Peek
+            && let Some(cache) = &self.inner.deny_cache
+        {
+            cache.remove(&key);
+        }
+        // Units held here would admit past a block, or past a penalty's
+        // count: drop them (other processes hold theirs for at most their
+        // hold).
+        if matches!(
+            command,
+            Command::Block(_) | Command::Penalty(_) | Command::Reset
+        ) && let Some(local) = &self.inner.local
+        {
+            local.forget(raw);
+        }
+        outcome
+    }
+
+    /// Give back one admitted check of `key` costing `units`, whose
+    /// decision carried `id` ([`Command::Refund`]); without one, a reward.
+    pub(crate) async fn refund(
+        &self,
+        key: &str,
+        id: Option<crate::decision::RefundId>,
+        units: u64,
+    ) -> Result<Decision, StoreError> {
+        self.give_back(&bounded_key(key), id, units).await
+    }
+
+    /// [`refund`](Self::refund) of `key` as this limiter holds it
+    /// ([`limited`]).
+    pub(crate) async fn give_back(
+        &self,
+        key: &str,
+        id: Option<crate::decision::RefundId>,
+        units: u64,
+    ) -> Result<Decision, StoreError> {
+        let command = match id {
+            Some(id) => Command::Refund { id, units },
+            None => Command::Reward(units),
+        };
+        self.command_limited(key, command).await
+    }
+
+    /// The key as given, of store key `key` (see [`store_key`](Self::store_key)).
+    pub(crate) fn raw_key<'k>(&self, key: &'k str) -> &'k str {
+        key.strip_prefix(&*self.inner.name)
+            .and_then(|rest| rest.strip_prefix(':'))
+            .unwrap_or(key)
+    }
+}

@@ -1133,3 +1133,94 @@ async fn an_empty_rule_set_is_published_only_when_confirmed() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A flooder whose key is 200 KB long: the top keys show it by its hash
+/// (`#` and 40 hex digits), and that form steers it: peek, block (its next
+/// request is denied as blocked), reset (admitted again). The info log of a
+/// key command shows the key hashed, never the key; `/top` stays small.
+#[tokio::test]
+async fn a_long_key_is_shown_and_steered_by_its_hash() {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Logs(Arc<Mutex<Vec<u8>>>);
+    impl Write for Logs {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let limiter = Limiter::new(store, "1/h".parse().unwrap()).with_name("flood");
+    let router = Admin::new(TOKEN, addr())
+        .unwrap()
+        .with_limiter(limiter.clone())
+        .into_router();
+    let flooder = format!("sk-{}", "x".repeat(200_000));
+    assert!(limiter.check(&flooder).await.unwrap().allowed());
+    for _ in 0..5 {
+        assert!(!limiter.check(&flooder).await.unwrap().allowed());
+    }
+    let (status, _, top) = send(
+        &router,
+        Method::GET,
+        "/api/limits/flood/top",
+        Some(TOKEN),
+        "",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{top}");
+    assert!(
+        top.to_string().len() < 1_000,
+        "{} bytes",
+        top.to_string().len()
+    );
+    let shown = top["keys"][0]["key"].as_str().unwrap().to_owned();
+    assert_eq!(shown.len(), 41, "{shown}");
+    assert!(shown.starts_with('#'));
+    let path = |command: &str| format!("/api/limits/flood/keys/%23{}{command}", &shown[1..]);
+
+    let (status, _, peek) = send(&router, Method::GET, &path(""), Some(TOKEN), "").await;
+    assert_eq!(status, StatusCode::OK, "{peek}");
+    assert_eq!(peek["state"]["allowed"], false, "{peek}");
+    let (status, _, _) = send(&router, Method::POST, &path("/reset"), Some(TOKEN), "").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        limiter.check(&flooder).await.unwrap().allowed(),
+        "reset by its hash"
+    );
+    let (status, _, _) = send(
+        &router,
+        Method::POST,
+        &path("/block"),
+        Some(TOKEN),
+        r#"{"seconds": 600}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let verdict = limiter.check(&flooder).await.unwrap();
+    assert!(
+        !verdict.allowed() && verdict.decision().unwrap().blocked(),
+        "blocked by its hash"
+    );
+
+    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(logs.contains("admin: key command"), "{logs}");
+    assert!(
+        !logs.contains("xxxxxxxxxx") && !logs.contains(&shown[1..]),
+        "{logs}"
+    );
+}

@@ -335,7 +335,7 @@ pub(crate) fn var(name: &'static str) -> Result<Option<String>, BadSetting> {
 
 /// The count (at least 1) in environment variable `name`; `None` if it is
 /// unset or empty.
-pub(crate) fn count(name: &'static str) -> Result<Option<usize>, BadSetting> {
+fn count(name: &'static str) -> Result<Option<usize>, BadSetting> {
     var(name)?
         .map(|text| match text.trim().parse::<usize>() {
             Ok(count) if count > 0 => Ok(count),

@@ -119,6 +119,11 @@ impl Server {
         assert!(sent.success(), "kill -{signal}");
     }
 
+    /// Its process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Whether it still runs (it has not exited).
     pub(crate) fn is_running(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()

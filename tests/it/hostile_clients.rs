@@ -229,6 +229,83 @@ fn a_flood_of_silent_connections_cannot_exhaust_the_open_files() {
     );
 }
 
+/// Sets the soft open-file limit of the running process `pid` (the hard
+/// one stays, so the limit can be raised again).
+fn set_open_files(pid: u32, limit: usize) {
+    let set = std::process::Command::new("prlimit")
+        .args(["--pid", &pid.to_string(), &format!("--nofile={limit}:")])
+        .status()
+        .expect("prlimit (util-linux) sets a running process's limits");
+    assert!(set.success(), "prlimit --pid {pid} --nofile={limit}:");
+}
+
+/// The CPU time `pid` has used (user and system).
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command's closing parenthesis; utime and stime
+    // are the 14th and 15th of the whole line, in ticks of 1/100 s.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
+/// Out of files anyway (the limit lowered under the running server, below
+/// what the caps assumed): a failed accept is retried after 10 ms, doubling
+/// up to a second, without spinning; once files are free again the waiting
+/// clients are served.
+#[test]
+fn accept_errors_back_off_without_spinning() {
+    let server = Server::start(&[("HEADER_TIMEOUT", "10m")]);
+    let clients = Clients::of(&server);
+    let pid = server.pid();
+    let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
+    set_open_files(pid, open + 5);
+    let flood = clients.silent("127.0.0.1", 30);
+    let cpu = cpu_time(pid);
+    let first = server
+        .logged("cannot accept", Duration::from_secs(2))
+        .expect("the server ran out of files");
+    assert!(first.contains("Too many open files"), "{first}");
+    // 10 + 20 + 40 + ... ms: the 8th retry comes 2.27 s after the first
+    // failure (a fixed 100 ms would fail 20 times in 2 s).
+    let window = Instant::now();
+    let mut failures = 1;
+    while let Some(left) = Duration::from_secs(2).checked_sub(window.elapsed()) {
+        if server.logged("cannot accept", left).is_some() {
+            failures += 1;
+        }
+    }
+    assert!(
+        (4..=9).contains(&failures),
+        "{failures} failed accepts in 2 s"
+    );
+    let spent = cpu_time(pid) - cpu;
+    assert!(
+        spent < Duration::from_millis(300),
+        "{spent:?} of CPU in 2 s"
+    );
+
+    set_open_files(pid, 4096);
+    drop(flood);
+    let freed = Instant::now();
+    assert_eq!(
+        clients.health("127.0.0.2", Duration::from_secs(3)),
+        Some(200)
+    );
+    assert!(
+        freed.elapsed() < Duration::from_millis(1500),
+        "served {:?} after files were free (the wait is at most 1 s)",
+        freed.elapsed()
+    );
+}
+
 /// Caps that cannot hold are refused at start, naming the variable: a
 /// total above what the open-file limit leaves room for, a per-address cap
 /// above the total.

@@ -8,9 +8,9 @@ use bb8_redis::bb8;
 use redis::IntoConnectionInfo;
 use redis::{ErrorKind, RedisError};
 
+use super::RedisStore;
 use super::call::within;
 use super::connection::{Connections, TrackedManager};
-use super::{CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, RedisStore};
 use crate::store::StoreError;
 
 /// How a [`RedisStore`] connects: the settings that must be known before
@@ -52,7 +52,7 @@ pub struct RedisStoreBuilder {
 impl Default for RedisStoreBuilder {
     fn default() -> Self {
         Self {
-            pool_size: DEFAULT_POOL_SIZE,
+            pool_size: RedisStore::DEFAULT_POOL_SIZE,
             #[cfg(feature = "tls")]
             root_certificate: None,
             #[cfg(feature = "tls")]
@@ -190,19 +190,19 @@ impl RedisStoreBuilder {
         if self.pool_size == 0 {
             return Err(config_error("the pool size must be at least 1").into());
         }
-        let mut conn = tokio::time::timeout(CONNECT_TIMEOUT, async {
+        let mut conn = tokio::time::timeout(RedisStore::CONNECT_TIMEOUT, async {
             let mut conn = manager.open().await?;
             redis::cmd("PING").query_async::<()>(conn.conn()).await?;
             Ok::<_, StoreError>(conn)
         })
         .await
-        .unwrap_or(Err(StoreError::Timeout(CONNECT_TIMEOUT)))?;
+        .unwrap_or(Err(StoreError::Timeout(RedisStore::CONNECT_TIMEOUT)))?;
         let pool = bb8::Pool::builder()
             .max_size(self.pool_size)
             // Broken connections are dropped by the manager: no PING on
             // every checkout. The store's timeout bounds the wait.
             .test_on_check_out(false)
-            .connection_timeout(CONNECT_TIMEOUT)
+            .connection_timeout(RedisStore::CONNECT_TIMEOUT)
             .build_unchecked(manager);
         let store = RedisStore::from_tracked_pool(pool);
         within(store.timeout, store.clock.measure(conn.conn())).await?;
@@ -234,7 +234,7 @@ impl RedisStoreBuilder {
         #[allow(unused_mut)]
         let mut builder = redis::cluster::ClusterClient::builder(nodes.iter().copied())
             // The store's timeout bounds every call (retries included).
-            .connection_timeout(CONNECT_TIMEOUT)
+            .connection_timeout(RedisStore::CONNECT_TIMEOUT)
             .overall_response_timeout(None)
             // The store retries what may be repeated (see connect_cluster).
             .retries(0);
@@ -249,13 +249,13 @@ impl RedisStoreBuilder {
             builder = builder.certs(certificates);
         }
         let client = builder.build()?;
-        let conn = tokio::time::timeout(CONNECT_TIMEOUT, async {
+        let conn = tokio::time::timeout(RedisStore::CONNECT_TIMEOUT, async {
             let mut conn = client.get_async_connection().await?;
             super::connection::ping_every_master(&mut conn).await?;
             Ok::<_, StoreError>(conn)
         })
         .await
-        .unwrap_or(Err(StoreError::Timeout(CONNECT_TIMEOUT)))?;
+        .unwrap_or(Err(StoreError::Timeout(RedisStore::CONNECT_TIMEOUT)))?;
         let mut measuring = conn.clone();
         let store = RedisStore::from_cluster_connection(conn);
         within(store.timeout, store.clock.measure(&mut measuring)).await?;

@@ -22,7 +22,8 @@
 
 use std::time::Duration;
 
-use super::connection::{Conn, Connections, is_connection_error, is_demoted};
+use super::connection::{Conn, Connections};
+use super::errors::{is_connection_error, is_demoted, no_script, not_run};
 use crate::store::StoreError;
 
 /// How many times a call Redis refused before running it is sent again.
@@ -176,36 +177,4 @@ pub(super) async fn within<T>(
     tokio::time::timeout(timeout, work)
         .await
         .unwrap_or(Err(StoreError::Timeout(timeout)))
-}
-
-/// Whether Redis does not know the script it was asked to run.
-fn no_script(error: &StoreError) -> bool {
-    error
-        .backend_error::<redis::RedisError>()
-        .is_some_and(|error| {
-            error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-        })
-}
-
-/// Whether Redis (or the cluster client) refused `error`'s command before
-/// running any of it, so that sending it again cannot count it twice.
-fn not_run(error: &StoreError) -> bool {
-    use redis::{ErrorKind, ServerErrorKind};
-    let Some(error) = error.backend_error::<redis::RedisError>() else {
-        return false;
-    };
-    matches!(
-        error.kind(),
-        ErrorKind::ClusterConnectionNotFound
-            | ErrorKind::Server(
-                ServerErrorKind::Moved
-                    | ServerErrorKind::Ask
-                    | ServerErrorKind::TryAgain
-                    | ServerErrorKind::ClusterDown
-                    | ServerErrorKind::MasterDown
-                    | ServerErrorKind::ReadOnly
-                    | ServerErrorKind::BusyLoading
-                    | ServerErrorKind::ExecAbort
-            )
-    )
 }

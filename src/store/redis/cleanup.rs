@@ -7,7 +7,8 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 
 use super::call::Call;
-use super::connection::{Conn, Connections, is_connection_error};
+use super::connection::{Conn, Connections};
+use super::errors::is_connection_error;
 use crate::store::StoreError;
 
 /// How many times a clean-up in the background tries to remove its entries.

@@ -486,50 +486,6 @@ impl Conn {
     }
 }
 
-/// Whether `error` says the connection leads to a replica: a primary
-/// demoted by a Sentinel failover refuses writes with `READONLY` (before
-/// running them). Such a connection is retired like a broken one, so that
-/// the next goes to the new primary.
-pub(super) fn is_demoted(error: &StoreError) -> bool {
-    error
-        .backend_error::<RedisError>()
-        .is_some_and(redis_demoted)
-}
-
-/// Whether a redis-rs error carries `READONLY`: as the error itself (a
-/// script or a single command) or inside an aborted transaction, where a
-/// replica refuses each queued write with `READONLY` and `EXEC` answers
-/// `EXECABORT`.
-fn redis_demoted(error: &RedisError) -> bool {
-    use redis::{ErrorKind, ServerErrorKind};
-    match error.kind() {
-        ErrorKind::Server(ServerErrorKind::ReadOnly) => true,
-        ErrorKind::Server(ServerErrorKind::ExecAbort) => {
-            error.clone().into_server_errors().is_some_and(|errors| {
-                errors
-                    .iter()
-                    .any(|(_, e)| e.kind() == Some(ServerErrorKind::ReadOnly))
-            })
-        }
-        _ => false,
-    }
-}
-
-/// Whether `error` means the connection itself is unusable. A timeout does
-/// not: a slow Redis answers later on the same connection.
-pub(super) fn is_connection_error(error: &StoreError) -> bool {
-    match error.backend_error::<RedisError>() {
-        Some(e) => {
-            !e.is_timeout()
-                && (e.is_io_error()
-                    || e.is_connection_dropped()
-                    || e.is_connection_refusal()
-                    || e.is_unrecoverable_error())
-        }
-        _ => false,
-    }
-}
-
 /// `PING` every master of the cluster by address (the masters `CLUSTER
 /// SLOTS` lists). redis-rs's own routing of `PING` goes to the masters it
 /// holds a connection to, and drops a dead one from that set: a ping routed

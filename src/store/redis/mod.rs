@@ -16,13 +16,17 @@ use crate::decision::Lease;
 use crate::policy::{Algorithm, Execution, Policy};
 use crate::store::{Command, Store, StoreError, bounded_key};
 
+mod acl;
 mod batch;
 mod builder;
 mod call;
+mod check;
 mod cleanup;
 mod clock_sync;
+mod command;
 mod connection;
 mod denials;
+mod errors;
 mod reply;
 mod script;
 #[cfg(feature = "sentinel")]
@@ -38,26 +42,10 @@ pub use script::{
     SLIDING_WINDOW_COMMAND_SCRIPT, SLIDING_WINDOW_SCRIPT,
 };
 
-use batch::{Batchers, Waiting};
+use batch::Batchers;
 use call::Call;
-use cleanup::Cleanup;
 use clock_sync::ClockSync;
 use connection::Connections;
-use reply::member;
-
-/// The default bound on every Redis call (pool checkout included).
-pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
-/// How long [`RedisStore::connect`] waits for its first connection.
-pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// The default key prefix.
-pub(crate) const DEFAULT_PREFIX: &str = "rl";
-/// The default number of connections [`RedisStore::connect`] opens at most.
-pub(crate) const DEFAULT_POOL_SIZE: u32 = 16;
-/// How often the offset between this process's clock and Redis's is measured
-/// again (transaction execution).
-pub(crate) const DEFAULT_CLOCK_REFRESH: Duration = Duration::from_secs(30);
-/// How many batches of checks of one algorithm are in flight at once.
-pub(crate) const DEFAULT_BATCHES_IN_FLIGHT: usize = 2;
 
 /// Rate limits kept in Redis, shared by every process that uses the same
 /// Redis and key prefix.
@@ -113,20 +101,20 @@ impl fmt::Debug for RedisStore {
 impl RedisStore {
     /// How long a check waits for Redis unless
     /// [`with_timeout`](Self::with_timeout) says otherwise (250 ms).
-    pub const DEFAULT_TIMEOUT: Duration = DEFAULT_TIMEOUT;
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
     /// How long [`connect`](Self::connect) waits for Redis (5 s).
-    pub const CONNECT_TIMEOUT: Duration = CONNECT_TIMEOUT;
+    pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
     /// The prefix of every Redis key unless
     /// [`with_prefix`](Self::with_prefix) says otherwise (`rl`).
-    pub const DEFAULT_PREFIX: &'static str = DEFAULT_PREFIX;
+    pub const DEFAULT_PREFIX: &'static str = "rl";
     /// The connections of the pool [`connect`](Self::connect) opens (16).
-    pub const DEFAULT_POOL_SIZE: u32 = DEFAULT_POOL_SIZE;
+    pub const DEFAULT_POOL_SIZE: u32 = 16;
     /// How often the offset to Redis's clock is measured again unless
     /// [`with_clock_refresh`](Self::with_clock_refresh) says otherwise (30 s).
-    pub const DEFAULT_CLOCK_REFRESH: Duration = DEFAULT_CLOCK_REFRESH;
+    pub const DEFAULT_CLOCK_REFRESH: Duration = Duration::from_secs(30);
     /// How many batches of checks of one algorithm are in flight at once
     /// unless [`with_batches`](Self::with_batches) says otherwise (2).
-    pub const DEFAULT_BATCHES_IN_FLIGHT: usize = DEFAULT_BATCHES_IN_FLIGHT;
+    pub const DEFAULT_BATCHES_IN_FLIGHT: usize = 2;
 
     /// Settings to connect with: pool size, TLS certificates, Sentinel
     /// credentials. [`connect`](Self::connect) is `builder().connect(url)`.
@@ -336,16 +324,16 @@ impl RedisStore {
     }
 
     fn from_connections(connections: Connections) -> Self {
-        let batchers =
-            (!connections.is_cluster()).then(|| Arc::new(Batchers::new(DEFAULT_BATCHES_IN_FLIGHT)));
+        let batchers = (!connections.is_cluster())
+            .then(|| Arc::new(Batchers::new(Self::DEFAULT_BATCHES_IN_FLIGHT)));
         Self {
             batchers,
             connections,
-            prefix: Arc::from(DEFAULT_PREFIX),
-            timeout: DEFAULT_TIMEOUT,
+            prefix: Arc::from(Self::DEFAULT_PREFIX),
+            timeout: Self::DEFAULT_TIMEOUT,
             clock: Arc::new(ClockSync::new(
                 Arc::new(SystemClock::new()),
-                DEFAULT_CLOCK_REFRESH,
+                Self::DEFAULT_CLOCK_REFRESH,
             )),
             ids: Arc::new(RequestIds::new()),
         }
@@ -377,7 +365,7 @@ impl RedisStore {
     pub fn acl_rules(prefix: &str) -> String {
         format!(
             "resetkeys ~{prefix}:* resetchannels -@all {}",
-            ACL_COMMANDS.join(" ")
+            acl::ACL_COMMANDS.join(" ")
         )
     }
 
@@ -513,217 +501,19 @@ impl Store for RedisStore {
         self.release_lease(key, policy, lease).await
     }
 
+    /// One `EVALSHA` (or, for the sliding log's `Transaction` execution,
+    /// one `MULTI`/`EXEC`) per check, or a place in a batch of checks
+    /// ([`with_batches`](RedisStore::with_batches)).
     async fn check(&self, key: &str, policy: &Policy) -> Result<Decision, StoreError> {
-        if let Some(batchers) = &self.batchers
-            && let Some(batcher) = batchers.get(policy.algorithm())
-        {
-            let (reply, answer) = tokio::sync::oneshot::channel();
-            let waiting = Waiting {
-                state: self.redis_key(policy.algorithm().tag(), key),
-                block: self.redis_key(BLOCK_TAG, key),
-                policy: policy.clone(),
-                reply,
-            };
-            batcher.submit(&self.connections, self.timeout, waiting);
-            return match tokio::time::timeout(self.timeout, answer).await {
-                Ok(Ok(decision)) => decision,
-                Ok(Err(_)) => Err(StoreError::UnexpectedReply(
-                    "the check's batch ended without an answer".to_owned(),
-                )),
-                Err(_) => Err(StoreError::Timeout(self.timeout)),
-            };
+        match self.batcher(policy.algorithm()) {
+            Some(batcher) => self.check_in_batch(batcher, key, policy).await,
+            None => self.check_alone(key, policy).await,
         }
-        let started = tokio::time::Instant::now();
-        let redis_key = self.redis_key(policy.algorithm().tag(), key);
-        let block_key = self.redis_key(BLOCK_TAG, key);
-        let keys = script::Keys {
-            state: &redis_key,
-            block: &block_key,
-        };
-        let lease = self.ids.next();
-        let id = member(lease);
-        let eval = match (policy.algorithm(), policy.execution()) {
-            (Algorithm::SlidingLog, Execution::Transaction) => None,
-            _ => Some(script::check(keys, policy, &id)?),
-        };
-        // The entries the sliding log's transaction writes, or the lease the
-        // concurrency limit takes: the same on every attempt, so a retry
-        // after a lost reply counts once. Until the outcome is known, an
-        // error or a dropped future (the timeout) takes them back out, after
-        // the last attempt's commands on the same connection. (The script
-        // writes only admitted requests: an error after it ran leaves an
-        // admission that counts once, as the fail mode decides.)
-        let pending = match (policy.algorithm(), policy.execution()) {
-            (Algorithm::SlidingLog, Execution::Transaction) => Some(Cleanup::new(
-                &self.connections,
-                &redis_key,
-                sliding_log::members(&id, policy.cost()),
-                self.timeout,
-            )),
-            (Algorithm::Concurrency, _) => Some(Cleanup::new(
-                &self.connections,
-                &redis_key,
-                vec![id.clone()],
-                self.timeout,
-            )),
-            _ => None,
-        };
-        // A connection broken by a Redis restart or a lost reply: the check
-        // is sent again where a repeat is harmless (the request's entries
-        // or lease are the same). The counters and GCRA would count it
-        // twice: their failure goes to the fail mode instead.
-        let decision = self
-            .call("check")
-            .script(eval.as_ref().map(script::Eval::script))
-            .repeatable(idempotent(policy.algorithm()))
-            .run(|mut conn| {
-                let pending = pending.as_ref();
-                if let Some(pending) = pending {
-                    pending.bind(&conn);
-                }
-                let members = pending.map_or(&[][..], Cleanup::members);
-                let (eval, clock) = (eval.as_ref(), &self.clock);
-                async move {
-                    match eval {
-                        None => {
-                            sliding_log::transaction(conn.get(), keys, policy, members, clock).await
-                        }
-                        Some(eval) => script::decode_reply(eval.send(conn.get()).await?, policy),
-                    }
-                }
-            })
-            .await?;
-        // Admitted by the concurrency limit, the decision holds its lease.
-        let decision = if decision.allowed() && policy.algorithm() == Algorithm::Concurrency {
-            decision.with_lease(lease)
-        } else {
-            decision
-        };
-        if let Some(mut pending) = pending {
-            if decision.allowed() || policy.algorithm() == Algorithm::Concurrency {
-                // Admitted: the entries count (a lease is the caller's to
-                // release). A denied lease was never taken.
-                pending.disarm();
-            } else {
-                // Denied attempts must not count. Taking a denied entry
-                // back out never turns the decision into an error, and
-                // waits no longer than what is left of the timeout (then
-                // it goes on in the background).
-                pending
-                    .run(self.timeout.saturating_sub(started.elapsed()))
-                    .await;
-            }
-        }
-        // An admitted sliding-log check carries the id of its entries: what
-        // a refund of it removes.
-        if decision.allowed() && policy.algorithm() == Algorithm::SlidingLog {
-            return Ok(decision.with_entries(lease.into()));
-        }
-        Ok(decision)
     }
 }
-
-impl RedisStore {
-    /// Run an operator's command: one script, atomic, within the timeout;
-    /// sent again after a lost reply only when it cannot have run twice
-    /// (see [`command_idempotent`]).
-    async fn run_command(
-        &self,
-        key: &str,
-        policy: &Policy,
-        command: Command,
-    ) -> Result<Decision, StoreError> {
-        let redis_key = self.redis_key(policy.algorithm().tag(), key);
-        let block_key = self.redis_key(BLOCK_TAG, key);
-        let keys = script::Keys {
-            state: &redis_key,
-            block: &block_key,
-        };
-        let id = member(self.ids.next());
-        let eval = script::command(keys, policy, command, &id)?;
-        self.call("command")
-            .script(Some(eval.script()))
-            .repeatable(command_idempotent(command))
-            .run(|mut conn| {
-                let eval = &eval;
-                async move { script::decode_reply(eval.send(conn.get()).await?, policy) }
-            })
-            .await
-    }
-
-    /// Give back a concurrency lease (one `ZREM`), within the timeout. Like
-    /// every give-back (a refund), it is not sent again after a connection
-    /// error: whatever happened to it counts at most once.
-    async fn release_lease(
-        &self,
-        key: &str,
-        policy: &Policy,
-        lease: Lease,
-    ) -> Result<(), StoreError> {
-        let redis_key = self.redis_key(policy.algorithm().tag(), key);
-        self.call("release")
-            .run(|mut conn| {
-                let redis_key = &redis_key;
-                async move { cleanup::zrem(conn.get(), redis_key, &[member(lease)]).await }
-            })
-            .await
-    }
-}
-
-/// Every command a store sends, directly or from its scripts (see
-/// [`RedisStore::acl_rules`]).
-const ACL_COMMANDS: &[&str] = &[
-    "+ping",
-    "+evalsha",
-    "+script|load",
-    "+multi",
-    "+exec",
-    "+time",
-    "+get",
-    "+mget",
-    "+set",
-    "+del",
-    "+hset",
-    "+hmget",
-    "+hdel",
-    "+pexpire",
-    "+pexpireat",
-    "+pttl",
-    "+zadd",
-    "+zrem",
-    "+zscore",
-    "+zcard",
-    "+zcount",
-    "+zrange",
-    "+zrevrange",
-    "+zremrangebyscore",
-    "+zremrangebyrank",
-    // The most denied keys, shared (`{prefix}:denied:*`).
-    "+zincrby",
-    // Sentinel: redis-rs asks the primary it was given for its ROLE.
-    "+role",
-    // Cluster: the client's topology (and `ping()`'s list of masters), and
-    // an `ASK` redirect's first command.
-    "+cluster|slots",
-    "+asking",
-];
 
 /// The part of a block's Redis key that names it (`{prefix}:block:{key}`).
-const BLOCK_TAG: &str = "block";
-
-/// Whether running a command twice (after a connection error that may have
-/// come after Redis ran it) leaves what running it once does: not a penalty
-/// nor a reward, which would move the quota twice. (A block sent again ends
-/// a round trip later, as if it had been sent then.)
-fn command_idempotent(command: Command) -> bool {
-    matches!(command, Command::Peek | Command::Reset | Command::Block(_))
-}
-
-/// Whether running a check twice (after a connection error that may have
-/// come after Redis ran it) counts once.
-fn idempotent(algorithm: Algorithm) -> bool {
-    matches!(algorithm, Algorithm::SlidingLog | Algorithm::Concurrency)
-}
+pub(super) const BLOCK_TAG: &str = "block";
 
 /// `{prefix}:{algorithm}:{key}` with `key` in a hash tag, hashed when needed.
 pub(crate) fn redis_key(prefix: &str, algorithm: &str, key: &str) -> String {
@@ -764,6 +554,7 @@ impl RequestIds {
 
 #[cfg(test)]
 mod tests {
+    use super::reply::member;
     use super::*;
 
     #[test]

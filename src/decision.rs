@@ -187,6 +187,31 @@ impl Decision {
         self
     }
 
+    /// For an admitted check of a window counter, how long the window that
+    /// counted it lasts from when it was decided: units given back after
+    /// that would come off a later window, which never counted them.
+    /// `None` where giving back is exact whenever it comes (GCRA, the
+    /// sliding log, the concurrency limit).
+    pub(crate) fn counting_window_left(&self) -> Option<Duration> {
+        // A fixed window's reset is its end; an admitted sliding window
+        // counter's reset is the end of the window after.
+        let fixed = match self.algorithm {
+            Algorithm::FixedWindow => true,
+            Algorithm::SlidingWindow => false,
+            _ => return None,
+        };
+        self.rates()
+            .iter()
+            .map(|r| {
+                if fixed {
+                    r.reset()
+                } else {
+                    r.reset().saturating_sub(r.rate().window())
+                }
+            })
+            .min()
+    }
+
     /// The status of the rate the headline values describe.
     fn headline(&self) -> &RateStatus {
         let rates = self.rates.as_slice();

@@ -15,7 +15,7 @@ use crate::policy::Policy;
 use crate::store::{Command, StoreError};
 
 impl Limiter {
-    /// Count the verdict of a check of `key` (as held: [`limited`], not
+    /// Count the verdict of a check of `key` (as held: [`limited`](super::limited), not
     /// namespaced) in the metrics, and a denial among the limiter's most denied keys
     /// (sharing them through the store when a share is due).
     pub(crate) fn counted(
@@ -107,7 +107,13 @@ impl Limiter {
     /// cache may answer for this limiter: a check of `key` now would be
     /// denied without asking the store.
     pub(crate) fn cached_denial(&self, key: &str) -> Option<Decision> {
-        self.cached(&self.store_key(bounded_key(key).into_owned()))
+        self.cached_denial_held(&bounded_key(key))
+    }
+
+    /// [`cached_denial`](Self::cached_denial) of `key` as this limiter
+    /// holds it ([`limited`](super::limited)).
+    pub(crate) fn cached_denial_held(&self, key: &str) -> Option<Decision> {
+        self.cached(&self.store_key(key.to_owned()))
     }
 
     /// The deny cache's denial of store key `key`, when it may answer for
@@ -126,7 +132,7 @@ impl Limiter {
     }
 
     /// Run `command` on `key` as this limiter holds it: as given when it
-    /// is short, else its hashed form ([`limited`]), the form
+    /// is short, else its hashed form ([`limited`](super::limited)), the form
     /// [`most_denied`](Self::most_denied) shows (so an operator can steer
     /// a key too long to be shown).
     pub(crate) async fn command_limited(
@@ -134,10 +140,22 @@ impl Limiter {
         key: &str,
         command: Command,
     ) -> Result<Decision, StoreError> {
+        self.command_under(key, Arc::clone(&self.inner.policy), command)
+            .await
+    }
+
+    /// [`command_limited`](Self::command_limited) under `policy` (a local
+    /// quota gives units back under the policy that took them).
+    async fn command_under(
+        &self,
+        key: &str,
+        policy: Arc<Policy>,
+        command: Command,
+    ) -> Result<Decision, StoreError> {
         let raw = key;
         let key = self.store_key(key.to_owned());
         let outcome = Arc::clone(&self.inner.store)
-            .command_owned(key.clone(), Arc::clone(&self.inner.policy), command)
+            .command_owned(key.clone(), policy, command)
             .await;
         // A command that changes the key (even one whose reply was lost: it
         // may have run) makes this process's cached denial stale. A peek
@@ -168,14 +186,17 @@ impl Limiter {
         id: Option<crate::decision::RefundId>,
         units: u64,
     ) -> Result<Decision, StoreError> {
-        self.give_back(&bounded_key(key), id, units).await
+        let policy = Arc::clone(&self.inner.policy);
+        self.give_back(&bounded_key(key), policy, id, units).await
     }
 
     /// [`refund`](Self::refund) of `key` as this limiter holds it
-    /// ([`limited`]).
+    /// ([`limited`](super::limited)), under `policy` (the one that took
+    /// the units).
     pub(crate) async fn give_back(
         &self,
         key: &str,
+        policy: Arc<Policy>,
         id: Option<crate::decision::RefundId>,
         units: u64,
     ) -> Result<Decision, StoreError> {
@@ -183,7 +204,7 @@ impl Limiter {
             Some(id) => Command::Refund { id, units },
             None => Command::Reward(units),
         };
-        self.command_limited(key, command).await
+        self.command_under(key, policy, command).await
     }
 
     /// The key as given, of store key `key` (see [`store_key`](Self::store_key)).

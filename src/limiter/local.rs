@@ -306,10 +306,14 @@ struct Units {
     /// Counts the batches taken: a batch's return finds whether its units
     /// are still the ones held.
     batch: u64,
-    /// Whether units left unused when the batch expires go back to the
-    /// store (not a fixed window's that end with its window, or too close
-    /// to its end: given back in the next window they would count there).
-    returnable: bool,
+    /// Until when units left unused may go back to the store: a window
+    /// counter's, until shortly before the window that counted them ends
+    /// (given back later they would come off the next one); `None`:
+    /// always.
+    return_by: Option<Instant>,
+    /// The task that gives back what is left when the batch expires
+    /// (aborted once nothing is left to give back).
+    return_task: Option<tokio::task::AbortHandle>,
     /// The refund id of the batch's check (the sliding log's entries).
     refund_id: Option<RefundId>,
     /// Until when the store could not give a whole batch: checks of one
@@ -335,48 +339,75 @@ impl Units {
             || self.no_batch_until.is_some_and(|t| now < t)
     }
 
-    /// Whether these units were taken under `policy`.
-    fn taken_under(&self, policy: &Policy) -> bool {
-        self.policy.as_deref() == Some(policy)
-    }
-
     /// Take one kept unit for a check under `policy`, if any is still
-    /// usable.
+    /// usable and its policy lends them to this one.
     fn take(&mut self, policy: &Policy) -> Option<Verdict> {
         if self.left == 0 || self.until.is_none_or(|until| Instant::now() >= until) {
             // Expired: what is left goes back to the store (its return is
             // on its way, or the units end with their window).
             return None;
         }
-        if !self.taken_under(policy) {
+        if !self
+            .policy
+            .as_deref()
+            .is_some_and(|taken| lends(taken, policy))
+        {
             return None;
         }
         self.left -= 1;
+        if self.left == 0 {
+            self.cancel_return();
+        }
         Some(Verdict::without_permit(
             self.decision.clone(),
             DecidedBy::LocalQuota,
         ))
     }
-}
 
-/// Units given back to the store: how many, and the refund id of the
-/// batch's check.
-type GiveBack = (u64, Option<RefundId>);
-
-impl Units {
     /// What is left of the batch, taken (nothing more will be used of
-    /// it), to give back to the store: `None` when nothing is left or the
-    /// units end with their window.
-    fn leftover(&mut self) -> Option<GiveBack> {
+    /// it), to give back to the store: `None` when nothing is left or too
+    /// late to give it back.
+    fn leftover(&mut self, now: Instant) -> Option<GiveBack> {
         let left = std::mem::take(&mut self.left);
-        let cost = self.policy.as_deref().map_or(1, Policy::cost);
-        (left > 0 && self.returnable).then(|| (left * cost, self.refund_id))
+        let policy = self.policy.clone()?;
+        (left > 0 && self.return_by.is_none_or(|by| now < by))
+            .then(|| (left * policy.cost(), self.refund_id, policy))
+    }
+
+    /// No return of this batch is needed any more.
+    fn cancel_return(&mut self) {
+        if let Some(task) = self.return_task.take() {
+            task.abort();
+        }
     }
 }
 
-/// How close to the end of a fixed window a batch's units may expire and
-/// still go back: one given back after its window ended would count in
-/// the next one.
+/// Whether units taken under `taken` may admit a check under `policy`:
+/// the same policy, or one that counts alike (algorithm, cost, windows)
+/// and allows at least as much in each window (a rule's higher tier may
+/// use a lower tier's units; a lower tier gives a higher one's back and
+/// takes its own).
+fn lends(taken: &Policy, policy: &Policy) -> bool {
+    taken == policy
+        || taken.algorithm() == policy.algorithm()
+            && taken.cost() == policy.cost()
+            && taken.execution() == policy.execution()
+            && taken.rates().len() == policy.rates().len()
+            && policy.rates().iter().all(|q| {
+                taken
+                    .rates()
+                    .iter()
+                    .any(|p| p.window() == q.window() && p.max() <= q.max())
+            })
+}
+
+/// Units given back to the store: how many, the refund id of the batch's
+/// check, and the policy they were taken under.
+type GiveBack = (u64, Option<RefundId>, Arc<Policy>);
+
+/// How long before the end of the window that counted them a window
+/// counter's units may still go back: given back after it they would come
+/// off the next window.
 const RETURN_MARGIN: Duration = Duration::from_secs(1);
 
 impl Local {
@@ -434,6 +465,7 @@ impl Local {
             if let Ok(mut units) = held.units.try_lock() {
                 units.left = 0;
                 units.batch += 1;
+                units.cancel_return();
             }
         }
     }
@@ -500,7 +532,7 @@ impl Local {
         // for is denied without asking. (After the units: a key holding
         // units has no denial here, and a local admission allocates
         // nothing.)
-        if let Some(denied) = limiter.cached_denial(&key) {
+        if let Some(denied) = limiter.cached_denial_held(&key) {
             let verdict = Ok(Verdict::without_permit(Some(denied), DecidedBy::DenyCache));
             return Check::done(limiter.counted(&key, verdict));
         }
@@ -514,7 +546,8 @@ impl Local {
             // Units of an expired batch, or taken under another policy (a
             // rule's other tier), go back before a batch is taken: one
             // batch per key and count at a time.
-            if let Some(back) = held.leftover() {
+            held.cancel_return();
+            if let Some(back) = held.leftover(Instant::now()) {
                 give_back(&limiter, &key, back).await;
             }
             if !held.batch_refused()
@@ -573,32 +606,26 @@ impl Local {
         }
         let decision = verdict.decision().cloned();
         let mut until = sent.checked_add(self.config.hold);
-        let mut returnable = true;
-        if let Some(d) = &decision
+        let window_left = decision.as_ref().and_then(Decision::counting_window_left);
+        if let (Some(d), Some(left)) = (&decision, window_left)
             && d.algorithm() == Algorithm::FixedWindow
         {
-            // Used only in the window that counted them, and given back
-            // only well inside it.
-            let window_left = d
-                .rates()
-                .iter()
-                .map(|r| r.reset())
-                .min()
-                .unwrap_or_default();
-            returnable = self.config.hold + RETURN_MARGIN < window_left;
-            until = until.min(sent.checked_add(window_left));
+            // Used only in the window that counted them.
+            until = until.min(sent.checked_add(left));
         }
         let cost = limiter.policy().cost();
+        held.cancel_return();
         held.left = (self.batch - cost) / cost;
         held.until = until;
         held.policy = Some(Arc::new(limiter.policy().clone()));
         held.batch += 1;
-        held.returnable = returnable;
+        held.return_by =
+            window_left.and_then(|left| sent.checked_add(left.saturating_sub(RETURN_MARGIN)));
         held.refund_id = decision.as_ref().and_then(Decision::refund_id);
         held.decision = decision;
         held.batch_verdict = Some(verdict);
         if let Some(until) = until {
-            self.return_at(limiter, key, cell, held.batch, until);
+            held.return_task = self.return_at(limiter, key, cell, held.batch, until);
         }
         true
     }
@@ -614,32 +641,33 @@ impl Local {
         cell: &Arc<tokio::sync::Mutex<Units>>,
         batch: u64,
         until: Instant,
-    ) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
+    ) -> Option<tokio::task::AbortHandle> {
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
         let (limiter, key, cell) = (limiter.clone(), key.to_owned(), Arc::clone(cell));
-        runtime.spawn(async move {
+        let task = runtime.spawn(async move {
             tokio::time::sleep_until(tokio::time::Instant::from_std(until)).await;
             let back = {
                 let mut held = cell.lock().await;
                 if held.batch != batch {
                     return;
                 }
-                held.leftover()
+                // This task: done once it has given back.
+                held.return_task = None;
+                held.leftover(Instant::now())
             };
             if let Some(back) = back {
                 give_back(&limiter, &key, back).await;
             }
         });
+        Some(task.abort_handle())
     }
 }
 
 /// Give `units` of `key` (as held) back to the store: the batch's own
 /// entries where the algorithm keeps them (its refund id), else as a
 /// reward. A failure leaves them counted, as before they were returned.
-async fn give_back(limiter: &Limiter, key: &str, (units, id): GiveBack) {
-    if let Err(error) = limiter.give_back(key, id, units).await {
+async fn give_back(limiter: &Limiter, key: &str, (units, id, policy): GiveBack) {
+    if let Err(error) = limiter.give_back(key, policy, id, units).await {
         tracing::debug!(%error, "local quota: unused units not given back; they stay counted");
     }
 }
@@ -788,5 +816,57 @@ mod tests {
         // max + one batch in the window ending now (each tier holding a
         // batch of its own admitted 20).
         assert_eq!(admitted(first) + admitted(then), 15);
+    }
+
+    /// A rule's higher tier uses a lower tier's units; a lower tier gives
+    /// a higher one's back and takes its own: a key alternating between
+    /// tiers is mostly admitted locally, not with two round trips a check.
+    #[tokio::test]
+    async fn tiers_alternating_on_a_key_are_mostly_admitted_locally() {
+        let template = crate::Limiter::new(crate::MemoryStore::new(), "100/s".parse().unwrap())
+            .with_local_quota("5/10s".parse().unwrap())
+            .unwrap();
+        let free = template.for_rule("api", "100/10s".parse().unwrap());
+        let pro = template.for_rule("api", "200/10s".parse().unwrap());
+        let mut local = 0;
+        for i in 0..40 {
+            let tier = if i % 2 == 0 { &free } else { &pro };
+            let verdict = tier.check("k").await.unwrap();
+            assert!(verdict.allowed());
+            if verdict.decided_by() == DecidedBy::LocalQuota {
+                local += 1;
+            }
+        }
+        assert!(local >= 20, "{local} of 40 admitted locally");
+    }
+
+    /// Units a tier gives back go back under the policy that took them: a
+    /// GCRA key's state after a lower tier gave a higher tier's units back
+    /// is that of a twin key that took only what was used.
+    #[tokio::test]
+    async fn units_go_back_under_the_policy_that_took_them() {
+        let store = crate::MemoryStore::new();
+        let template = crate::Limiter::new(store.clone(), "100/s".parse().unwrap())
+            .with_local_quota("5/1h".parse().unwrap())
+            .unwrap();
+        let free: Policy = "10/1m".parse::<Policy>().unwrap().gcra().unwrap();
+        let pro: Policy = "1000/1m".parse::<Policy>().unwrap().gcra().unwrap();
+        let (free_limiter, pro_limiter) = (
+            template.for_rule("api", free.clone()),
+            template.for_rule("api", pro.clone()),
+        );
+        // The key: pro takes a batch of 5 and uses one; free gives the
+        // other 4 back (at pro's interval) and takes a batch of its own.
+        assert!(pro_limiter.check("k").await.unwrap().allowed());
+        assert!(free_limiter.check("k").await.unwrap().allowed());
+        // The twin: one unit at pro's interval, 5 at free's.
+        let twin = crate::Limiter::new(store.clone(), free.clone()).with_name("twin");
+        let pro_twin = crate::Limiter::new(store.clone(), pro.clone()).with_name("twin");
+        assert!(pro_twin.check_n("t", 1).await.unwrap().allowed());
+        assert!(twin.check_n("t", 5).await.unwrap().allowed());
+        let key = free_limiter.peek("k").await.unwrap();
+        let expected = twin.peek("t").await.unwrap();
+        assert_eq!(key.remaining(), expected.remaining());
+        assert!(key.reset().abs_diff(expected.reset()) < Duration::from_millis(50));
     }
 }

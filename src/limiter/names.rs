@@ -43,8 +43,13 @@ static CLAIMS: LazyLock<Mutex<HashMap<String, Vec<Claim>>>> = LazyLock::new(Mute
 /// differently, if any.
 pub(crate) fn claim(name: &str, owner: Owner, limit: &Arc<Denials>) -> Option<String> {
     let mut claims = CLAIMS.lock().unwrap_or_else(PoisonError::into_inner);
+    // Limits gone, and names no live limit counts under: claims are made
+    // when limiters are built, so this stays as small as the live limits.
+    claims.retain(|_, here| {
+        here.retain(|c| c.limit.strong_count() > 0);
+        !here.is_empty()
+    });
     let here = claims.entry(name.to_owned()).or_default();
-    here.retain(|c| c.limit.strong_count() > 0);
     // Rules of one name share counts on purpose (tiers, reloads, one rule
     // set served twice), and so do limiters of one name and policy (a
     // layer's and an admin router's).

@@ -8,7 +8,6 @@ use super::Counting;
 use super::check::Planned;
 use crate::decision::Decision;
 use crate::limiter::{DecidedBy, Limiter, Permit};
-use crate::policy::Algorithm;
 
 /// One rule's part in an admission.
 #[derive(Debug)]
@@ -56,27 +55,9 @@ impl Checked {
         let Some(decision) = &self.decision else {
             return false;
         };
-        // The time left, when the request was counted, in the window that
-        // counted it: a fixed window's reset is its end; an admitted
-        // sliding window counter's reset is the end of the window after.
-        let fixed = match decision.algorithm() {
-            Algorithm::FixedWindow => true,
-            Algorithm::SlidingWindow => false,
-            _ => return true,
-        };
-        let window_left = decision
-            .rates()
-            .iter()
-            .map(|r| {
-                if fixed {
-                    r.reset()
-                } else {
-                    r.reset().saturating_sub(r.rate().window())
-                }
-            })
-            .min()
-            .unwrap_or_default();
-        self.at.elapsed() < window_left
+        decision
+            .counting_window_left()
+            .is_none_or(|left| self.at.elapsed() < left)
     }
 }
 

@@ -93,28 +93,40 @@ impl Rule {
     /// Each field read on its own, then what no field alone can say
     /// ([`check_combinations`](Self::check_combinations)).
     fn validate(spec: RuleSpec, label: &str) -> Result<Self, RulesError> {
+        // In the order of the fields, so a rule with several faults is
+        // told the first.
+        let name = name(spec.name, label)?;
+        let methods = spec.methods.map(|m| methods(&m, label)).transpose()?;
+        let target = target(spec.path, spec.grpc, label)?;
+        let key = key(spec.key, label)?;
         let shape = Shape::read(spec.algorithm, spec.execution, spec.cost, label)?;
+        let policy = match &spec.policy {
+            Some(text) => shape.policy("policy", text)?,
+            None => return Err(fault(label, "policy", "is missing (e.g. \"100/min\")")),
+        };
+        let tiers = tiers(&spec.tiers, &shape)?;
+        let counting = counting(spec.count, spec.refund, label)?;
+        let block = spec.block.map(|text| block(&text, label)).transpose()?;
+        let local_quota = spec
+            .local_quota
+            .map(|text| {
+                text.parse::<LocalQuota>()
+                    .map_err(|e| fault(label, "local_quota", e))
+            })
+            .transpose()?;
+        let only = spec.only.map(|only| only_list(only, label)).transpose()?;
         let rule = Self {
-            name: Arc::from(name(spec.name, label)?),
-            methods: spec.methods.map(|m| methods(&m, label)).transpose()?,
-            target: target(spec.path, spec.grpc, label)?,
-            key: key(spec.key, label)?,
-            policy: match &spec.policy {
-                Some(text) => shape.policy("policy", text)?,
-                None => return Err(fault(label, "policy", "is missing (e.g. \"100/min\")")),
-            },
-            tiers: tiers(&spec.tiers, &shape)?,
+            name: Arc::from(name),
+            methods,
+            target,
+            key,
+            policy,
+            tiers,
             allow: spec.allow.into_iter().collect(),
-            only: spec.only.map(|only| only_list(only, label)).transpose()?,
-            counting: counting(spec.count, spec.refund, label)?,
-            block: spec.block.map(|text| block(&text, label)).transpose()?,
-            local_quota: spec
-                .local_quota
-                .map(|text| {
-                    text.parse::<LocalQuota>()
-                        .map_err(|e| fault(label, "local_quota", e))
-                })
-                .transpose()?,
+            only,
+            counting,
+            block,
+            local_quota,
         };
         rule.check_combinations(label)?;
         Ok(rule)

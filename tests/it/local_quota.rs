@@ -477,6 +477,12 @@ async fn a_rule_carries_its_local_quota_through_a_reload() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unused_units_go_back_so_a_light_client_gets_its_whole_limit() {
     use tower_redis_ratelimit::policy::Execution;
+    // The fixed and sliding windows of a day are aligned to the UTC day.
+    crate::support::harness::away_from_a_boundary(
+        Duration::from_secs(86_400),
+        Duration::from_secs(30),
+    )
+    .await;
     let server = RedisServer::start();
     let base: Policy = "10/86400s".parse().unwrap();
     let policies = [

@@ -1,4 +1,5 @@
 #![doc = include_str!("docs/crate.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "admin")]
 pub mod admin;

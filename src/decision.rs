@@ -71,7 +71,7 @@ pub struct Lease(u128);
 
 impl Lease {
     /// A lease with this id, unique among the leases of its store.
-    pub fn new(id: u128) -> Self {
+    pub(crate) fn new(id: u128) -> Self {
         Self(id)
     }
 
@@ -89,7 +89,7 @@ pub struct RefundId(u128);
 
 impl RefundId {
     /// A refund id of `id`, as a store gave it.
-    pub fn new(id: u128) -> Self {
+    pub(crate) fn new(id: u128) -> Self {
         Self(id)
     }
 

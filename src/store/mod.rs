@@ -15,9 +15,10 @@ pub(crate) mod redis;
 pub use memory::MemoryStore;
 pub use redis::{RedisStore, RedisStoreBuilder, TrackedConnection, TrackedManager};
 
-/// The Lua scripts `RedisStore` runs, as sent to Redis (for the crate's
-/// benchmarks and differential tests; not a stable interface).
-#[doc(hidden)]
+/// The Lua scripts `RedisStore` runs, as sent to Redis (feature
+/// `test-util`): for differential tests and benchmarks that run them
+/// directly. Their arguments and replies follow the crate's version.
+#[cfg(feature = "test-util")]
 pub mod scripts {
     pub use crate::store::redis::{
         CONCURRENCY_COMMAND_SCRIPT, CONCURRENCY_SCRIPT, FIXED_WINDOW_BATCH_SCRIPT,

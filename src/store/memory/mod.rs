@@ -298,7 +298,20 @@ impl MemoryStore {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Take the decision synchronously (the [`Store`] impl calls this).
+    /// Decide now, with no future to await: a `MemoryStore` never waits,
+    /// so synchronous code (a thread, a blocking job) can limit with it
+    /// directly. Counts exactly as [`Store::check`], which calls it.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{MemoryStore, Policy};
+    ///
+    /// let store = MemoryStore::new();
+    /// let policy: Policy = "2/s".parse()?;
+    /// assert!(store.check_now("job", &policy).allowed());
+    /// assert!(store.check_now("job", &policy).allowed());
+    /// assert!(!store.check_now("job", &policy).allowed());
+    /// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
+    /// ```
     pub fn check_now(&self, key: &str, policy: &Policy) -> Decision {
         let key = bounded_key(key);
         let key = key.as_ref();
@@ -340,8 +353,8 @@ impl MemoryStore {
         decision
     }
 
-    /// Run an operator's [`Command`] synchronously (the [`Store`] impl
-    /// calls this): the decision a request of `policy.cost()` would get
+    /// Run an operator's [`Command`] now, with no future to await (as
+    /// [`Store::command`], which calls it): the decision a request of `policy.cost()` would get
     /// afterwards, consuming nothing. A penalty of the concurrency limit
     /// takes anonymous slots that expire after the lease time; a reward
     /// frees the oldest leases (see [`Store::command`]).
@@ -451,8 +464,8 @@ impl MemoryStore {
         );
         shard.inserts_since_sweep += 1;
     }
-    /// Give back a concurrency slot synchronously (the [`Store`] impl calls
-    /// this).
+    /// Give back a concurrency slot now, with no future to await (as
+    /// [`Store::release`], which calls it).
     pub fn release_now(&self, key: &str, policy: &Policy, lease: Lease) {
         let key = bounded_key(key);
         let key = key.as_ref();

@@ -67,6 +67,7 @@ impl ClockSync {
         Arc::clone(&self.local)
     }
 
+    #[cfg(feature = "test-util")]
     pub(super) fn refresh(&self) -> Duration {
         self.refresh
     }

@@ -28,6 +28,8 @@ mod connection;
 mod denials;
 mod errors;
 mod reply;
+// Its scripts are public only through `store::scripts` (`test-util`).
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 mod script;
 #[cfg(feature = "sentinel")]
 mod sentinel;
@@ -35,6 +37,8 @@ mod sliding_log;
 
 pub use builder::RedisStoreBuilder;
 pub use connection::{TrackedConnection, TrackedManager};
+// The scripts as sent, for `store::scripts` (feature `test-util`).
+#[cfg(feature = "test-util")]
 pub use script::{
     CONCURRENCY_COMMAND_SCRIPT, CONCURRENCY_SCRIPT, FIXED_WINDOW_BATCH_SCRIPT,
     FIXED_WINDOW_COMMAND_SCRIPT, FIXED_WINDOW_SCRIPT, GCRA_BATCH_SCRIPT, GCRA_COMMAND_SCRIPT,
@@ -409,7 +413,8 @@ impl RedisStore {
 
     /// Read local time from `clock` (the transaction execution corrects it to
     /// Redis's clock; the offset is measured again at the next check). For
-    /// tests of clock skew.
+    /// tests of clock skew (feature `test-util`).
+    #[cfg(feature = "test-util")]
     #[must_use]
     pub fn with_clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(ClockSync::new(Arc::new(clock), self.clock.refresh()));

@@ -11,8 +11,8 @@ use http::uri::Authority;
 use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use subtle::ConstantTimeEq as _;
 
-use super::hosts::Hosts;
-use super::{AdminError, MIN_TOKEN_BITS, MIN_TOKEN_LEN};
+use super::hosts::{DefaultPort, Hosts};
+use super::{AdminError, MIN_DISTINCT_CHARACTERS, MIN_TOKEN_BITS, MIN_TOKEN_LEN};
 use crate::admin::problem::Problem;
 
 /// The admin token: never shown by `Debug`, compared in constant time.
@@ -28,9 +28,12 @@ impl Token {
         if !token.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(AdminError::TokenNotPrintable);
         }
+        if repetitive(token.as_bytes()) {
+            return Err(AdminError::TokenRepetitive);
+        }
         let bits = estimated_bits(token.as_bytes());
-        // A small tolerance: sixteen distinct characters carry 64 bits
-        // exactly, which the sum of floats may miss by a rounding.
+        // A small tolerance: 16 hexadecimal digits carry 64 bits exactly,
+        // which the product of floats may miss by a rounding.
         if bits + 1e-9 < f64::from(MIN_TOKEN_BITS) {
             return Err(AdminError::TokenTooWeak {
                 // Truncated: at most 63 here.
@@ -53,24 +56,66 @@ impl Token {
     }
 }
 
-/// What a token's characters carry, estimated from their frequencies: its
-/// length times the Shannon entropy of its characters, in bits. A random
-/// token of 24 hexadecimal digits or more always passes 64 bits; a
-/// character repeated, or a word written twice, does not.
+/// What a token carries if its characters were drawn at random from its
+/// alphabet, in bits: its length times log2 of the alphabet's size. The
+/// alphabet is inferred from the classes of characters present: 16 for
+/// hexadecimal digits of one case (digits alone included: a random hex
+/// token may hold no letter), otherwise the sum of the classes present,
+/// digits 10, lowercase 26, uppercase 26, other printable ASCII 32.
 fn estimated_bits(token: &[u8]) -> f64 {
-    let mut counts = [0_u32; 256];
-    for &byte in token {
-        counts[usize::from(byte)] += 1;
-    }
-    let len = token.len() as f64;
-    counts
+    let has = |class: fn(&u8) -> bool| token.iter().any(class);
+    let all = |class: fn(&u8) -> bool| token.iter().all(class);
+    let alphabet = if all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        || all(|b| matches!(b, b'0'..=b'9' | b'A'..=b'F'))
+    {
+        16
+    } else {
+        [
+            (has(u8::is_ascii_digit), 10),
+            (has(u8::is_ascii_lowercase), 26),
+            (has(u8::is_ascii_uppercase), 26),
+            (
+                has(|b| b.is_ascii_graphic() && !b.is_ascii_alphanumeric()),
+                32,
+            ),
+        ]
         .iter()
-        .filter(|&&count| count > 0)
-        .map(|&count| {
-            let share = f64::from(count) / len;
-            -share * share.log2() * len
-        })
+        .filter(|(present, _)| *present)
+        .map(|(_, size)| size)
         .sum()
+    };
+    token.len() as f64 * f64::from(alphabet).log2()
+}
+
+/// Whether a token repeats itself whatever its alphabet: fewer than
+/// [`MIN_DISTINCT_CHARACTERS`] different characters, or a shorter string
+/// repeated, give or take one character (`passwordpassword`,
+/// `admin-admin-admin-admin`, `adminadminadmin1`, `changeme-changeme`).
+/// Random tokens are this by chance with a negligible probability: 16
+/// random hexadecimal digits about once in 10⁸.
+fn repetitive(token: &[u8]) -> bool {
+    let mut seen = [false; 256];
+    for &byte in token {
+        seen[usize::from(byte)] = true;
+    }
+    if seen.iter().filter(|&&s| s).count() < MIN_DISTINCT_CHARACTERS {
+        return true;
+    }
+    let len = token.len();
+    [
+        token,
+        token.get(1..).unwrap_or_default(),
+        token.get(..len.saturating_sub(1)).unwrap_or_default(),
+    ]
+    .iter()
+    .any(|part| repeated(part))
+}
+
+/// Whether `text` is a shorter string written at least twice, the last
+/// copy possibly one character short: it has a period `p` (each character
+/// equal to the one `p` before it) with `2p <= len + 1`.
+fn repeated(text: &[u8]) -> bool {
+    (1..=text.len().div_ceil(2)).any(|p| (p..text.len()).all(|i| text[i] == text[i - p]))
 }
 
 impl fmt::Debug for Token {
@@ -144,10 +189,9 @@ fn wrong_host(uri: &Uri, headers: &HeaderMap, hosts: &Hosts) -> Option<Problem> 
         ));
     }
     if let Some(authority) = uri.authority()
-        && !hosts.serves(authority)
+        && !hosts.serves(authority, DefaultPort::of(uri.scheme_str()))
     {
         return Some(not_served(
-            hosts,
             "authority",
             "host",
             authority.as_str().as_bytes(),
@@ -155,21 +199,21 @@ fn wrong_host(uri: &Uri, headers: &HeaderMap, hosts: &Hosts) -> Option<Problem> 
     }
     let host = host?;
     match Authority::try_from(host.as_bytes()) {
-        Ok(authority) if hosts.serves(&authority) => None,
-        _ => Some(not_served(hosts, "`Host`", "host", host.as_bytes())),
+        Ok(authority) if hosts.serves(&authority, DefaultPort::Either) => None,
+        _ => Some(not_served("`Host`", "host", host.as_bytes())),
     }
 }
 
 /// 403: the request's `what` (`Host`, its authority, its `Origin`) is
 /// `value`, which this router does not serve; `member` names it in the
 /// problem.
-fn not_served(hosts: &Hosts, what: &str, member: &str, value: &[u8]) -> Problem {
+fn not_served(what: &str, member: &str, value: &[u8]) -> Problem {
     let value = String::from_utf8_lossy(value);
     Problem::new(
         StatusCode::FORBIDDEN,
         format!(
             "this admin router does not serve {value:?} (the request's {what}): {}",
-            hosts.how_to_serve()
+            Hosts::how_to_serve()
         ),
     )
     .with(member, value.into_owned())
@@ -193,13 +237,23 @@ fn cross_site(method: &Method, headers: &HeaderMap, hosts: &Hosts) -> Option<Pro
         ));
     }
     if let Some(origin) = headers.get(header::ORIGIN) {
-        let authority = origin
-            .as_bytes()
+        // Without a port, an origin is of its scheme's default one.
+        let origin_bytes = origin.as_bytes();
+        let authority = origin_bytes
             .strip_prefix(b"http://")
-            .or_else(|| origin.as_bytes().strip_prefix(b"https://"))
-            .and_then(|authority| Authority::try_from(authority).ok());
-        if !authority.is_some_and(|authority| hosts.serves(&authority)) {
-            return Some(not_served(hosts, "`Origin`", "origin", origin.as_bytes()));
+            .map(|authority| (authority, DefaultPort::Http))
+            .or_else(|| {
+                origin_bytes
+                    .strip_prefix(b"https://")
+                    .map(|authority| (authority, DefaultPort::Https))
+            })
+            .and_then(|(authority, default)| {
+                Authority::try_from(authority)
+                    .ok()
+                    .map(|authority| (authority, default))
+            });
+        if !authority.is_some_and(|(authority, default)| hosts.serves(&authority, default)) {
+            return Some(not_served("`Origin`", "origin", origin_bytes));
         }
     }
     let changes = !matches!(*method, Method::GET | Method::HEAD);
@@ -251,27 +305,34 @@ mod tests {
     #[test]
     fn a_token_too_easy_to_guess_is_refused() {
         for weak in [
+            // Too few different characters.
             "aaaaaaaaaaaaaaaa",
             "abababababababababababababababab",
+            "aabbccaabbccaabbccab",
+            // A shorter string repeated (give or take a character).
             "passwordpassword",
+            "admin-admin-admin-admin",
             "adminadminadmin1",
             "1234567812345678",
             "changeme-changeme",
+            "xyzabcxyzabcxyzabc",
         ] {
             let error = Token::new(weak.to_owned()).unwrap_err();
             assert!(
-                matches!(error, AdminError::TokenTooWeak { bits } if bits < 64),
+                matches!(error, AdminError::TokenRepetitive),
                 "{weak}: {error:?}"
             );
             let message = error.to_string();
             assert!(message.contains("openssl rand -hex 32"), "{message}");
             assert!(!message.contains(weak), "{message}");
         }
-        // Sixteen different characters carry 64 bits.
+        // 16 hexadecimal digits: 64 bits.
         assert!(Token::new("0123456789abcdef".to_owned()).is_ok());
+        assert!(Token::new("0123456789ABCDEF".to_owned()).is_ok());
         assert!(Token::new("correct-horse-battery-staple".to_owned()).is_ok());
-        // What `openssl rand -hex 32` and `head -c 32 /dev/urandom | base64`
-        // print.
+        // What `openssl rand -hex 8`, `-hex 32` and `head -c 32 /dev/urandom
+        // | base64` print.
+        assert!(Token::new("9f2c4e81a07b3d56".to_owned()).is_ok());
         assert!(
             Token::new(
                 "3f9c1be07a5d48e2c6f1a0b9d7e4c3a25b8f0e1d6c9a7b3e4f2d1c0b9a8e7f6d".to_owned()
@@ -279,6 +340,52 @@ mod tests {
             .is_ok()
         );
         assert!(Token::new("q3v2Jk9Zx0LmN4pR7sT1uW8yB6cD5eF+gH/iA2oQ=".to_owned()).is_ok());
+    }
+
+    /// Length times log2 of the alphabet inferred from the classes present.
+    #[test]
+    fn bits_are_the_length_times_the_alphabet_of_the_classes_present() {
+        let bits = |token: &str| estimated_bits(token.as_bytes());
+        assert!((bits("0123456789abcdef") - 64.0).abs() < 1e-9);
+        assert!((bits("0123456789ABCDEF") - 64.0).abs() < 1e-9);
+        // Digits alone: as hexadecimal (a random hex token may draw no
+        // letter).
+        assert!((bits("8275019364829105") - 64.0).abs() < 1e-9);
+        // Mixed-case hex, or letters past f: the sum of the classes.
+        let lower = 26_f64.log2();
+        assert!((bits("abcdefgh") - 8.0 * lower).abs() < 1e-9);
+        assert!((bits("0a1B") - 4.0 * 62_f64.log2()).abs() < 1e-9);
+        assert!((bits("a-B1") - 4.0 * 94_f64.log2()).abs() < 1e-9);
+        assert!((bits("ab-") - 3.0 * 58_f64.log2()).abs() < 1e-9);
+        // Too short for its alphabet: refused as such (8 hex digits: 32).
+        assert!(bits("9f2c4e81") < f64::from(MIN_TOKEN_BITS));
+    }
+
+    /// `openssl rand -hex 8` prints 16 hexadecimal digits, 64 random bits:
+    /// never refused, whichever digits it drew (16 digits of 0-9 only
+    /// included); nor 20 or 32 of them.
+    #[test]
+    fn random_hexadecimal_tokens_are_never_refused() {
+        // SplitMix64: a different, reproducible sequence each run of it.
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = || {
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        };
+        let hex = b"0123456789abcdef";
+        for len in [16, 20, 32] {
+            for _ in 0..10_000 {
+                let token: String = (0..len)
+                    .map(|_| char::from(hex[(next() % 16) as usize]))
+                    .collect();
+                let upper = token.to_ascii_uppercase();
+                assert!(Token::new(token.clone()).is_ok(), "{token}");
+                assert!(Token::new(upper.clone()).is_ok(), "{upper}");
+            }
+        }
     }
 
     #[test]
@@ -311,6 +418,52 @@ mod tests {
         two.append(header::HOST, HeaderValue::from_static("127.0.0.1:9000"));
         two.append(header::HOST, HeaderValue::from_static("evil.example"));
         assert!(wrong_host(&"/".parse().unwrap(), &two, &hosts).is_some());
+    }
+
+    /// An `Origin` without a port is of its scheme's default port (443 for
+    /// `https`, 80 for `http`), as a listed name's port says.
+    #[test]
+    fn an_origin_without_a_port_is_of_its_schemes_default_port() {
+        let mut hosts = Hosts::bound_to("10.0.0.7:9000".parse().unwrap()).unwrap();
+        hosts.with_name("admin.internal:443").unwrap();
+        hosts.with_name("ops.example:80").unwrap();
+        let json = ("content-type", HeaderValue::from_static("application/json"));
+        let refused = |origin: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(json.0, json.1.clone());
+            headers.insert(header::ORIGIN, HeaderValue::from_static(origin));
+            cross_site(&Method::POST, &headers, &hosts).is_some()
+        };
+        assert!(!refused("https://admin.internal"));
+        assert!(!refused("https://admin.internal:443"));
+        assert!(!refused("http://ops.example"));
+        assert!(refused("http://admin.internal"));
+        assert!(refused("https://ops.example"));
+        assert!(refused("https://evil.example"));
+        // An IP address, with any port (a mapped one): the console's own
+        // requests through `docker -p 19000:9000`.
+        assert!(!refused("http://10.0.0.7:19000"));
+        assert!(refused("http://10.0.0.8:9000"));
+    }
+
+    /// The refusal of a host names the host and how to serve it, never the
+    /// address the router is bound to: the client has no token yet.
+    #[test]
+    fn a_refused_host_is_told_how_to_serve_it_not_the_bound_address() {
+        let hosts = Hosts::bound_to("10.0.0.7:9000".parse().unwrap()).unwrap();
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::HOST,
+            HeaderValue::from_static("admin.internal:19000"),
+        );
+        let refused = format!(
+            "{:?}",
+            wrong_host(&"/".parse().unwrap(), &headers, &hosts).unwrap()
+        );
+        assert!(refused.contains("admin.internal:19000"), "{refused}");
+        assert!(refused.contains("with_host_name"), "{refused}");
+        assert!(refused.contains("ADMIN_HOST_NAMES"), "{refused}");
+        assert!(!refused.contains("10.0.0.7"), "{refused}");
     }
 
     #[test]
@@ -351,7 +504,7 @@ mod tests {
             &[json, ("sec-fetch-site", "same-site")],
             &[json, ("origin", "https://evil.example")],
             &[json, ("origin", "http://rebind.attacker.example:9000")],
-            &[json, ("origin", "http://10.0.0.7:9001")],
+            &[json, ("origin", "http://10.0.0.8:9000")],
             &[json, ("origin", "null")],
             &[json, ("origin", "http://10.0.0.7:9000/path")],
         ] {

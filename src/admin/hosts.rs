@@ -9,6 +9,40 @@ use http::uri::Authority;
 
 use super::AdminError;
 
+/// The ports a request without one in its authority went to: its
+/// scheme's default (an `Origin`, a URI's authority), or either of HTTP's
+/// and HTTPS's when the scheme is not known (a `Host` header: browsers
+/// leave the default port out of it, and a proxy that ends TLS passes it
+/// on as it came).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum DefaultPort {
+    /// `http`: 80.
+    Http,
+    /// `https`: 443.
+    Https,
+    /// 80 or 443.
+    Either,
+}
+
+impl DefaultPort {
+    /// The default port of `scheme` (`http`, `https`), or either.
+    pub(crate) fn of(scheme: Option<&str>) -> Self {
+        match scheme {
+            Some(s) if s.eq_ignore_ascii_case("http") => Self::Http,
+            Some(s) if s.eq_ignore_ascii_case("https") => Self::Https,
+            _ => Self::Either,
+        }
+    }
+
+    fn includes(self, port: u16) -> bool {
+        match self {
+            Self::Http => port == 80,
+            Self::Https => port == 443,
+            Self::Either => port == 80 || port == 443,
+        }
+    }
+}
+
 /// The authorities (`host[:port]`) a request may name.
 #[derive(Debug, Clone)]
 pub(crate) struct Hosts {
@@ -18,13 +52,15 @@ pub(crate) struct Hosts {
 }
 
 impl Hosts {
-    /// The hosts of a router bound to `bound`: that address with its
-    /// port; any IP address with that port when it is unspecified
-    /// (`0.0.0.0`, `[::]`); and `localhost` with that port when it takes
-    /// loopback connections. A DNS name can point anywhere: it has to be
-    /// listed ([`with_name`](Self::with_name)). An IP address in a `Host`
-    /// header is what the browser connected to, so no DNS answer can put
-    /// another site's page there.
+    /// The hosts of a router bound to `bound`: that IP address, or any IP
+    /// address when it is unspecified (`0.0.0.0`, `[::]`), with any port;
+    /// and `localhost` with the bound port when it takes loopback
+    /// connections. An IP address in a `Host` header is what the browser
+    /// connected to, so no DNS answer can put another site's page there;
+    /// its port may be another than the bound one when a port is mapped
+    /// (`docker -p 19000:9000`, a Kubernetes Service's port). A DNS name
+    /// can point anywhere: it has to be listed
+    /// ([`with_name`](Self::with_name)).
     pub(crate) fn bound_to(bound: SocketAddr) -> Result<Self, AdminError> {
         if bound.port() == 0 {
             return Err(AdminError::PortNotBound { addr: bound });
@@ -44,25 +80,29 @@ impl Hosts {
         if authority.as_str().contains('@') || authority.host().is_empty() {
             return Err(bad());
         }
+        let port = port_of(&authority).ok_or_else(bad)?;
         self.names
-            .push((authority.host().to_ascii_lowercase(), authority.port_u16()));
+            .push((authority.host().to_ascii_lowercase(), port));
         Ok(())
     }
 
     /// Whether a request that names `authority` (a `Host` header, the
-    /// URI's authority, an `Origin`'s) is for this router.
-    pub(crate) fn serves(&self, authority: &Authority) -> bool {
+    /// URI's authority, an `Origin`'s) is for this router; without a port,
+    /// it went to `default`.
+    pub(crate) fn serves(&self, authority: &Authority, default: DefaultPort) -> bool {
         if authority.as_str().contains('@') {
             return false;
         }
+        // Not a port number (`:99999`): no port it could have gone to.
+        let Some(port) = port_of(authority) else {
+            return false;
+        };
+        let went_to = |wanted: u16| port.map_or(default.includes(wanted), |port| port == wanted);
         let host = authority.host().to_ascii_lowercase();
-        let port = authority.port_u16();
         let listed = self
             .names
             .iter()
-            .any(|(name, listed)| *name == host && (listed.is_none() || *listed == port));
-        // Without a port, the request went to HTTP's 80.
-        let bound_port = port.unwrap_or(80) == self.bound.port();
+            .any(|(name, listed)| *name == host && listed.is_none_or(went_to));
         let ip = host
             .strip_prefix('[')
             .and_then(|h| h.strip_suffix(']'))
@@ -72,18 +112,31 @@ impl Hosts {
         let bound_ip = self.bound.ip().to_canonical();
         let address = match ip {
             Some(ip) => bound_ip.is_unspecified() || ip.to_canonical() == bound_ip,
-            None => host == "localhost" && (bound_ip.is_loopback() || bound_ip.is_unspecified()),
+            None => {
+                host == "localhost"
+                    && (bound_ip.is_loopback() || bound_ip.is_unspecified())
+                    && went_to(self.bound.port())
+            }
         };
-        listed || (bound_port && address)
+        listed || address
     }
 
-    /// How an operator makes `authority` served, for a refusal.
-    pub(crate) fn how_to_serve(&self) -> String {
-        format!(
-            "the admin router answers only at the address it is bound to ({}) and the host \
-             names given to `Admin::with_host_name`; if operators reach it by this name, list it there",
-            self.bound
-        )
+    /// How an operator makes a refused host served, for a refusal: never
+    /// the bound address (the client has shown no token yet).
+    pub(crate) fn how_to_serve() -> &'static str {
+        "the admin router answers only at the IP addresses it is bound to and the host names \
+         listed with `Admin::with_host_name` (the example server's `ADMIN_HOST_NAMES`); \
+         if operators reach it by this name, list it there"
+    }
+}
+
+/// The port `authority` names: `Some(None)` if none, `None` if what
+/// follows its host is no port number (`:99999`, `:`).
+fn port_of(authority: &Authority) -> Option<Option<u16>> {
+    match authority.port_u16() {
+        Some(port) => Some(Some(port)),
+        None if authority.as_str().len() == authority.host().len() => Some(None),
+        None => None,
     }
 }
 
@@ -92,7 +145,7 @@ mod tests {
     use super::*;
 
     fn serves(hosts: &Hosts, authority: &str) -> bool {
-        hosts.serves(&authority.parse().unwrap())
+        hosts.serves(&authority.parse().unwrap(), DefaultPort::Either)
     }
 
     #[test]
@@ -100,8 +153,6 @@ mod tests {
         let mut hosts = Hosts::bound_to("10.0.0.7:9000".parse().unwrap()).unwrap();
         assert!(serves(&hosts, "10.0.0.7:9000"));
         for other in [
-            "10.0.0.7:9001",
-            "10.0.0.7",
             "10.0.0.8:9000",
             "localhost:9000",
             "rebind.attacker.example:9000",
@@ -128,6 +179,7 @@ mod tests {
         assert!(serves(&loopback, "localhost:9000"));
         assert!(!serves(&loopback, "localhost:9001"));
         assert!(!serves(&loopback, "127.0.0.2:9000"));
+        assert!(!serves(&loopback, "[::1]:9000"));
         let v6 = Hosts::bound_to("[::1]:80".parse().unwrap()).unwrap();
         assert!(serves(&v6, "[::1]:80"));
         assert!(serves(&v6, "[::1]"));
@@ -136,12 +188,72 @@ mod tests {
         assert!(serves(&any, "10.1.2.3:9000"));
         assert!(serves(&any, "[fd00::7]:9000"));
         assert!(serves(&any, "localhost:9000"));
-        assert!(!serves(&any, "10.1.2.3:9001"));
         assert!(!serves(&any, "rebind.attacker.example:9000"));
         // A decimal or hexadecimal spelling is no address here: refused.
         assert!(!serves(&any, "2130706433:9000"));
         let any_v6 = Hosts::bound_to("[::]:9000".parse().unwrap()).unwrap();
         assert!(serves(&any_v6, "192.0.2.1:9000"));
+    }
+
+    /// A port-mapped deployment (`docker -p 19000:9000`, a Kubernetes
+    /// Service's port) reaches the router at another port than the one it
+    /// is bound to: an IP address, which no DNS answer can rebind, is
+    /// served with any port; a name only with its own.
+    #[test]
+    fn an_ip_address_is_served_with_any_port() {
+        let specific = Hosts::bound_to("10.0.0.7:9000".parse().unwrap()).unwrap();
+        for served in [
+            "10.0.0.7:19000",
+            "10.0.0.7",
+            "10.0.0.7:80",
+            "[::ffff:10.0.0.7]:1",
+        ] {
+            assert!(serves(&specific, served), "{served}");
+        }
+        for refused in [
+            "10.0.0.8:9000",
+            "10.0.0.8:19000",
+            "rebind.attacker.example:19000",
+        ] {
+            assert!(!serves(&specific, refused), "{refused}");
+        }
+        let any = Hosts::bound_to("0.0.0.0:9000".parse().unwrap()).unwrap();
+        for served in ["192.168.1.5:19000", "[fd00::7]:30080", "10.96.0.12"] {
+            assert!(serves(&any, served), "{served}");
+        }
+        assert!(!serves(&any, "rebind.attacker.example:19000"));
+        // `localhost` is a name: served with the bound port only.
+        let loopback = Hosts::bound_to("127.0.0.1:9000".parse().unwrap()).unwrap();
+        assert!(serves(&loopback, "127.0.0.1:19000"));
+        assert!(!serves(&loopback, "localhost:19000"));
+        // A port that is no port names nothing.
+        assert!(!serves(&specific, "10.0.0.7:99999"));
+    }
+
+    /// Browsers leave a scheme's default port out of `Host`: a name listed
+    /// with port 443 or 80 is served without one.
+    #[test]
+    fn a_name_listed_with_a_default_port_is_served_without_one() {
+        let mut hosts = Hosts::bound_to("10.0.0.7:9000".parse().unwrap()).unwrap();
+        hosts.with_name("admin.internal:443").unwrap();
+        hosts.with_name("ops.example:80").unwrap();
+        hosts.with_name("other.example:8443").unwrap();
+        for served in [
+            "admin.internal",
+            "admin.internal:443",
+            "ops.example",
+            "ops.example:80",
+        ] {
+            assert!(serves(&hosts, served), "{served}");
+        }
+        for refused in [
+            "admin.internal:80",
+            "ops.example:443",
+            "other.example",
+            "admin.internal:99999",
+        ] {
+            assert!(!serves(&hosts, refused), "{refused}");
+        }
     }
 
     #[test]
@@ -151,7 +263,15 @@ mod tests {
             Err(AdminError::PortNotBound { .. })
         ));
         let mut hosts = Hosts::bound_to("127.0.0.1:9000".parse().unwrap()).unwrap();
-        for bad in ["", "a b", "user@host", "host/path", ":80"] {
+        for bad in [
+            "",
+            "a b",
+            "user@host",
+            "host/path",
+            ":80",
+            "host:99999",
+            "host:",
+        ] {
             assert!(
                 matches!(hosts.with_name(bad), Err(AdminError::BadHostName { .. })),
                 "{bad:?}"

@@ -72,7 +72,7 @@ pub(crate) async fn peek(
     let held = held_key(&key)?;
     answer(
         &name,
-        &key,
+        &held,
         limiter.command_limited(&held, Command::Peek).await,
     )
 }
@@ -126,8 +126,8 @@ pub(crate) async fn command(
     // Keys are often API keys: hashed as every log of the crate shows them,
     // the key itself only at debug level.
     tracing::info!(limit = %name, tier = ?tier.tier, key = %KeyHash::of(limiter.name(), &held), command, "admin: key command");
-    tracing::debug!(limit = %name, key, command, "admin: key command on this key");
-    answer(&name, &key, outcome)
+    tracing::debug!(limit = %name, key = %held, command, "admin: key command on this key");
+    answer(&name, &held, outcome)
 }
 
 /// The limiter of rule (or limiter) `name` for `tier`.
@@ -218,6 +218,9 @@ fn store_failed(error: StoreError) -> Problem {
     )
 }
 
+/// The answer to a key command: the key as held (at most 128 bytes, a
+/// longer one by its hash), never the path's whole (a client could make it
+/// as long as a request's head).
 fn answer(
     name: &str,
     key: &str,

@@ -25,12 +25,15 @@
 //! The router serves only the hosts it is bound to: a request whose `Host`
 //! (or, over HTTP/2, whose URI's authority) or `Origin` names another host
 //! is refused (403), so a page of a name an attacker's DNS points at the
-//! admin address (DNS rebinding) reaches nothing. It serves the address
-//! given to [`Admin::new`] (any IP address with its port when that is
-//! unspecified, `0.0.0.0` or `[::]`; and `localhost` with its port when it
-//! takes loopback connections), and the names listed with
+//! admin address (DNS rebinding) reaches nothing. It serves the IP address
+//! given to [`Admin::new`] (any IP address when that is unspecified,
+//! `0.0.0.0` or `[::]`) with any port, as no DNS answer can rebind an IP
+//! address and a mapped port (`docker -p 19000:9000`, a Kubernetes
+//! Service's) differs from the bound one; `localhost` with the bound port
+//! when it takes loopback connections; and the names listed with
 //! [`with_host_name`](Admin::with_host_name) (a reverse proxy's, a DNS
-//! name of the admin network).
+//! name of the admin network). A `Host` without a port went to 80 or 443,
+//! an `Origin` without one to its scheme's.
 //!
 //! Every route, `/metrics` and the console included, needs
 //! `Authorization: Bearer <token>` (compared in constant time; 401
@@ -58,10 +61,11 @@
 //!
 //! `{name}` is a rule's name or a [`Limiter`]'s
 //! ([`with_limiter`](Admin::with_limiter)); `?tier=` picks a rule's tier.
-//! The key is the one the layer counts (the extractor's output, as the
-//! store's keys and the logs show it), percent-encoded in the path. The key
-//! commands go to the store, so they take effect in every process sharing
-//! it.
+//! The key is the one the layer counts (the extractor's output),
+//! percent-encoded in the path; a key longer than 128 bytes is shown, and
+//! answered, by its hash (`#` and 40 hex digits), which steers it too. The
+//! key commands go to the store, so they take effect in every process
+//! sharing it.
 
 mod auth;
 mod hosts;
@@ -92,9 +96,17 @@ pub use self::prometheus::prometheus_builder;
 pub const MIN_TOKEN_LEN: usize = 16;
 
 /// The least a token must carry, in bits, as [`Admin::new`] estimates it:
-/// its length times the Shannon entropy of its characters' frequencies.
-/// A token from `openssl rand -hex 32` carries about 240.
+/// its length times log2 of its alphabet's size, the alphabet inferred
+/// from the classes of characters present (16 for hexadecimal digits of
+/// one case; otherwise digits 10, lowercase 26, uppercase 26, other
+/// printable ASCII 32, summed). `openssl rand -hex 8` gives 64, `-hex 32`
+/// 256. A token that repeats itself is refused whatever it carries (fewer
+/// than 4 different characters, or a shorter string written again:
+/// [`AdminError::TokenRepetitive`]).
 pub const MIN_TOKEN_BITS: u32 = 64;
+
+/// The fewest different characters a token may hold.
+const MIN_DISTINCT_CHARACTERS: usize = 4;
 
 /// The largest body a route reads, in bytes (413 above).
 const MAX_BODY: usize = 2 << 20;
@@ -116,17 +128,26 @@ pub enum AdminError {
     /// ASCII: it cannot be sent in a header as is.
     #[error("the admin token must be printable ASCII with no space (a trailing newline?)")]
     TokenNotPrintable,
-    /// The token repeats too few characters to resist guessing (less than
-    /// [`MIN_TOKEN_BITS`]).
+    /// The token is too short for its alphabet to carry
+    /// [`MIN_TOKEN_BITS`].
     #[error(
-        "the admin token is too easy to guess: its characters carry about {bits} bits, \
-         at least {MIN_TOKEN_BITS} are needed (too few different characters for its length): {}",
+        "the admin token is too easy to guess: drawn at random from its alphabet, it would \
+         carry {bits} bits, at least {MIN_TOKEN_BITS} are needed (make it longer): {}",
         MAKE_A_TOKEN
     )]
     TokenTooWeak {
         /// What it carries, as estimated (rounded down).
         bits: u32,
     },
+    /// The token repeats itself: fewer than 4 different characters, or a
+    /// shorter string written again (`passwordpassword`,
+    /// `admin-admin-admin-admin`).
+    #[error(
+        "the admin token is too easy to guess: it repeats itself (fewer than \
+         {MIN_DISTINCT_CHARACTERS} different characters, or a shorter string written again): {}",
+        MAKE_A_TOKEN
+    )]
+    TokenRepetitive,
     /// The address has port 0: the listener's own address
     /// (`listener.local_addr()`) tells the port the system picked.
     #[error(
@@ -171,19 +192,19 @@ pub(crate) struct Operated {
 impl Admin {
     /// An admin router that answers only requests bearing `token`, for the
     /// hosts of `bound_to`: the address of the listener it is served on
-    /// (`listener.local_addr()?`; its IP address and port, or any IP
-    /// address with its port when it is unspecified, and `localhost` with
-    /// its port when it takes loopback connections). Other names by which
-    /// operators reach it are listed with
-    /// [`with_host_name`](Self::with_host_name).
+    /// (`listener.local_addr()?`; its IP address, or any IP address when
+    /// it is unspecified, with any port, and `localhost` with its port when
+    /// it takes loopback connections). Other names by which operators
+    /// reach it are listed with [`with_host_name`](Self::with_host_name).
     ///
     /// The token must be at least [`MIN_TOKEN_LEN`] bytes of printable
-    /// ASCII carrying [`MIN_TOKEN_BITS`]: make one with
-    /// `openssl rand -hex 32`.
+    /// ASCII carrying [`MIN_TOKEN_BITS`], and not repeat itself: make one
+    /// with `openssl rand -hex 32`.
     ///
     /// # Errors
     /// [`AdminError::TokenTooShort`], [`AdminError::TokenNotPrintable`],
-    /// [`AdminError::TokenTooWeak`]; [`AdminError::PortNotBound`] for an
+    /// [`AdminError::TokenTooWeak`], [`AdminError::TokenRepetitive`];
+    /// [`AdminError::PortNotBound`] for an
     /// address of port 0 (the one asked of `bind`, not the one bound).
     pub fn new(token: impl Into<String>, bound_to: SocketAddr) -> Result<Self, AdminError> {
         Ok(Self {
@@ -197,8 +218,10 @@ impl Admin {
 
     /// Also serve requests for `name`: a host name (any port) or
     /// `host:port`, by which operators reach the router (a reverse
-    /// proxy's name, a DNS name of the admin network). Only list names
-    /// whose DNS the operator controls.
+    /// proxy's public name, a DNS name of the admin network). A name given
+    /// with port 443 or 80 is served without a port too, as browsers leave
+    /// the default port out of `Host`. Only list names whose DNS the
+    /// operator controls.
     ///
     /// # Errors
     /// [`AdminError::BadHostName`].

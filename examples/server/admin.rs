@@ -1,5 +1,5 @@
-//! The operator's router (`ADMIN_BIND`, `ADMIN_TOKEN`; `--features admin`)
-//! on a listener of its own, never the public one.
+//! The operator's router (`ADMIN_BIND`, `ADMIN_TOKEN`, `ADMIN_HOST_NAMES`;
+//! `--features admin`) on a listener of its own, never the public one.
 
 use axum::Router;
 use tokio::net::TcpListener;
@@ -56,11 +56,16 @@ pub(crate) async fn listen(
     let addr = listener
         .local_addr()
         .map_err(|error| BadSetting::new("ADMIN_BIND", format!("no address to serve: {error}")))?;
-    // It serves the hosts of this address: a page of another name that
-    // resolves to it (DNS rebinding) is refused.
-    let admin = Admin::new(settings.token.clone(), addr)
-        .map_err(|error| BadSetting::new("ADMIN_TOKEN", error))?
-        .with_metrics(metrics);
+    // It serves the hosts of this address and the names listed: a page of
+    // another name that resolves to it (DNS rebinding) is refused.
+    let mut admin = Admin::new(settings.token.clone(), addr)
+        .map_err(|error| BadSetting::new("ADMIN_TOKEN", error))?;
+    for name in &settings.host_names {
+        admin = admin
+            .with_host_name(name)
+            .map_err(|error| BadSetting::new("ADMIN_HOST_NAMES", error))?;
+    }
+    let admin = admin.with_metrics(metrics);
     let admin = match operated {
         Operated::Nothing => admin,
         Operated::Limiter(limiter) => admin.with_limiter(limiter.clone()),

@@ -37,6 +37,7 @@
 //! | `RULES`      | unset            | limits as data instead of `RATE_LIMIT`/`KEY`/`ALGORITHM`/`EXECUTION`: a rules file (`examples/rules.toml`; TOML, or JSON if it ends in `.json`), re-read every second, or `redis`: the rule set published at `RULES_KEY` in `REDIS_URL`, followed as it changes |
 //! | `RULES_KEY`  | `rl:rules`       | with `RULES=redis`: the key (and pub/sub channel) of the rule set |
 //! | `ADMIN_BIND`, `ADMIN_TOKEN` | unset | both or neither (`--features admin`): the admin router (rules, key commands, top limited keys, the console page at `/`, Prometheus `/metrics`) on `ADMIN_BIND`, never `BIND`; every request must bear `Authorization: Bearer <ADMIN_TOKEN>` (at least 16 bytes) |
+//! | `ADMIN_HOST_NAMES` | unset | with `ADMIN_BIND`: comma-separated host names (`admin.internal, ops.example:443`) the admin router serves besides `ADMIN_BIND`'s IP address (`Admin::with_host_name`): a DNS name operators use, a reverse proxy's public name (a name with port 443 or 80 is served without a port too). Any other name in `Host` or `Origin` is refused (403) |
 //!
 //! With `RULES`, every path is served (`hello`), `POST /login` answers 200
 //! when the header `x-password` is `demo` and 401 otherwise (to show a rule

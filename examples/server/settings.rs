@@ -34,18 +34,22 @@ pub(crate) struct Settings {
     pub(crate) fail_mode_text: String,
     pub(crate) headers: HeaderStyle,
     pub(crate) headers_text: String,
-    /// `ADMIN_BIND` and `ADMIN_TOKEN`: the operator's router on a listener
-    /// of its own.
+    /// `ADMIN_BIND`, `ADMIN_TOKEN` and `ADMIN_HOST_NAMES`: the operator's
+    /// router on a listener of its own.
     pub(crate) admin: Option<AdminSettings>,
 }
 
-/// Where the admin router listens, and the token it requires (refused at
-/// start without the `admin` feature).
+/// Where the admin router listens, the token it requires, and the names
+/// it serves besides its address (refused at start without the `admin`
+/// feature).
 #[cfg_attr(not(feature = "admin"), allow(dead_code))]
 pub(crate) struct AdminSettings {
     pub(crate) bind: String,
     /// Never logged nor shown in an error.
     pub(crate) token: String,
+    /// `ADMIN_HOST_NAMES`: `host` or `host:port`, each checked by
+    /// `Admin::with_host_name` when the router is built.
+    pub(crate) host_names: Vec<String>,
 }
 
 impl Settings {
@@ -289,9 +293,17 @@ fn connection_caps(behind_proxies: bool) -> Result<Caps, BadSetting> {
 }
 
 /// `ADMIN_BIND` and `ADMIN_TOKEN`: both or neither, never the public
-/// listener (the token itself is checked when the admin router is built).
+/// listener (the token itself is checked when the admin router is built);
+/// `ADMIN_HOST_NAMES` only with them.
 fn admin_settings(public: &str) -> Result<Option<AdminSettings>, BadSetting> {
+    let host_names = admin_host_names()?;
     let (bind, token) = match (var("ADMIN_BIND")?, var("ADMIN_TOKEN")?) {
+        (None, None) if !host_names.is_empty() => {
+            return Err(BadSetting::new(
+                "ADMIN_HOST_NAMES",
+                "the names the admin router serves need the admin router: set ADMIN_BIND and ADMIN_TOKEN",
+            ));
+        }
         (None, None) => return Ok(None),
         (Some(_), None) => {
             return Err(BadSetting::new(
@@ -320,7 +332,35 @@ fn admin_settings(public: &str) -> Result<Option<AdminSettings>, BadSetting> {
             "the same address as BIND: the admin router is never on the public listener",
         ));
     }
-    Ok(Some(AdminSettings { bind, token }))
+    Ok(Some(AdminSettings {
+        bind,
+        token,
+        host_names,
+    }))
+}
+
+/// `ADMIN_HOST_NAMES`: comma-separated host names (`host` or `host:port`)
+/// by which operators reach the admin router besides its address (a
+/// reverse proxy's public name, a DNS name of the admin network). Each is
+/// checked when the router is built; an empty one (a doubled or trailing
+/// comma) here.
+fn admin_host_names() -> Result<Vec<String>, BadSetting> {
+    let Some(text) = var("ADMIN_HOST_NAMES")? else {
+        return Ok(Vec::new());
+    };
+    text.split(',')
+        .map(|name| {
+            let name = name.trim();
+            if name.is_empty() {
+                Err(BadSetting::new(
+                    "ADMIN_HOST_NAMES",
+                    format!("{text:?} holds an empty name: give names separated by commas (`admin.internal, ops.example:8443`)"),
+                ))
+            } else {
+                Ok(name.to_owned())
+            }
+        })
+        .collect()
 }
 
 /// The value of environment variable `name`; `None` if it is unset or empty.

@@ -259,6 +259,110 @@ fn a_bad_value_exits_with_status_2_naming_the_variable() {
     }
 }
 
+/// `GET /metrics` from the admin router at `addr`, naming `host` in
+/// `Host`: the status.
+#[cfg(feature = "admin")]
+fn admin_status(addr: &str, host: &str, token: &str) -> u16 {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\n\
+         Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap()
+}
+
+/// `ADMIN_HOST_NAMES` lists the names the admin router serves besides its
+/// address: a request naming `admin.internal` is refused without it and
+/// served with it; a bad name, or the list without the router, exits 2
+/// naming the variable.
+#[cfg(feature = "admin")]
+#[test]
+fn admin_host_names_are_served_when_listed() {
+    let token = "a-token-of-sixteen-plus-bytes";
+    let admin = [("ADMIN_BIND", "127.0.0.1:0"), ("ADMIN_TOKEN", token)];
+    let unlisted = Server::start(&admin);
+    let addr = unlisted.admin_addr();
+    let port = addr.rsplit_once(':').unwrap().1;
+    assert_eq!(admin_status(&addr, &addr, token), 200);
+    assert_eq!(
+        admin_status(&addr, &format!("admin.internal:{port}"), token),
+        403
+    );
+    drop(unlisted);
+
+    let mut vars = admin.to_vec();
+    vars.push(("ADMIN_HOST_NAMES", "admin.internal, ops.example:443"));
+    let listed = Server::start(&vars);
+    let addr = listed.admin_addr();
+    let port = addr.rsplit_once(':').unwrap().1;
+    assert_eq!(
+        admin_status(&addr, &format!("admin.internal:{port}"), token),
+        200
+    );
+    assert_eq!(admin_status(&addr, "ADMIN.internal", token), 200);
+    // Behind a proxy that ends TLS: the browser leaves out port 443.
+    assert_eq!(admin_status(&addr, "ops.example", token), 200);
+    assert_eq!(
+        admin_status(&addr, &format!("ops.example:{port}"), token),
+        403
+    );
+    assert_eq!(
+        admin_status(&addr, &format!("evil.example:{port}"), token),
+        403
+    );
+    drop(listed);
+
+    for (vars, named) in [
+        (
+            &[admin[0], admin[1], ("ADMIN_HOST_NAMES", "admin internal")][..],
+            "ADMIN_HOST_NAMES",
+        ),
+        (
+            &[
+                admin[0],
+                admin[1],
+                ("ADMIN_HOST_NAMES", "admin.internal,,ops.example"),
+            ][..],
+            "ADMIN_HOST_NAMES",
+        ),
+        (
+            &[admin[0], admin[1], ("ADMIN_HOST_NAMES", "admin.internal,")][..],
+            "ADMIN_HOST_NAMES",
+        ),
+        (
+            &[
+                admin[0],
+                admin[1],
+                ("ADMIN_HOST_NAMES", "user@admin.internal"),
+            ][..],
+            "ADMIN_HOST_NAMES",
+        ),
+        (
+            &[("ADMIN_HOST_NAMES", "admin.internal")][..],
+            "ADMIN_HOST_NAMES",
+        ),
+    ] {
+        let (status, stderr) = refused(vars);
+        assert_eq!(status, Some(2), "{vars:?}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!("{named}: ")),
+            "{vars:?}: {stderr}"
+        );
+        assert!(!stderr.contains(token), "{stderr}");
+    }
+}
+
 /// The admin router needs both its address and its token, a token of at
 /// least 16 bytes, and never the public listener; the token is never
 /// echoed.

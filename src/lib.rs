@@ -22,7 +22,9 @@ pub use decision::Decision;
 pub use http::{RateLimit, RateLimitLayer};
 pub use limiter::{FailMode, LimitError, Limiter, Permit, Verdict};
 pub use policy::{Algorithm, Policy, PolicyError, Rate};
-pub use store::{MemoryStore, RedisStore, Store, StoreError};
+#[cfg(feature = "redis")]
+pub use store::RedisStore;
+pub use store::{MemoryStore, Store, StoreError};
 
 /// The futures of the crate's services and of [`Limiter::check_owned`], for
 /// naming them in your own types.
@@ -46,9 +48,11 @@ pub mod header {
 
 /// The bb8 pool of Redis connections this crate is built on (with `bb8`
 /// inside), so that a pool you pass to [`RedisStore::from_pool`] matches its version.
+#[cfg(feature = "redis")]
 pub use bb8_redis;
 /// The redis crate this one is built on (redis-rs 1.x), so that a
 /// connection, cluster client or error you build matches its version.
+#[cfg(feature = "redis")]
 pub use redis;
 
 /// The README's code blocks, compiled and run as doctests.

@@ -129,36 +129,8 @@ pub(crate) async fn publish(
         ));
     };
     match source {
-        Source::Redis { client, key } => {
-            let failed = |error: String| {
-                tracing::warn!(%error, key, "admin: publishing the rule set failed");
-                Problem::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("redis: {error}; nothing was published"),
-                )
-            };
-            let publish = async {
-                let mut connection = client.get_multiplexed_async_connection().await?;
-                crate::rules::publish(&mut connection, key, &text).await
-            };
-            let version = match tokio::time::timeout(PUBLISH_TIMEOUT, publish).await {
-                Ok(Ok(version)) => version,
-                Ok(Err(crate::rules::PublishError::Redis(error))) => {
-                    return Err(failed(error.to_string()));
-                }
-                Ok(Err(other)) => return Err(Problem::invalid(other.to_string())),
-                Err(_) => {
-                    return Err(failed(format!(
-                        "no answer within {PUBLISH_TIMEOUT:?} (it may still be published)"
-                    )));
-                }
-            };
-            tracing::info!(key, version, "admin: rule set published");
-            Ok((
-                StatusCode::OK,
-                Json(json!({ "source": source.to_string(), "version": version })),
-            ))
-        }
+        #[cfg(feature = "redis")]
+        Source::Redis { client, key } => to_redis(client, key, &text, source).await,
         Source::File(path) => {
             rules_file::write(path, &text).await.map_err(|error| {
                 tracing::warn!(%error, path = %path.display(), "admin: writing the rules file failed");
@@ -178,4 +150,44 @@ pub(crate) async fn publish(
 }
 
 /// How long publishing a rule set to Redis may take.
+#[cfg(feature = "redis")]
 const PUBLISH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Publish `text` to Redis at `key` ([`crate::rules::publish`]): every
+/// process following it puts it in force within a round trip.
+#[cfg(feature = "redis")]
+async fn to_redis(
+    client: &redis::Client,
+    key: &str,
+    text: &str,
+    source: &Source,
+) -> Result<(StatusCode, Json<Value>), Problem> {
+    let failed = |error: String| {
+        tracing::warn!(%error, key, "admin: publishing the rule set failed");
+        Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("redis: {error}; nothing was published"),
+        )
+    };
+    let publish = async {
+        let mut connection = client.get_multiplexed_async_connection().await?;
+        crate::rules::publish(&mut connection, key, text).await
+    };
+    let version = match tokio::time::timeout(PUBLISH_TIMEOUT, publish).await {
+        Ok(Ok(version)) => version,
+        Ok(Err(crate::rules::PublishError::Redis(error))) => {
+            return Err(failed(error.to_string()));
+        }
+        Ok(Err(other)) => return Err(Problem::invalid(other.to_string())),
+        Err(_) => {
+            return Err(failed(format!(
+                "no answer within {PUBLISH_TIMEOUT:?} (it may still be published)"
+            )));
+        }
+    };
+    tracing::info!(key, version, "admin: rule set published");
+    Ok((
+        StatusCode::OK,
+        Json(json!({ "source": source.to_string(), "version": version })),
+    ))
+}

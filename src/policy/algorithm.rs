@@ -166,6 +166,7 @@ impl Algorithm {
     }
 
     /// The algorithm's part of a Redis key (`rl:<tag>:{key}`).
+    #[cfg(feature = "redis")]
     pub(crate) fn tag(self) -> &'static str {
         match self {
             Self::SlidingLog => "log",

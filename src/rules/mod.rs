@@ -57,6 +57,8 @@ mod admission;
 mod check;
 mod engine;
 mod json;
+#[cfg(feature = "redis")]
+mod redis_source;
 mod target;
 mod validate;
 mod watch;
@@ -68,9 +70,11 @@ pub use crate::http::{RuleLimit, RulesLayer};
 pub use admission::Admission;
 pub use check::RulesCheck;
 pub use engine::{ActiveRules, Call, Rules};
+#[cfg(feature = "redis")]
+pub use redis_source::{PublishError, publish};
 #[cfg(feature = "admin")]
 pub(crate) use watch::Source;
-pub use watch::{PublishError, Rejected, Watch, WatchStatus, publish};
+pub use watch::{Rejected, Watch, WatchStatus};
 
 /// The longest `block` a rule may set: a day. (A typo of `15d` for `15m`
 /// would otherwise lock every breaching caller out for two weeks.)

@@ -10,15 +10,17 @@ use crate::decision::{Decision, Lease};
 use crate::policy::Policy;
 
 pub(crate) mod memory;
+#[cfg(feature = "redis")]
 pub(crate) mod redis;
 
 pub use memory::MemoryStore;
+#[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreBuilder, TrackedConnection, TrackedManager};
 
 /// The Lua scripts `RedisStore` runs, as sent to Redis (feature
 /// `test-util`): for differential tests and benchmarks that run them
 /// directly. Their arguments and replies follow the crate's version.
-#[cfg(feature = "test-util")]
+#[cfg(all(feature = "test-util", feature = "redis"))]
 pub mod scripts {
     pub use crate::store::redis::{
         CONCURRENCY_COMMAND_SCRIPT, CONCURRENCY_SCRIPT, FIXED_WINDOW_BATCH_SCRIPT,
@@ -228,6 +230,7 @@ impl StoreError {
     }
 }
 
+#[cfg(feature = "redis")]
 impl From<::redis::RedisError> for StoreError {
     fn from(error: ::redis::RedisError) -> Self {
         Self::backend("redis", error)

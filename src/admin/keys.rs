@@ -125,7 +125,7 @@ pub(crate) async fn command(
     let outcome = limiter.command_limited(&held, run).await;
     // Keys are often API keys: hashed as every log of the crate shows them,
     // the key itself only at debug level.
-    tracing::info!(limit = %name, tier = ?tier.tier, key = %KeyHash::of(limiter.name(), &held), command, "admin: key command");
+    tracing::info!(limit = %name, tier = ?tier.tier, key = %KeyHash::held(limiter.name(), &held), command, "admin: key command");
     tracing::debug!(limit = %name, key = %held, command, "admin: key command on this key");
     answer(&name, &held, outcome)
 }

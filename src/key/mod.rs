@@ -399,19 +399,38 @@ pub(crate) struct KeyHash<'a> {
     /// The limiter's name, when `key` is not namespaced yet.
     pub(crate) name: Option<&'a str>,
     pub(crate) key: &'a str,
+    /// Whether `key` is as the limiter holds it already (a long one
+    /// hashed), not as extracted.
+    pub(crate) held: bool,
 }
 
 impl<'a> KeyHash<'a> {
     /// The hash of a store key (already `{name}:{key}`).
     pub(crate) fn stored(key: &'a str) -> Self {
-        Self { name: None, key }
+        Self {
+            name: None,
+            key,
+            held: true,
+        }
     }
 
-    /// The hash of `key` as the limiter `name` stores it.
+    /// The hash of `key` (as extracted) as the limiter `name` stores it.
     pub(crate) fn of(name: &'a str, key: &'a str) -> Self {
         Self {
             name: Some(name),
             key,
+            held: false,
+        }
+    }
+
+    /// The hash of `key`, as the limiter `name` holds it (a long key by
+    /// its hash already), as the limiter `name` stores it.
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
+    pub(crate) fn held(name: &'a str, key: &'a str) -> Self {
+        Self {
+            name: Some(name),
+            key,
+            held: true,
         }
     }
 }
@@ -424,7 +443,11 @@ impl fmt::Display for KeyHash<'_> {
             Some(name) => {
                 sha.update(name.as_bytes());
                 sha.update(b":");
-                sha.update(crate::store::bounded_key(self.key).as_bytes());
+                if self.held {
+                    sha.update(self.key.as_bytes());
+                } else {
+                    sha.update(crate::store::bounded_key(self.key).as_bytes());
+                }
             }
             None => sha.update(self.key.as_bytes()),
         }

@@ -8,6 +8,13 @@ fn a_key_hashes_alike_before_and_after_namespacing() {
     assert_eq!(before, KeyHash::stored("3/s:203.0.113.9").to_string());
     assert_eq!(before.len(), 12);
     assert_ne!(before, KeyHash::stored("203.0.113.9").to_string());
+    // A long key: the same hash from the key as extracted, as held and as
+    // stored, so one client is followed across every log.
+    let long = "k".repeat(500);
+    let held = crate::store::bounded_key(&long).into_owned();
+    let of = KeyHash::of("api", &long).to_string();
+    assert_eq!(of, KeyHash::held("api", &held).to_string());
+    assert_eq!(of, KeyHash::stored(&format!("api:{held}")).to_string());
 }
 
 fn req(path: &str) -> http::request::Builder {

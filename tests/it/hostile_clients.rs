@@ -87,7 +87,14 @@ fn is_timeout(error: &std::io::Error) -> bool {
 /// reads nothing until then).
 fn closed_within(stream: &TcpStream, limit: Duration) -> bool {
     stream.set_read_timeout(Some(limit)).unwrap();
-    match (&*stream).read(&mut [0; 1]) {
+    // A read with a timeout is not restarted after a signal: read again.
+    let read = loop {
+        match (&*stream).read(&mut [0; 1]) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            read => break read,
+        }
+    };
+    match read {
         Ok(0) => true,
         Ok(_) => panic!("a silent connection got an answer"),
         Err(error) => !is_timeout(&error),

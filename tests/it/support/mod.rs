@@ -466,9 +466,15 @@ pub fn raw_command_as(port: u16, password: Option<&str>, args: &[&str]) -> Strin
     }
     stream.write_all(out.as_bytes()).unwrap();
     let mut buf = vec![0u8; 64 * 1024];
-    let n = stream
-        .read(&mut buf)
-        .unwrap_or_else(|e| panic!("no reply to {args:?} from port {port} within 5 s: {e}"));
+    // A read with a timeout is not restarted after a signal (signal(7)):
+    // read again.
+    let n = loop {
+        match stream.read(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            read => break read,
+        }
+    }
+    .unwrap_or_else(|e| panic!("no reply to {args:?} from port {port} within 5 s: {e}"));
     String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 

@@ -80,6 +80,8 @@ struct Settings {
     tier: Option<Arc<TierFn>>,
     cost: Option<Arc<CostFn>>,
     rendering: Rendering,
+    /// Whether [`Settings::warn_if_tier_unread`] warned.
+    warned: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl RulesLayer {
@@ -92,6 +94,7 @@ impl RulesLayer {
                 tier: None,
                 cost: None,
                 rendering: Rendering::default(),
+                warned: Arc::default(),
             }),
         }
     }
@@ -162,9 +165,33 @@ impl<S> Layer<S> for RulesLayer {
     type Service = RuleLimit<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        self.shared.warn_if_tier_unread();
         RuleLimit {
             inner,
             shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl Settings {
+    /// Warn (once per layer) when the rule set reads the tier from a
+    /// header that this layer never reads: with no trusted proxy, a
+    /// client would pick its own plan, so the header is ignored and every
+    /// caller gets the default policy.
+    fn warn_if_tier_unread(&self) {
+        if self.tier.is_some() || self.client_ip.trusts_any() {
+            return;
+        }
+        if let TierFrom::Header(name) = self.rules.current().set().tier()
+            && !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(
+                header = %name,
+                "rules: the rule set reads the tier from a header, but this layer trusts no \
+                 proxy, so the header is never read and every caller gets the default policy: \
+                 trust the proxy that sets it (RulesLayer::with_client_ip(key::client_ip().trusting([...])?)) \
+                 or read the tier yourself (RulesLayer::with_tier)"
+            );
         }
     }
 }

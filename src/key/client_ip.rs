@@ -235,6 +235,11 @@ impl ClientIp {
 }
 
 impl ClientIp {
+    /// Whether any proxy is trusted.
+    pub(crate) fn trusts_any(&self) -> bool {
+        !self.trusted.is_empty()
+    }
+
     /// Whether `request` comes straight from a trusted proxy (never, with
     /// none configured): only then may headers a proxy sets be believed.
     pub(crate) fn peer_is_trusted<B>(&self, request: &Request<B>) -> bool {

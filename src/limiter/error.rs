@@ -12,8 +12,9 @@ pub enum LimitError {
     /// ([`Limiter::until_ready`](crate::Limiter::until_ready), [`Limiter::acquire`](crate::Limiter::acquire)).
     #[error("rate limited: retry after {:?}", .0.retry_after())]
     Limited(Box<Decision>),
-    /// The store failed and the fail mode is [`FailMode::Closed`](crate::FailMode::Closed) (or an
-    /// operator command failed).
+    /// The store failed and the fail mode is
+    /// [`FailMode::Closed`](crate::FailMode::Closed). (Operator commands,
+    /// which have no fail mode, return a [`StoreError`].)
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The cost asked for cannot be counted under the policy.

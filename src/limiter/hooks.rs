@@ -70,9 +70,8 @@ impl Limiter {
     }
 
     /// A limiter like this one (same store, fail mode, breaker and deny
-    /// cache, shared) for `policy`, named `{prefix}@{policy's default name}`:
-    /// one per rule and policy of a rule set, so a rule keeps its counts
-    /// while its policy is unchanged.
+    /// cache, shared) for `policy`, named as the rule: one per rule and
+    /// tier of a rule set, all counting under the rule's name.
     pub(crate) fn for_rule(&self, rule: &str, policy: Policy) -> Self {
         // Counted under the rule's name alone: a changed policy (or another
         // tier's) applies to the same counts (the store keeps each

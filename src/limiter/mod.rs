@@ -433,7 +433,10 @@ impl Limiter {
     /// go to the store as before.
     ///
     /// # Errors
-    /// A concurrency policy (a slot is one request in flight).
+    /// A policy the quota cannot serve: a concurrency limit (a slot is one
+    /// request in flight), a minimum spacing (local units would not be
+    /// spaced), or a smallest max that cannot hold two requests at the
+    /// policy's cost.
     pub fn with_local_quota(self, quota: LocalQuota) -> Result<Self, PolicyError> {
         let held = local::Local::held_of(&self.inner.held, &self.inner.name);
         let local = Arc::new(local::Local::new(quota, &self.inner.policy, held)?);

@@ -182,7 +182,9 @@ impl Rules {
 
     /// Put `rules` in force, for every request that starts from now on
     /// (requests under way finish under the rules they started with).
-    /// Counts of rules whose name and policy are unchanged carry over.
+    /// A rule counts under its name: the counts of every rule whose name is
+    /// kept carry over, whatever its new policy (another algorithm, or
+    /// another window of a windowed counter, starts afresh).
     pub fn replace(&self, rules: RuleSet) {
         let active = Arc::new(ActiveRules::build(&self.inner.template, rules));
         match self.inner.current.write() {

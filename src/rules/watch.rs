@@ -165,7 +165,7 @@ impl Rules {
     /// Follow the rule set in `path` (JSON if it ends in `.json`, else
     /// TOML): it is read at once and then every `every`, and when its text
     /// changed and validates, put in force ([`replace`](Self::replace);
-    /// counts of unchanged rules carry over). A text that
+    /// counts of every rule whose name is kept carry over). A text that
     /// does not validate, or a file that cannot be read, leaves the rules
     /// in force, logged and in [`Watch::status`]. Needs a tokio runtime.
     pub fn watch_file(&self, path: impl Into<PathBuf>, every: Duration) -> Watch {

@@ -1253,32 +1253,7 @@ async fn an_empty_rule_set_is_published_only_when_confirmed() {
 /// key command shows the key hashed, never the key; `/top` stays small.
 #[tokio::test]
 async fn a_long_key_is_shown_and_steered_by_its_hash() {
-    use std::io::Write;
-    use std::sync::{Arc, Mutex};
-
-    #[derive(Clone, Default)]
-    struct Logs(Arc<Mutex<Vec<u8>>>);
-    impl Write for Logs {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let logs = Logs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _logging = tracing::subscriber::set_default(subscriber);
-    // With one dispatcher registered, tracing computes a callsite's
-    // interest from the default of the thread that registers it: a test
-    // beside this one that runs a key command first would make it "never".
-    // With two, it asks every dispatcher, this thread's included.
-    let _second = tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default());
+    let logs = crate::support::logs::Logs::capture(tracing::Level::INFO);
 
     let server = RedisServer::start();
     let store = RedisStore::connect(&server.url()).await.unwrap();
@@ -1355,7 +1330,7 @@ async fn a_long_key_is_shown_and_steered_by_its_hash() {
         "blocked by its hash"
     );
 
-    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let logs = logs.text();
     assert!(logs.contains("admin: key command"), "{logs}");
     assert!(
         !logs.contains("xxxxxxxxxx") && !logs.contains(&shown[1..]),

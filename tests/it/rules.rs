@@ -1186,3 +1186,34 @@ async fn a_rule_counting_by_outcome_is_not_answered_by_the_deny_cache() {
         "a cached denial refused it"
     );
 }
+
+/// A rule set reading the tier from a header, served by a layer that
+/// trusts no proxy, never reads the header (a client would pick its own
+/// plan): the layer says so, once, naming the fix; not when a proxy is
+/// trusted.
+#[tokio::test]
+async fn a_tier_header_no_proxy_can_set_is_warned_about() {
+    let logs = crate::support::logs::Logs::capture(tracing::Level::WARN);
+    let set = RuleSet::from_toml(
+        "tier = \"header:x-plan\"\n[[rules]]\nname = \"api\"\nkey = \"ip\"\npolicy = \"10/min\"\ntiers = { pro = \"100/min\" }\n",
+    )
+    .unwrap();
+    let rules = Rules::new(MemoryStore::new(), set);
+    let _app: Router = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .route("/other", get(|| async { "other" }))
+        .layer(RulesLayer::new(rules.clone()));
+    let warned = logs.text();
+    assert_eq!(warned.matches("trusts no proxy").count(), 1, "{warned}");
+    assert!(
+        warned.contains("x-plan") && warned.contains("with_client_ip"),
+        "{warned}"
+    );
+
+    let logs = crate::support::logs::Logs::capture(tracing::Level::WARN);
+    let trusting = key::client_ip().trusting(["10.0.0.0/8"]).unwrap();
+    let _app: Router = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(RulesLayer::new(rules).with_client_ip(trusting));
+    assert!(!logs.text().contains("trusts no proxy"), "{}", logs.text());
+}

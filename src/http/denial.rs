@@ -33,8 +33,11 @@ fn text(status: StatusCode, body: Bytes) -> Response<Bytes> {
 }
 
 /// What the client ran into, for the text of a denial: `the limit is 3/s`,
-/// `at most 10 requests may be in flight`.
+/// `at most 10 requests may be in flight`, `this client is blocked`.
 fn limit_phrase(decision: &Decision) -> String {
+    if decision.blocked() {
+        return "this client is blocked".to_owned();
+    }
     let rate = decision.rate();
     match (decision.algorithm(), rate.max()) {
         (Algorithm::Concurrency, 1) => "at most 1 request may be in flight".to_owned(),
@@ -49,6 +52,10 @@ pub(crate) fn too_many_requests(decision: &Decision) -> Response<Bytes> {
     let rate = decision.rate();
     // Formatted on the stack and copied once: one allocation.
     let body = match (decision.algorithm(), rate.max()) {
+        _ if decision.blocked() => format_bytes(format_args!(
+            "Too many requests: {}. Retry in {secs} s.\n",
+            limit_phrase(decision)
+        )),
         (Algorithm::Concurrency, _) => format_bytes(format_args!(
             "Too many requests: {}. Retry in {secs} s.\n",
             limit_phrase(decision)
@@ -156,6 +163,9 @@ pub(crate) fn grpc(status: u16, message: &str) -> Response<Bytes> {
 pub(crate) fn grpc_too_many_requests(decision: &Decision) -> Response<Bytes> {
     let secs = retry_after_secs(decision);
     let message = match decision.algorithm() {
+        _ if decision.blocked() => {
+            format!("rate limited: this client is blocked; retry in {secs} s")
+        }
         Algorithm::Concurrency => format!(
             "rate limited: at most {} calls may be in flight; retry in {secs} s",
             decision.limit()
@@ -315,6 +325,19 @@ mod tests {
         );
         assert_eq!(header(response.headers(), &RETRY_AFTER), "1");
         assert_eq!(header(response.headers(), &X_RATELIMIT_LIMIT), "3");
+    }
+
+    #[test]
+    fn a_blocked_key_is_told_it_is_blocked() {
+        let policy: Policy = "5/min".parse().unwrap();
+        let d = crate::algorithm::blocked(&policy, 900_000_000);
+        assert_eq!(
+            body_text(&too_many_requests(&d)),
+            "Too many requests: this client is blocked. Retry in 900 s.\n"
+        );
+        let problem = problem_json(&d, &policy);
+        let problem = body_text(&problem);
+        assert!(problem.contains("this client is blocked"), "{problem}");
     }
 
     #[test]

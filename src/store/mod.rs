@@ -9,10 +9,15 @@ use std::time::Duration;
 use crate::decision::{Decision, Lease};
 use crate::policy::Policy;
 
+#[cfg(feature = "test-util")]
+pub mod conformance;
+mod key_state;
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 
+pub use key_state::KeyState;
+pub(crate) use key_state::State;
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreBuilder, TrackedConnection, TrackedManager};

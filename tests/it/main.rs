@@ -15,6 +15,7 @@ mod command_faults;
 mod commands;
 mod concurrency_store;
 mod conformance;
+mod custom_store;
 mod demotion;
 mod deny_cache;
 mod example_server;

@@ -8,11 +8,11 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 
-use crate::algorithm::{self, concurrency, fixed_window, gcra, sliding_log, sliding_window};
+use crate::algorithm::{self, concurrency};
 use crate::clock::{Clock, SystemClock};
-use crate::decision::{Decision, Lease, RefundId};
+use crate::decision::{Decision, Lease};
 use crate::policy::{Algorithm, Policy, duration_micros};
-use crate::store::{Command, Store, StoreError, bounded_key};
+use crate::store::{Command, State, Store, StoreError, bounded_key};
 
 const SHARDS: usize = 16;
 /// Every this many operations on a shard, one shard (in turn) drops its idle
@@ -110,121 +110,6 @@ struct Entry {
 struct Block {
     key: Box<str>,
     until: u64,
-}
-
-/// The state of one key under one algorithm.
-#[derive(Debug)]
-enum State {
-    Log(sliding_log::State),
-    Fixed(fixed_window::State),
-    Sliding(sliding_window::State),
-    Gcra(gcra::State),
-    Leases(concurrency::State),
-}
-
-impl State {
-    fn new(algorithm: Algorithm) -> Self {
-        match algorithm {
-            Algorithm::FixedWindow => Self::Fixed(Default::default()),
-            Algorithm::SlidingWindow => Self::Sliding(Default::default()),
-            Algorithm::Gcra => Self::Gcra(Default::default()),
-            Algorithm::Concurrency => Self::Leases(Default::default()),
-            _ => Self::Log(Default::default()),
-        }
-    }
-
-    /// Decide one request; returns the decision and when the state expires.
-    #[inline]
-    fn check(&mut self, now: u64, policy: &Policy, lease: Lease) -> (Decision, u64) {
-        if !self.matches(policy.algorithm()) {
-            *self = Self::new(policy.algorithm());
-        }
-        match self {
-            Self::Log(log) => {
-                let (decision, expires_at) = sliding_log::check(log, now, policy);
-                if decision.allowed() {
-                    // What a refund of this check removes.
-                    return (
-                        decision.with_entries(sliding_log::entries_of(now)),
-                        expires_at,
-                    );
-                }
-                (decision, expires_at)
-            }
-            Self::Fixed(counters) => fixed_window::check(counters, now, policy),
-            Self::Sliding(counters) => sliding_window::check(counters, now, policy),
-            Self::Gcra(tats) => gcra::check(tats, now, policy),
-            Self::Leases(leases) => concurrency::check(leases, now, policy, lease),
-        }
-    }
-
-    /// The decision a request would get now, changing nothing.
-    fn peek(&self, now: u64, policy: &Policy) -> Decision {
-        match self {
-            _ if !self.matches(policy.algorithm()) => {
-                Self::new(policy.algorithm()).peek(now, policy)
-            }
-            Self::Log(log) => sliding_log::peek(log, now, policy),
-            Self::Fixed(counters) => fixed_window::peek(counters, now, policy),
-            Self::Sliding(counters) => sliding_window::peek(counters, now, policy),
-            Self::Gcra(tats) => gcra::peek(tats, now, policy),
-            Self::Leases(leases) => concurrency::peek(leases, now, policy),
-        }
-    }
-
-    /// Take `units` of quota (anonymous slots from lease `first` on, for the
-    /// concurrency limit); returns when the state expires.
-    fn penalty(&mut self, now: u64, policy: &Policy, units: u64, first: u128) -> u64 {
-        if !self.matches(policy.algorithm()) {
-            *self = Self::new(policy.algorithm());
-        }
-        match self {
-            Self::Log(log) => sliding_log::penalty(log, now, policy, units),
-            Self::Fixed(counters) => fixed_window::penalty(counters, now, policy, units),
-            Self::Sliding(counters) => sliding_window::penalty(counters, now, policy, units),
-            Self::Gcra(tats) => gcra::penalty(tats, now, policy, units),
-            Self::Leases(leases) => concurrency::penalty(leases, now, policy, units, first),
-        }
-    }
-
-    /// Give `units` of quota back; returns when the state expires.
-    fn reward(&mut self, now: u64, policy: &Policy, units: u64) -> u64 {
-        if !self.matches(policy.algorithm()) {
-            *self = Self::new(policy.algorithm());
-        }
-        match self {
-            Self::Log(log) => sliding_log::reward(log, now, policy, units),
-            Self::Fixed(counters) => fixed_window::reward(counters, now, policy, units),
-            Self::Sliding(counters) => sliding_window::reward(counters, now, policy, units),
-            Self::Gcra(tats) => gcra::reward(tats, now, policy, units),
-            Self::Leases(leases) => concurrency::reward(leases, now, units),
-        }
-    }
-
-    /// Give back one admitted check (its decision's `lease`): its own
-    /// entries where the state keeps them, else as a reward.
-    fn refund(&mut self, now: u64, policy: &Policy, id: RefundId, units: u64) -> u64 {
-        match self {
-            _ if !self.matches(policy.algorithm()) => self.reward(now, policy, 0),
-            Self::Log(log) => sliding_log::refund(log, now, policy, id, units),
-            Self::Leases(leases) => {
-                leases.release(id.into());
-                concurrency::reward(leases, now, 0)
-            }
-            _ => self.reward(now, policy, units),
-        }
-    }
-
-    fn matches(&self, algorithm: Algorithm) -> bool {
-        matches!(
-            (self, algorithm),
-            (Self::Log(_), Algorithm::SlidingLog)
-                | (Self::Fixed(_), Algorithm::FixedWindow)
-                | (Self::Sliding(_), Algorithm::SlidingWindow)
-                | (Self::Gcra(_), Algorithm::Gcra)
-                | (Self::Leases(_), Algorithm::Concurrency)
-        )
-    }
 }
 
 impl MemoryStore {

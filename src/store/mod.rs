@@ -38,8 +38,13 @@ pub mod scripts {
 /// Keeps the state of every limited key and takes the decision for one
 /// request, atomically.
 ///
-/// Implement it to put the state somewhere else; the crate ships
-/// [`MemoryStore`] and [`RedisStore`].
+/// The crate ships [`MemoryStore`] and `RedisStore` (feature `redis`). To
+/// keep the state somewhere else, keep a [`KeyState`] per key wherever
+/// you can read and write it atomically and call it from these methods:
+/// its decisions are the crate's. `examples/custom_store.rs` is such a
+/// store over a `Mutex<HashMap>`; the conformance suite
+/// (`store::conformance`, feature `test-util`) holds yours to
+/// `MemoryStore`'s decisions.
 pub trait Store: Send + Sync + 'static {
     /// Count one request of `key` (of `policy.cost()` units) against
     /// `policy`, and say whether it is admitted. A denied request must not

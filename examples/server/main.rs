@@ -13,31 +13,9 @@
 //!   cargo run --example server --features admin
 //! ```
 //!
-//! | variable     | default          | meaning                                              |
-//! |--------------|------------------|------------------------------------------------------|
-//! | `BIND`       | `127.0.0.1:3000` | address to listen on                                 |
-//! | `HEADER_TIMEOUT` | `10s`        | a connection must send a request's headers within this, or it is closed (an idle kept-alive connection waits for its next request under it too) |
-//! | `SHUTDOWN_GRACE` | `20s`        | after `SIGTERM`, how long the requests in flight may take; then the remaining connections are closed and the server exits 0 |
-//! | `MAX_CONNECTIONS` | `10000`, fewer under a low open-file limit | connections open at once; one more is closed as soon as it is accepted. At most the process's open-file limit (`ulimit -n`, systemd's `LimitNOFILE`) minus 128 kept for Redis, the admin router and files: the default is lowered to fit (1,024 files: 896), a value above it exits 2 |
-//! | `MAX_CONNECTIONS_PER_IP` | `100`; behind `TRUSTED_PROXIES`, `MAX_CONNECTIONS` | connections open at once from one client address (an IPv6 /64 counts as one); one more is closed as soon as it is accepted. Behind proxies every client comes from their addresses: set it to your proxies' connection pool per address, if at all |
-//! | `REDIS_URL`  | unset            | unset: limits held in this process; set: in Redis: `redis://[user:password@]host:port[/db]`, `rediss://…` (TLS, `--features tls`), `redis+sentinel://[user:password@]host[:port][,host[:port]…]/service[/db]` (`--features sentinel`; `rediss+sentinel://` with both) |
-//! | `REDIS_CA_CERT` | unset         | with a TLS URL: a PEM file of the CA(s) to trust instead of the system's roots |
-//! | `REDIS_CLIENT_CERT`, `REDIS_CLIENT_KEY` | unset | with a TLS URL: PEM files of a client certificate and its key (mutual TLS) |
-//! | `RATE_LIMIT` | `5/10s`          | the policy, such as `3/s, 20/min`; `off`: no limit (for benchmarks) |
-//! | `KEY`        | `ip`             | `ip` (the peer address) or `header:NAME`             |
-//! | `EXECUTION`  | `transaction`    | how Redis runs the sliding log: `transaction` or `script` (refused with another `ALGORITHM`) |
-//! | `ALGORITHM`  | `sliding-log`    | `sliding-log`, `fixed-window`, `sliding-window`, `gcra` or `concurrency` |
-//! | `DENY_CACHE` | `on`             | `off`: ask the store about every request of a denied key |
-//! | `BATCHES`    | `2`              | with `REDIS_URL`: batches of checks in flight per algorithm (`RedisStore::with_batches`); `0`: one script per check |
-//! | `LOCAL_QUOTA` | unset           | `N/HOLD` (`100/250ms`): admit hot keys locally from batches of `N` units taken from the store, each used within `HOLD`; at most `INSTANCES × N` more admitted in a window (none more under `fixed-window`). With `RULES`, set `local_quota` on the rules instead |
-//! | `TRUSTED_PROXIES` | unset       | comma-separated addresses or CIDR blocks of your reverse proxies (`10.0.0.0/8, fd00::/8`); set: the key's address is the client's, read from `PROXY_HEADER` when the peer is one of them |
-//! | `PROXY_HEADER` | `x-forwarded-for` | with `TRUSTED_PROXIES`: `x-forwarded-for`, `forwarded` or `x-real-ip` |
-//! | `FAIL_MODE`  | `open`           | when the store fails: `open` (admit), `closed` (answer 503) or `fallback:N` (limit in process to 1/N of the policy, for N instances) |
-//! | `HEADERS`    | `x`              | rate-limit fields: `x` (`X-RateLimit-*`), `ietf` (`RateLimit-Policy`, `RateLimit`) or `both` |
-//! | `RULES`      | unset            | limits as data instead of `RATE_LIMIT`/`KEY`/`ALGORITHM`/`EXECUTION`: a rules file (`examples/rules.toml`; TOML, or JSON if it ends in `.json`), re-read every second, or `redis`: the rule set published at `RULES_KEY` in `REDIS_URL`, followed as it changes |
-//! | `RULES_KEY`  | `rl:rules`       | with `RULES=redis`: the key (and pub/sub channel) of the rule set |
-//! | `ADMIN_BIND`, `ADMIN_TOKEN` | unset | both or neither (`--features admin`): the admin router (rules, key commands, top limited keys, the console page at `/`, Prometheus `/metrics`) on `ADMIN_BIND`, never `BIND`; every request must bear `Authorization: Bearer <ADMIN_TOKEN>` (at least 16 bytes) |
-//! | `ADMIN_HOST_NAMES` | unset | with `ADMIN_BIND`: comma-separated host names (`admin.internal, ops.example:443`) the admin router serves besides `ADMIN_BIND`'s IP address (`Admin::with_host_name`): a DNS name operators use, a reverse proxy's public name (a name with port 443 or 80 is served without a port too). Any other name in `Host` or `Origin` is refused (403) |
+//! Every variable, with its default and meaning, is listed once, in the
+//! production guide's section "The example server"
+//! (`src/docs/guide/production.md`; on docs.rs: `guide::production`).
 //!
 //! With `RULES`, every path is served (`hello`), `POST /login` answers 200
 //! when the header `x-password` is `demo` and 401 otherwise (to show a rule

@@ -52,12 +52,10 @@ use crate::policy::{Algorithm, Policy, PolicyError, Rate};
 /// goes back to the store. A key near its limit is decided in the store,
 /// request by request.
 ///
-/// **The bound.** Every unit was counted in the store before it is used:
-/// with `N` processes, at most `N × batch` more requests are admitted in
-/// any window than the algorithm alone admits (none more under the fixed
-/// window). The [production guide](crate::guide::production) says what a
-/// process holds (in keys and bytes), when to use a local quota and how
-/// to choose `batch` and `hold`.
+/// The [production guide](crate::guide::production#hot-keys-a-local-quota)
+/// states the bound on what it admits, what a process holds (in keys and
+/// bytes), when to use a local quota and how to choose `batch` and
+/// `hold`.
 ///
 /// ```
 /// use tower_redis_ratelimit::limiter::LocalQuota;

@@ -180,23 +180,15 @@ impl Limiter {
         self.map(|s| s.allowed = Arc::new(allowed))
     }
 
-    /// Name this limit. Keys are counted per name, so two limiters sharing a
-    /// store keep separate counts unless they share a name. The default is
-    /// the policy text without spaces (`"3/s,20/min"`), followed by every
-    /// setting that changes what is counted or how, when it is not the
-    /// default: the cost (`"2/min;cost=2"`), the minimum spacing
-    /// (`"2/min;spacing=10s"`) and, for the sliding log, the execution
-    /// (`"2/min;script"`), in that order. (The algorithm is not in the name:
-    /// the stores keep each algorithm's state apart.) So limiters with the
-    /// same policy share counts, limiters whose policies count differently
-    /// never do, and changing the policy of an unnamed limiter starts its
-    /// counts afresh. A named limiter keeps its counts when its policy
-    /// changes (a tightened max bites at once; a rollout shares one count):
-    /// name your limiters. Policies sharing a name should share their
-    /// windows: a sliding log check trims entries older than its own
-    /// longest window, and the windowed counters keep a counter per window.
-    /// The store key is `{name}:{key}`, so on a shared store no name should
-    /// be another's followed by `:` (default names hold no `:`).
+    /// Name this limit: keys are counted under the name, so limiters
+    /// sharing a store and a name share one count, whatever their policies
+    /// (a tightened max bites at once; a rollout shares one count). Without
+    /// a name a limiter counts under its policy's text. What starts afresh
+    /// and what carries over, and the default name:
+    /// [names and counts](crate::guide::policies#names-and-counts). The
+    /// store key is `{name}:{key}`, so on a shared store no name should be
+    /// another's followed by `:`. Two limits of one process that share a
+    /// name with different policies (or a rule's name) are warned about.
     #[must_use]
     pub fn with_name(self, name: impl Into<String>) -> Self {
         let name: Arc<str> = Arc::from(name.into());
@@ -426,9 +418,9 @@ impl Limiter {
 
     /// Admit hot keys locally ([`LocalQuota`]): a process takes a batch of
     /// a key's quota from the store in one check and admits from it with
-    /// no round trip, at most `N × batch` more admitted in any window than
-    /// the algorithm alone admits, for `N` processes (none more under the
-    /// fixed window); see [`LocalQuota`].
+    /// no round trip, within the bound the
+    /// [production guide](crate::guide::production#hot-keys-a-local-quota)
+    /// states.
     /// Checks of another cost than the policy's ([`check_n`](Self::check_n))
     /// go to the store as before.
     ///

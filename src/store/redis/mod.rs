@@ -262,32 +262,11 @@ impl RedisStore {
     /// the rest of the cluster is discovered from them), check that every
     /// master answers `PING`, and measure the offset to Redis's clock.
     ///
-    /// Every algorithm works on a cluster: each limited key's Redis keys
-    /// share one hash tag, so one slot and one node, and each check sends a
-    /// single command (an `EVALSHA` whose keys, the state and the block, share
-    /// one slot and route it; after
-    /// `NOSCRIPT`, redis-rs's `SCRIPT LOAD` goes to every primary) or, for
-    /// the sliding log's `Transaction` execution, a single `MULTI`/`EXEC`
-    /// pipeline routed to that key's node (its piggy-backed `TIME` is
-    /// answered by that node too). The `Transaction` execution corrects
-    /// local time by one offset per store and checks every transaction
-    /// against its node's `TIME`: nodes whose clocks disagree by more than
-    /// its tolerance (5 ms) cost it extra round trips, never exactness, so
-    /// keep them in sync (NTP); the `Script` execution, on each node's own
-    /// clock, does not need it.
-    ///
-    /// The cluster client is built with `.retries(0)`: redis-rs's own retry
-    /// would send a command again after a dropped connection, so a
-    /// fixed-window, sliding-window or GCRA check whose reply was lost after
-    /// Redis ran it would count twice. The store retries instead, knowing
-    /// what may be repeated: any check refused before it ran (`MOVED`,
-    /// `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `READONLY`,
-    /// `LOADING`, an aborted transaction, no connection to the node; after
-    /// `MOVED` the client refreshes its slots), a few times within the
-    /// timeout; and after a connection error only the sliding log and the
-    /// concurrency limit, where a repeat counts once. Build your own client
-    /// for [`from_cluster_connection`](Self::from_cluster_connection) with
-    /// `.retries(0)` too for the same guarantee.
+    /// Every algorithm and execution works on a cluster; the client is
+    /// built with `.retries(0)` (the store resends only what Redis refused
+    /// before running it). How checks are routed, why the nodes' clocks
+    /// matter to the `Transaction` execution and why the retries are off:
+    /// the [deployments guide](crate::guide::deployments#redis-cluster).
     ///
     /// ```no_run
     /// use tower_redis_ratelimit::RedisStore;
@@ -317,11 +296,9 @@ impl RedisStore {
     /// check. See [`connect_cluster`](Self::connect_cluster) for how each
     /// algorithm runs on a cluster.
     ///
-    /// Build the client with `.retries(0)`, as `connect_cluster` does: the
-    /// store resends only what Redis refused before running it, while the
-    /// cluster client's own retries resend after a lost reply too, so a
-    /// retrying client can count a fixed-window, sliding-window or GCRA
-    /// check, or an operator's penalty or reward, twice.
+    /// Build the client with `.retries(0)`, as `connect_cluster` does, or
+    /// a lost reply can count a check twice (the
+    /// [deployments guide](crate::guide::deployments#redis-cluster) says why).
     #[cfg(feature = "cluster")]
     pub fn from_cluster_connection(conn: redis::cluster_async::ClusterConnection) -> Self {
         Self::from_connections(Connections::Cluster(conn))

@@ -1,38 +1,14 @@
 //! What the layer logs: decisions at debug with the key hashed, never raw.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use crate::support::http::{ok_router, request};
 use tower::ServiceExt;
 use tower_redis_ratelimit::{MemoryStore, Policy, RateLimitLayer, key};
 
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn decisions_are_logged_with_the_key_hashed() {
     let _alone = crate::alone().await;
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let logs = crate::support::logs::Logs::capture(tracing::Level::DEBUG);
 
     let limiter = RateLimitLayer::new(
         MemoryStore::new(),
@@ -46,7 +22,7 @@ async fn decisions_are_logged_with_the_key_hashed() {
             .await
             .unwrap();
     }
-    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let logs = logs.text();
     assert!(logs.contains("rate limit: admitted"), "{logs}");
     assert!(logs.contains("rate limit: denied"), "{logs}");
     assert!(

@@ -512,19 +512,36 @@ async fn a_rule_set_published_through_the_router_reaches_every_follower() {
     assert_eq!(shown["watch"]["version"], 2);
 }
 
-#[tokio::test]
-async fn a_rule_set_published_to_a_file_source_is_written_and_followed() {
-    let dir = std::env::temp_dir().join(format!("admin-rules-{}", std::process::id()));
+/// A rules file holding [`RULES`] in a directory of its own under the
+/// temporary one (`name`), rules watching it every `every` (while the
+/// watch is held), and an admin router publishing to it.
+fn file_rules(
+    name: &str,
+    every: Duration,
+) -> (
+    std::path::PathBuf,
+    Rules,
+    tower_redis_ratelimit::rules::Watch,
+    Router,
+) {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("rules.toml");
     std::fs::write(&path, RULES).unwrap();
     let rules = Rules::new(MemoryStore::new(), RuleSet::from_toml("").unwrap());
-    let watch = rules.watch_file(&path, Duration::from_millis(50));
+    let watch = rules.watch_file(&path, every);
     let router = Admin::new(TOKEN, addr())
         .unwrap()
         .with_rules(&rules)
         .with_watch(&watch)
         .into_router();
+    (path, rules, watch, router)
+}
+
+#[tokio::test]
+async fn a_rule_set_published_to_a_file_source_is_written_and_followed() {
+    let (path, rules, _watch, router) = file_rules("admin-rules", Duration::from_millis(50));
+    let dir = path.parent().unwrap().to_owned();
     let text = RULES.replace("5/min", "9/min");
     let body = serde_json::json!({ "text": text }).to_string();
     let (status, _, answer) = send(&router, Method::PUT, "/api/rules", Some(TOKEN), &body).await;
@@ -730,18 +747,9 @@ async fn a_published_rules_file_is_never_readable_beyond_its_mode() {
     use std::os::unix::fs::PermissionsExt as _;
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    let dir = std::env::temp_dir().join(format!("admin-rules-mode-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("rules.toml");
-    std::fs::write(&path, RULES).unwrap();
+    let (path, _rules, _watch, router) = file_rules("admin-rules-mode", Duration::from_secs(3600));
+    let dir = path.parent().unwrap().to_owned();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let rules = Rules::new(MemoryStore::new(), RuleSet::from_toml("").unwrap());
-    let watch = rules.watch_file(&path, Duration::from_secs(3600));
-    let router = Admin::new(TOKEN, addr())
-        .unwrap()
-        .with_rules(&rules)
-        .with_watch(&watch)
-        .into_router();
     // About a megabyte, so that each copy takes a while to write.
     let padding = format!("# {}\n", "allow-listed key ".repeat(60)).repeat(1_000);
     let body = serde_json::json!({ "text": format!("{padding}{RULES}") }).to_string();

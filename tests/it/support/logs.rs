@@ -32,6 +32,7 @@ impl Logs {
         let writer = Writer(Arc::clone(&written));
         let subscriber = tracing_subscriber::fmt()
             .with_max_level(level)
+            .with_ansi(false)
             .with_writer(move || writer.clone())
             .finish();
         Self {

@@ -10,6 +10,7 @@ mod admin;
 mod algorithm_differential;
 mod batching;
 mod breaker;
+mod cancellation;
 mod client_ip;
 mod command_faults;
 mod commands;

@@ -12,6 +12,10 @@ pub mod responses {
     #![doc = include_str!("docs/guide/responses.md")]
 }
 
+pub mod stacking {
+    #![doc = include_str!("docs/guide/stacking.md")]
+}
+
 pub mod rules {
     #![doc = include_str!("docs/guide/rules.md")]
 }
@@ -20,12 +24,24 @@ pub mod engine {
     #![doc = include_str!("docs/guide/engine.md")]
 }
 
+pub mod testing {
+    #![doc = include_str!("docs/guide/testing.md")]
+}
+
 pub mod redis {
     #![doc = include_str!("docs/guide/redis.md")]
 }
 
 pub mod production {
     #![doc = include_str!("docs/guide/production.md")]
+}
+
+pub mod memory {
+    #![doc = include_str!("docs/guide/memory.md")]
+}
+
+pub mod cancellation {
+    #![doc = include_str!("docs/guide/cancellation.md")]
 }
 
 pub mod operating {

@@ -10,7 +10,8 @@
 //! process holds of the key (other processes use theirs for at most
 //! `hold`). A batch is never asked of a fallback store, nor while the
 //! circuit is open; one taken by a check cancelled before its answer is
-//! spent unused. Units are held per count (a limiter's name; a rule's
+//! spent unused (but for the sliding log's `Transaction` execution, which
+//! takes a cancelled check's entries back out). Units are held per count (a limiter's name; a rule's
 //! tiers and its reloads share one), one batch of a key at a time, and
 //! used only under the policy they were taken under. What a batch leaves
 //! unused when it expires goes back to the store (a light client is not

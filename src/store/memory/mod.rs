@@ -127,8 +127,11 @@ impl MemoryStore {
         Self::build(Arc::new(clock), DEFAULT_MAX_KEYS)
     }
 
-    /// Hold at most `max_keys` keys (at least one per internal shard).
-    /// Set it before use: the store returned starts empty.
+    /// Hold at most `max_keys` keys, spread over 16 shards that each hold
+    /// at most `max_keys / 16` (at least one): a shard that is full makes
+    /// room before the total is reached (see
+    /// [in production without Redis](crate::guide::memory)). Set it before
+    /// use: the store returned starts empty.
     #[must_use]
     pub fn with_max_keys(self, max_keys: usize) -> Self {
         Self::build(Arc::clone(&self.inner.clock), max_keys)

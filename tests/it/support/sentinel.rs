@@ -1,5 +1,6 @@
 //! A Redis Sentinel deployment on loopback: one primary, one replica and
-//! three Sentinels (`redis-server --sentinel`, from the same package), all
+//! three Sentinels (`redis-server --sentinel`, the same binary: see
+//! [`server_binary`](super::server_binary)), all
 //! killed on drop.
 
 use std::path::PathBuf;
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::proxy::FaultProxy;
 use super::tls::tempdir::Dir;
 use super::tls::{Ca, Pair, tls_args};
-use super::{INSTALL_HINT, RedisServer, answers_as, free_port, raw_command_as};
+use super::{RedisServer, answers_as, free_port, install_hint, raw_command_as, server_binary};
 
 /// Two deployments at most run at once in a test binary: each is five
 /// processes whose failover timing is measured, on a machine of two cores.
@@ -80,7 +81,7 @@ impl Sentinel {
                 ),
             )
             .unwrap();
-            let child = match Command::new("redis-server")
+            let child = match Command::new(server_binary())
                 .arg(&config)
                 .arg("--sentinel")
                 .stdin(Stdio::null())
@@ -89,8 +90,10 @@ impl Sentinel {
                 .spawn()
             {
                 Ok(child) => child,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
-                Err(e) => panic!("spawning redis-server --sentinel: {e}"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    panic!("{}", install_hint())
+                }
+                Err(e) => panic!("spawning {} --sentinel: {e}", server_binary().display()),
             };
             let mut sentinel = Self {
                 child,

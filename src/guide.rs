@@ -32,6 +32,10 @@ pub mod redis {
     #![doc = include_str!("docs/guide/redis.md")]
 }
 
+pub mod supported {
+    #![doc = include_str!("docs/guide/supported.md")]
+}
+
 pub mod production {
     #![doc = include_str!("docs/guide/production.md")]
 }

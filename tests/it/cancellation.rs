@@ -286,7 +286,10 @@ async fn the_layer_releases_a_slot_when_the_body_or_request_is_dropped() {
     let streaming = Router::new()
         .route("/", get(|| async { Body::new(Endless(false)) }))
         .layer(RateLimitLayer::from_limiter(slots.clone(), key::global()));
-    let response = streaming.oneshot(request("/", "203.0.113.9")).await.unwrap();
+    let response = streaming
+        .oneshot(request("/", "203.0.113.9"))
+        .await
+        .unwrap();
     assert_eq!(response.status(), 200);
     let mut body = response.into_body();
     let first = body.frame().await.unwrap().unwrap();

@@ -175,6 +175,12 @@ impl RedisServer {
         raw_command(self.port, args)
     }
 
+    /// [`command`](Self::command), or the I/O error that kept it from
+    /// its reply.
+    pub fn try_command(&self, args: &[&str]) -> std::io::Result<String> {
+        try_raw_command_as(self.port, None, args)
+    }
+
     /// `calls` of `command` in `INFO commandstats` (0 if never called).
     pub fn calls(&self, command: &str) -> u64 {
         let info = self.command(&["INFO", "commandstats"]);
@@ -482,34 +488,41 @@ pub fn raw_command(port: u16, args: &[&str]) -> String {
 
 /// [`raw_command`] after `AUTH password`, if given.
 pub fn raw_command_as(port: u16, password: Option<&str>, args: &[&str]) -> String {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connecting to redis");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
+    try_raw_command_as(port, password, args)
+        .unwrap_or_else(|e| panic!("no reply to {args:?} from port {port} within 5 s: {e}"))
+}
+
+/// [`raw_command_as`], or the I/O error that kept it from its reply (a
+/// server that closes its clients, as a primary demoted by a Sentinel
+/// does, resets the connection).
+pub fn try_raw_command_as(
+    port: u16,
+    password: Option<&str>,
+    args: &[&str],
+) -> std::io::Result<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     if let Some(password) = password {
-        stream
-            .write_all(format!("AUTH {password}\r\n").as_bytes())
-            .unwrap();
+        stream.write_all(format!("AUTH {password}\r\n").as_bytes())?;
         let mut ok = [0u8; 5];
-        stream.read_exact(&mut ok).unwrap();
+        stream.read_exact(&mut ok)?;
         assert_eq!(&ok, b"+OK\r\n", "AUTH on port {port}");
     }
     let mut out = format!("*{}\r\n", args.len());
     for arg in args {
         out.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
     }
-    stream.write_all(out.as_bytes()).unwrap();
+    stream.write_all(out.as_bytes())?;
     let mut buf = vec![0u8; 64 * 1024];
     // A read with a timeout is not restarted after a signal (signal(7)):
     // read again.
     let n = loop {
         match stream.read(&mut buf) {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            read => break read,
+            read => break read?,
         }
-    }
-    .unwrap_or_else(|e| panic!("no reply to {args:?} from port {port} within 5 s: {e}"));
-    String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
 }
 
 /// How many members the sorted set at `key` has.

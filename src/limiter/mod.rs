@@ -17,6 +17,7 @@ mod check;
 mod deny_cache;
 mod error;
 mod fail_mode;
+mod held;
 mod hooks;
 mod lease;
 mod local;
@@ -70,7 +71,7 @@ struct Inner {
     registry: Arc<top::Registry>,
     /// The units held in process of every count of this limiter and the
     /// limiters derived from it, by name.
-    held: Arc<local::Registry>,
+    held: Arc<held::Registry>,
     /// Whether its verdicts are counted (not for a local quota's batches:
     /// the request a batch is asked for is counted on its own).
     counted: bool,

@@ -1045,23 +1045,14 @@ async fn a_mapped_port_and_a_default_port_are_served() {
 async fn a_published_rules_file_keeps_its_owner_and_group() {
     use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 
-    let dir = std::env::temp_dir().join(format!("admin-rules-owner-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("rules.toml");
-    std::fs::write(&path, RULES).unwrap();
+    let (path, _rules, _watch, router) = file_rules("admin-rules-owner", Duration::from_secs(3600));
+    let dir = path.parent().unwrap().to_owned();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
     // Another owner and group than the process's (as root); the process's
     // otherwise.
     let (uid, gid) = (54_321, 54_322);
     let root = std::os::unix::fs::chown(&path, Some(uid), Some(gid)).is_ok();
     let before = std::fs::metadata(&path).unwrap();
-    let rules = Rules::new(MemoryStore::new(), RuleSet::from_toml("").unwrap());
-    let watch = rules.watch_file(&path, Duration::from_secs(3600));
-    let router = Admin::new(TOKEN, addr())
-        .unwrap()
-        .with_rules(&rules)
-        .with_watch(&watch)
-        .into_router();
     let body = serde_json::json!({ "text": format!("# published\n{RULES}") }).to_string();
     let (status, _, answer) = send(&router, Method::PUT, "/api/rules", Some(TOKEN), &body).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
@@ -1196,17 +1187,8 @@ async fn every_error_is_a_problem() {
 /// when the request says so.
 #[tokio::test]
 async fn an_empty_rule_set_is_published_only_when_confirmed() {
-    let dir = std::env::temp_dir().join(format!("admin-empty-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("rules.toml");
-    std::fs::write(&path, RULES).unwrap();
-    let rules = Rules::new(MemoryStore::new(), RuleSet::from_toml(RULES).unwrap());
-    let watch = rules.watch_file(&path, Duration::from_secs(3600));
-    let router = Admin::new(TOKEN, addr())
-        .unwrap()
-        .with_rules(&rules)
-        .with_watch(&watch)
-        .into_router();
+    let (path, _rules, _watch, router) = file_rules("admin-empty", Duration::from_secs(3600));
+    let dir = path.parent().unwrap().to_owned();
     for body in [
         r#"{"text": ""}"#,
         r##"{"text": "# no rules yet\n"}"##,

@@ -101,18 +101,24 @@ async fn free_stays(limiter: &Limiter, key: &str, expected: u64, what: &str) {
     assert_eq!(free(limiter, key).await, expected, "{what}");
 }
 
+/// A sliding log of 5 an hour in the `Transaction` execution, named
+/// `cancel`, over `store`.
+fn transaction_limiter(store: RedisStore) -> Limiter {
+    let policy = "5/h"
+        .parse::<Policy>()
+        .unwrap()
+        .with_execution(Execution::Transaction)
+        .unwrap();
+    Limiter::new(store, policy).with_name("cancel")
+}
+
 /// The sliding log's `Transaction` execution: a check dropped after Redis
 /// ran its `MULTI`/`EXEC` counts nothing: its entries are taken back out
 /// (a `ZREM` on the same connection, after the transaction).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_transaction_check_counts_nothing() {
     let (_server, proxy, store) = proxied(0).await;
-    let policy = "5/h"
-        .parse::<Policy>()
-        .unwrap()
-        .with_execution(Execution::Transaction)
-        .unwrap();
-    let limiter = Limiter::new(store, policy).with_name("cancel");
+    let limiter = transaction_limiter(store);
     proxy.stall_next_reply(Match::command("EXEC").arg("cancel:log-tx"), STALL);
     drop_once_redis_ran_it(&proxy, limiter.check("log-tx")).await;
     free_becomes(&limiter, "log-tx", 5, "a dropped transaction check").await;
@@ -328,12 +334,7 @@ async fn the_layer_releases_a_slot_when_the_body_or_request_is_dropped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_layer_drops_a_waiting_check_with_its_request() {
     let (_server, proxy, store) = proxied(0).await;
-    let policy = "5/h"
-        .parse::<Policy>()
-        .unwrap()
-        .with_execution(Execution::Transaction)
-        .unwrap();
-    let limiter = Limiter::new(store, policy).with_name("cancel");
+    let limiter = transaction_limiter(store);
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(RateLimitLayer::from_limiter(limiter.clone(), key::global()));

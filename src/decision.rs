@@ -212,6 +212,15 @@ impl Decision {
             .min()
     }
 
+    /// Whether the units of this admitted decision, decided at `at`, can
+    /// still be given back without lending them to a later window (see
+    /// [`counting_window_left`](Self::counting_window_left)), by this
+    /// process's clock.
+    pub(crate) fn refundable_since(&self, at: std::time::Instant) -> bool {
+        self.counting_window_left()
+            .is_none_or(|left| at.elapsed() < left)
+    }
+
     /// The status of the rate the headline values describe.
     fn headline(&self) -> &RateStatus {
         let rates = self.rates.as_slice();

@@ -34,9 +34,12 @@ pub mod future {
 }
 
 /// How a response is rendered: the rate-limit header style, the body of a
-/// denial and the rejection of a failed check.
+/// denial and the rejection of a failed check; and how its real cost is
+/// settled after it ([`Settlement`](response::Settlement)).
 pub mod response {
-    pub use crate::http::{HeaderStyle, Rejection, Responder, ResponseBody};
+    pub use crate::http::{
+        ActualCost, BodyPart, HeaderStyle, MeterFn, Rejection, Responder, ResponseBody, Settlement,
+    };
 }
 
 /// The names of the rate-limit header fields the layers write.

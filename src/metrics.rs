@@ -8,6 +8,7 @@
 //! | `ratelimit_decisions_total` | counter | `rule` (the rule's name under rules; else the limiter's name), `outcome`, `source` (below) |
 //! | `ratelimit_store_duration_seconds` | histogram | `rule`: time the store took to answer a check |
 //! | `ratelimit_circuit_breaker_open` | gauge | `rule`: 1 while the limiter's circuit breaker is open (checks fail fast), else 0 |
+//! | `ratelimit_settlements_total` | counter | `rule`, `result`: how a cost settled after the response went (below) |
 //! | `ratelimit_rule_sets_total` | counter | `result`: `loaded` (a rule set a watch put in force), `rejected` (one it refused: the rules in force stayed) |
 //!
 //! `outcome` is `admitted`, `denied`, `blocked` (denied by an operator's
@@ -19,6 +20,12 @@
 //! `fallback` (the fail mode's in-process store while the store fails) or
 //! `none`. The deny cache's and the local quota's hits are the decisions
 //! of those sources.
+//!
+//! A settlement's `result` ([`Reservation::settle`](crate::limiter::Reservation::settle))
+//! is `as_estimated` (nothing to send), `charged` (an over-run charged),
+//! `given_back`, `kept` (too late to give back: the window that counted
+//! it ended), `unreported` (the response never reported its cost: the
+//! estimate stands) or `failed` (the store failed: the estimate stands).
 
 use std::time::Instant;
 
@@ -106,6 +113,20 @@ pub(crate) fn breaker_open(rule: &str, open: bool) {
     });
     #[cfg(not(feature = "metrics"))]
     let _ = (rule, open);
+}
+
+/// Count one settlement of a cost after the response, of the limit named
+/// `rule`, by its `result`.
+pub(crate) fn settlement(rule: &str, result: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "ratelimit_settlements_total",
+        "rule" => rule.to_owned(),
+        "result" => result
+    )
+    .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (rule, result);
 }
 
 /// Count a rule set a watch put in force (`loaded`) or refused.

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use super::settlement::Meter;
 use crate::limiter::Permit;
 
 pin_project! {
@@ -23,21 +24,23 @@ pin_project! {
     #[project = KindProj]
     #[derive(Debug)]
     enum Kind<B> {
-        // A concurrency slot is held until the body ends or is dropped.
-        Inner { #[pin] body: B, leases: Vec<Permit> },
+        // A concurrency slot is held until the body ends or is dropped;
+        // a cost the body reports is settled then.
+        Inner { #[pin] body: B, leases: Vec<Permit>, meters: Vec<Meter> },
         Full { data: Option<Bytes> },
     }
 }
 
 impl<B> ResponseBody<B> {
-    pub(crate) fn inner(body: B, lease: Option<Permit>) -> Self {
-        Self::holding(body, lease.into_iter().collect())
-    }
-
-    /// The inner body, holding concurrency slots until it ends.
-    pub(crate) fn holding(body: B, leases: Vec<Permit>) -> Self {
+    /// The inner body, holding concurrency slots and metering its cost
+    /// until it ends.
+    pub(crate) fn metered(body: B, leases: Vec<Permit>, meters: Vec<Meter>) -> Self {
         Self {
-            kind: Kind::Inner { body, leases },
+            kind: Kind::Inner {
+                body,
+                leases,
+                meters,
+            },
         }
     }
 
@@ -62,11 +65,27 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match self.project().kind.project() {
-            KindProj::Inner { body, leases } => {
-                let frame = ready!(body.poll_frame(cx));
-                if !matches!(frame, Some(Ok(_))) {
-                    // The body is done (or failed): give the slot back now.
-                    leases.clear();
+            KindProj::Inner {
+                body,
+                leases,
+                meters,
+            } => {
+                let mut frame = ready!(body.poll_frame(cx));
+                match &mut frame {
+                    Some(Ok(frame)) if !meters.is_empty() => {
+                        if let Some(data) = frame.data_ref() {
+                            meters.iter_mut().for_each(|m| m.data(data));
+                        } else if let Some(trailers) = frame.trailers_mut() {
+                            meters.iter_mut().for_each(|m| m.trailers(trailers));
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                    _ => {
+                        // The body is done (or failed): give the slot back
+                        // and settle the cost now.
+                        leases.clear();
+                        meters.clear();
+                    }
                 }
                 Poll::Ready(frame)
             }

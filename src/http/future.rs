@@ -7,7 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -19,9 +19,12 @@ use super::body::ResponseBody;
 use super::denial;
 use super::fields::Fields;
 use super::settings::{Rejection, Shared};
+use super::settlement::Settlement;
 use crate::decision::Decision;
 use crate::key::KeyHash;
-use crate::limiter::{Check, DecidedBy, LimitError, Permit, Verdict};
+use crate::limiter::{Check, DecidedBy, LimitError, Permit, Unsettled, Verdict};
+use crate::policy::Policy;
+use crate::store::bounded_key;
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit).
@@ -44,11 +47,15 @@ struct Pending<S, ReqBody> {
     /// readiness once it is admitted.
     ready: bool,
     shared: Arc<Shared>,
-    /// The key, to check again after a delay and to log a shadowed denial
-    /// (kept only by layers that delay or shadow).
+    /// The key, to check again after a delay, to log a shadowed denial
+    /// and to settle the cost (kept only by layers that delay, shadow or
+    /// settle).
     key: Option<String>,
     /// Time spent delayed so far.
     waited: Duration,
+    /// Settled after the response: the policy counting the estimate, and
+    /// when the last check was sent.
+    estimate: Option<(Arc<Policy>, Instant)>,
 }
 
 /// The rate-limit fields of an admitted request's response, rendered when
@@ -78,6 +85,7 @@ pin_project! {
             future: S::Future,
             shown: Shown,
             permit: Option<Permit>,
+            unsettled: Settling,
         },
         Answered {
             response: Option<Response<Bytes>>,
@@ -91,6 +99,7 @@ struct Admitted<S, ReqBody> {
     request: Request<ReqBody>,
     shown: Shown,
     permit: Option<Permit>,
+    unsettled: Settling,
 }
 
 impl<S, ReqBody> ResponseFuture<S, ReqBody>
@@ -103,6 +112,7 @@ where
                 future,
                 shown: None,
                 permit: None,
+                unsettled: None,
             },
         }
     }
@@ -129,8 +139,10 @@ where
         shared: &Arc<Shared>,
         key: String,
     ) -> Self {
-        let kept = shared.rendering.keeps_keys().then(|| key.clone());
-        let mut check = shared.deciding.check_owned(key);
+        let (request, estimate) = shared.estimated(request);
+        let estimate = estimate.map(|policy| (policy, Instant::now()));
+        let kept = (shared.rendering.keeps_keys() || estimate.is_some()).then(|| key.clone());
+        let mut check = check(shared, key, estimate.as_ref());
         let step = match check.now() {
             Some(verdict) => {
                 match next_step(verdict, shared, kept.as_deref(), Duration::ZERO, &request) {
@@ -144,8 +156,11 @@ where
         let service = std::mem::replace(service, clone);
         if let Some(Next::Call(decision, decided_by, permit)) = step {
             // Admitted at once (an in-process store): nothing to keep but
-            // the rendered fields.
-            let state = admit(request, service, true, shared, decision, decided_by, permit);
+            // the rendered fields (and what settles the cost).
+            let unsettled = unsettled(shared, kept, estimate, decision.as_ref(), decided_by);
+            let state = admit(
+                request, service, true, shared, decision, decided_by, permit, unsettled,
+            );
             return Self { state };
         }
         let pending = Pending {
@@ -155,6 +170,7 @@ where
             shared: Arc::clone(shared),
             key: kept,
             waited: Duration::ZERO,
+            estimate,
         };
         let state = match step {
             Some(step) => step.into_state(pending),
@@ -183,6 +199,37 @@ where
             .field("state", &state)
             .finish()
     }
+}
+
+/// The check of `key` (estimated when the cost is settled after the
+/// response).
+fn check(shared: &Shared, key: String, estimate: Option<&(Arc<Policy>, Instant)>) -> Check {
+    match estimate {
+        Some((policy, _)) => shared.deciding.check_estimated(key, policy),
+        None => shared.deciding.check_owned(key),
+    }
+}
+
+/// An admitted request's cost to settle after its response, and where the
+/// real cost comes from (`None`: nothing to settle).
+type Settling = Option<(Unsettled, Arc<Settlement>)>;
+
+/// What settles the cost of a request admitted with `decision` by
+/// `decided_by`, when the layer settles costs.
+fn unsettled(
+    shared: &Shared,
+    key: Option<String>,
+    estimate: Option<(Arc<Policy>, Instant)>,
+    decision: Option<&Decision>,
+    decided_by: DecidedBy,
+) -> Settling {
+    let ((policy, at), key, decision) = (estimate?, key?, decision?);
+    let settlement = Arc::clone(shared.settlement.as_ref()?);
+    let key = bounded_key(&key).into_owned();
+    let unsettled = shared
+        .deciding
+        .unsettled(key, policy, decided_by, decision, at)?;
+    Some((unsettled, settlement))
 }
 
 /// What to do after a verdict. (Unboxed: it moves once per request.)
@@ -241,9 +288,14 @@ impl Next {
         S: Service<Request<ReqBody>> + Clone,
     {
         match self {
-            Next::Call(decision, decided_by, permit) => admit(
-                p.request, p.service, p.ready, &p.shared, decision, decided_by, permit,
-            ),
+            Next::Call(decision, decided_by, permit) => {
+                let unsettled =
+                    unsettled(&p.shared, p.key, p.estimate, decision.as_ref(), decided_by);
+                admit(
+                    p.request, p.service, p.ready, &p.shared, decision, decided_by, permit,
+                    unsettled,
+                )
+            }
             Next::Wait(wait) => {
                 p.waited += wait;
                 if p.ready {
@@ -268,6 +320,7 @@ impl Next {
 /// The state of an admitted request: its decision (if something limited
 /// it) goes to the request's extensions and its fields are rendered; the
 /// inner service is called at once when `ready`, else made ready first.
+#[allow(clippy::too_many_arguments)]
 fn admit<S, ReqBody>(
     mut request: Request<ReqBody>,
     mut service: S,
@@ -276,6 +329,7 @@ fn admit<S, ReqBody>(
     decision: Option<Decision>,
     decided_by: DecidedBy,
     permit: Option<Permit>,
+    unsettled: Settling,
 ) -> State<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
@@ -291,6 +345,7 @@ where
             future: service.call(request),
             shown,
             permit,
+            unsettled,
         }
     } else {
         State::Readying {
@@ -299,6 +354,7 @@ where
                 request,
                 shown,
                 permit,
+                unsettled,
             }),
         }
     }
@@ -333,9 +389,13 @@ where
                     let Some(p) = pending.take() else {
                         return Poll::Ready(Ok(poisoned()));
                     };
+                    let mut p = p;
                     let key = p.key.clone().unwrap_or_default();
+                    if let Some((_, at)) = &mut p.estimate {
+                        *at = Instant::now();
+                    }
                     this.state.set(State::Checking {
-                        check: p.shared.deciding.check_owned(key),
+                        check: check(&p.shared, key, p.estimate.as_ref()),
                         pending: Some(p),
                     });
                 }
@@ -351,19 +411,32 @@ where
                         future,
                         shown: a.shown,
                         permit: a.permit,
+                        unsettled: a.unsettled,
                     });
                 }
                 StateProj::Calling {
                     future,
                     shown,
                     permit,
+                    unsettled,
                 } => {
                     let mut response = ready!(future.poll(cx))?;
                     if let Some(fields) = shown.take() {
                         fields.apply(response.headers_mut());
                     }
                     let permit = permit.take();
-                    return Poll::Ready(Ok(response.map(|body| ResponseBody::inner(body, permit))));
+                    // Settled now when the response gives the cost, else
+                    // when its body ends.
+                    let meter = unsettled.take().and_then(|(unsettled, settlement)| {
+                        settlement.at_response(vec![unsettled], &mut response)
+                    });
+                    return Poll::Ready(Ok(response.map(|body| {
+                        ResponseBody::metered(
+                            body,
+                            permit.into_iter().collect(),
+                            meter.into_iter().collect(),
+                        )
+                    })));
                 }
                 StateProj::Answered { response } => {
                     let response = response.take().unwrap_or_else(denial::store_unavailable);

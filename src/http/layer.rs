@@ -7,8 +7,9 @@ use tower_layer::Layer;
 
 use super::service::RateLimit;
 use super::settings::{HeaderStyle, Rejection, Shared};
+use super::settlement::Settlement;
 use crate::limiter::Limiter;
-use crate::policy::Policy;
+use crate::policy::{Policy, PolicyError};
 use crate::store::Store;
 
 /// Rate-limits every request of the wrapped service under the key its
@@ -88,6 +89,47 @@ impl<K> RateLimitLayer<K> {
         self.map(|s| s.rendering.problem_json = true)
     }
 
+    /// Admit each request against an estimate of its cost and settle the
+    /// real cost after the response, from where `settlement` says (an
+    /// LLM's tokens, a metered API's units): the difference is charged
+    /// (even past the max: the key then waits until the excess drained)
+    /// or given back, atomically in the store, in a task (the response
+    /// never waits for it). The estimate is the policy's cost unless
+    /// [`with_estimate`](Self::with_estimate) says otherwise. The
+    /// [Budgets](crate::guide::budgets) guide says what is decided when.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{MemoryStore, Policy, RateLimitLayer, key};
+    /// use tower_redis_ratelimit::response::Settlement;
+    ///
+    /// let tokens = RateLimitLayer::new(
+    ///     MemoryStore::new(),
+    ///     "100000/min".parse::<Policy>()?.gcra()?.with_cost(2000)?,
+    ///     key::header("x-api-key"),
+    /// )
+    /// .with_settlement(Settlement::new().from_header(http::HeaderName::from_static("x-usage-tokens")))?;
+    /// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// A concurrency limit: its slot is a request in flight, not a cost.
+    pub fn with_settlement(self, settlement: Settlement) -> Result<Self, PolicyError> {
+        crate::limiter::settleable(self.policy())?;
+        Ok(self.map(|s| s.settlement = Some(Arc::new(settlement))))
+    }
+
+    /// The estimate of a request's cost, from its parts (`None`: the
+    /// policy's cost), for a layer that [settles](Self::with_settlement)
+    /// the real cost after the response. An estimate above the policy's
+    /// smallest max is lowered to it.
+    #[must_use]
+    pub fn with_estimate(
+        self,
+        estimate: impl Fn(&http::request::Parts) -> Option<u64> + Send + Sync + 'static,
+    ) -> Self {
+        self.map(|s| s.estimate = Some(Arc::new(estimate)))
+    }
+
     /// The policy enforced.
     pub fn policy(&self) -> &Policy {
         self.shared.limiter.policy()
@@ -101,7 +143,7 @@ impl<K> RateLimitLayer<K> {
     fn map(mut self, change: impl FnOnce(&mut Shared)) -> Self {
         let mut shared = (*self.shared).clone();
         change(&mut shared);
-        shared.settle();
+        shared.follow_limiter();
         self.shared = Arc::new(shared);
         self
     }

@@ -11,6 +11,7 @@ mod layer;
 mod rules;
 mod service;
 mod settings;
+mod settlement;
 
 pub use body::ResponseBody;
 pub use fields::{
@@ -21,3 +22,4 @@ pub use layer::RateLimitLayer;
 pub use rules::{RuleLimit, RulesFuture, RulesLayer};
 pub use service::RateLimit;
 pub use settings::{HeaderStyle, Rejection, Responder};
+pub use settlement::{ActualCost, BodyPart, MeterFn, Settlement};

@@ -18,9 +18,11 @@ use tower_service::Service;
 use super::body::ResponseBody;
 use super::denial;
 use super::settings::{HeaderStyle, Rendering};
+use super::settlement::{BodyPart, Meter, MeterFn};
 use crate::key::{self, ClientIp, KeyError, KeyExtractor};
 use crate::limiter::LimitError;
-use crate::rules::{Admission, Call, KeyPart, Rule, Rules, RulesCheck, Tier, TierFrom};
+use crate::limiter::Unsettled;
+use crate::rules::{Admission, Call, KeyPart, Rule, Rules, RulesCheck, SettleFrom, Tier, TierFrom};
 
 /// The key part of a header a request does not carry.
 const MISSING: &str = "hex:";
@@ -79,6 +81,7 @@ struct Settings {
     client_ip: ClientIp,
     tier: Option<Arc<TierFn>>,
     cost: Option<Arc<CostFn>>,
+    meter: Option<Arc<MeterFn>>,
     rendering: Rendering,
     /// Whether [`Settings::warn_if_tier_unread`] warned.
     warned: Arc<std::sync::atomic::AtomicBool>,
@@ -93,6 +96,7 @@ impl RulesLayer {
                 client_ip: key::client_ip(),
                 tier: None,
                 cost: None,
+                meter: None,
                 rendering: Rendering::default(),
                 warned: Arc::default(),
             }),
@@ -124,6 +128,18 @@ impl RulesLayer {
         cost: impl Fn(&Rule, &HeaderMap) -> Option<u64> + Send + Sync + 'static,
     ) -> Self {
         self.map(|s| s.cost = Some(Arc::new(cost)))
+    }
+
+    /// The meter of streamed bodies, for rules that settle their cost
+    /// from the body (`settle = { body = true }`): it sees each data frame
+    /// and the trailers, and the cost is the sum of what it returns (see
+    /// [`Settlement::from_body`](crate::response::Settlement::from_body)).
+    #[must_use]
+    pub fn with_meter(
+        self,
+        meter: impl Fn(BodyPart<'_>) -> Option<u64> + Send + Sync + 'static,
+    ) -> Self {
+        self.map(|s| s.meter = Some(Arc::new(meter)))
     }
 
     /// How `client_ip` key parts find the client behind proxies.
@@ -273,6 +289,31 @@ impl Settings {
                 None => call,
             },
         ))
+    }
+
+    /// Settle the checks of rules whose real cost `response` gives (now,
+    /// or when its body ends: the meters), one settlement per source, so a
+    /// header several rules read is read before it is stripped.
+    fn settle<B>(
+        &self,
+        unsettled: Vec<(Unsettled, Arc<SettleFrom>)>,
+        response: &mut Response<B>,
+    ) -> Vec<Meter> {
+        let mut groups: Vec<(Arc<SettleFrom>, Vec<Unsettled>)> = Vec::new();
+        for (u, from) in unsettled {
+            match groups.iter_mut().find(|(f, _)| **f == *from) {
+                Some((_, group)) => group.push(u),
+                None => groups.push((from, vec![u])),
+            }
+        }
+        // Every source reads the headers before any strips them.
+        groups.sort_by_key(|(from, _)| from.strips_header());
+        groups
+            .into_iter()
+            .filter_map(|(from, group)| {
+                Arc::new(from.settlement(self.meter.as_ref())).at_response(group, response)
+            })
+            .collect()
     }
 
     fn render(&self, admission: &Admission, grpc: bool) -> Response<Bytes> {
@@ -432,7 +473,9 @@ where
                             let status = response.status().as_u16();
                             let mut headers = HeaderMap::new();
                             this.shared.set_headers(&mut headers, &admission);
-                            let permits = admission.settle(Some(status));
+                            let (permits, unsettled) = admission.conclude(Some(status));
+                            let mut response = response;
+                            let meters = this.shared.settle(unsettled, &mut response);
                             let (mut parts, body) = response.into_parts();
                             for (name, value) in headers {
                                 if let Some(name) = name {
@@ -441,7 +484,7 @@ where
                             }
                             Ok(Response::from_parts(
                                 parts,
-                                ResponseBody::holding(body, permits),
+                                ResponseBody::metered(body, permits, meters),
                             ))
                         }
                         Err(error) => {

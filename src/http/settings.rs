@@ -8,8 +8,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Response;
 
+use super::settlement::Settlement;
 use crate::decision::Decision;
 use crate::limiter::{DecidedBy, Limiter};
+use crate::policy::Policy;
+
+/// The estimate of a request's cost, from its parts
+/// ([`RateLimitLayer::with_estimate`](crate::RateLimitLayer::with_estimate)).
+pub(crate) type EstimateFn = dyn Fn(&http::request::Parts) -> Option<u64> + Send + Sync;
 
 /// Builds the response to a denied request from its decision
 /// ([`Rejection::Custom`]).
@@ -121,6 +127,11 @@ pub(crate) struct Shared {
     /// is not final for the request).
     pub(crate) deciding: Limiter,
     pub(crate) rendering: Rendering,
+    /// Where the real cost comes from after the response (`None`: the
+    /// cost counted is final).
+    pub(crate) settlement: Option<Arc<Settlement>>,
+    /// The estimate of a request's cost (`None`: the policy's cost).
+    pub(crate) estimate: Option<Arc<EstimateFn>>,
 }
 
 impl Shared {
@@ -129,11 +140,49 @@ impl Shared {
             deciding: limiter.clone(),
             limiter,
             rendering: Rendering::default(),
+            settlement: None,
+            estimate: None,
+        }
+    }
+
+    /// The policy counting `request`'s estimate, when its cost is settled
+    /// after the response (`None`: it is not; the request is checked at
+    /// the policy's cost).
+    pub(crate) fn estimated<B>(
+        &self,
+        request: http::Request<B>,
+    ) -> (http::Request<B>, Option<Arc<Policy>>) {
+        if self.settlement.is_none() {
+            return (request, None);
+        }
+        let (request, cost) = match &self.estimate {
+            Some(estimate) => {
+                let (parts, body) = request.into_parts();
+                let cost = estimate(&parts);
+                (http::Request::from_parts(parts, body), cost)
+            }
+            None => (request, None),
+        };
+        (request, self.policy_of(cost))
+    }
+
+    /// The policy counting an estimate of `cost` (`None`: the policy's).
+    fn policy_of(&self, cost: Option<u64>) -> Option<Arc<Policy>> {
+        let cost = cost.unwrap_or_else(|| self.limiter.policy().cost());
+        match self.deciding.estimated(cost) {
+            Ok((policy, _)) => Some(policy),
+            Err(error) => {
+                tracing::debug!(%error, "rate limit: an estimate the policy cannot count; checking at its cost");
+                self.deciding
+                    .estimated(self.limiter.policy().cost())
+                    .ok()
+                    .map(|(p, _)| p)
+            }
         }
     }
 
     /// Make `deciding` follow `limiter` and the rejection again.
-    pub(crate) fn settle(&mut self) {
+    pub(crate) fn follow_limiter(&mut self) {
         self.deciding = if self.rendering.answers_at_once() {
             self.limiter.clone()
         } else {

@@ -425,7 +425,6 @@ impl<'a> KeyHash<'a> {
 
     /// The hash of `key`, as the limiter `name` holds it (a long key by
     /// its hash already), as the limiter `name` stores it.
-    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
     pub(crate) fn held(name: &'a str, key: &'a str) -> Self {
         Self {
             name: Some(name),

@@ -151,7 +151,29 @@ impl Limiter {
         policy: Arc<Policy>,
         command: Command,
     ) -> Result<Decision, StoreError> {
-        let raw = key;
+        let outcome = self.command_counted(key, policy, command).await;
+        // Units held here would admit past a block, or past a penalty's
+        // count: drop them (other processes hold theirs for at most their
+        // hold).
+        if matches!(
+            command,
+            Command::Block(_) | Command::Penalty(_) | Command::Reset
+        ) && let Some(local) = &self.inner.local
+        {
+            local.forget(key);
+        }
+        outcome
+    }
+
+    /// Run `command` on `key` (as held) under `policy` as part of the
+    /// counting itself (a settlement, a refund): the units this process
+    /// holds stay, since they are counted in the store already.
+    pub(crate) async fn command_counted(
+        &self,
+        key: &str,
+        policy: Arc<Policy>,
+        command: Command,
+    ) -> Result<Decision, StoreError> {
         let key = self.store_key(key.to_owned());
         let outcome = Arc::clone(&self.inner.store)
             .command_owned(key.clone(), policy, command)
@@ -163,16 +185,6 @@ impl Limiter {
             && let Some(cache) = &self.inner.deny_cache
         {
             cache.remove(&key);
-        }
-        // Units held here would admit past a block, or past a penalty's
-        // count: drop them (other processes hold theirs for at most their
-        // hold).
-        if matches!(
-            command,
-            Command::Block(_) | Command::Penalty(_) | Command::Reset
-        ) && let Some(local) = &self.inner.local
-        {
-            local.forget(raw);
         }
         outcome
     }
@@ -199,11 +211,7 @@ impl Limiter {
         id: Option<crate::decision::RefundId>,
         units: u64,
     ) -> Result<Decision, StoreError> {
-        let command = match id {
-            Some(id) => Command::Refund { id, units },
-            None => Command::Reward(units),
-        };
-        self.command_under(key, policy, command).await
+        self.command_under(key, policy, give_back(id, units)).await
     }
 
     /// The key as given, of store key `key` (see [`store_key`](Self::store_key)).
@@ -211,5 +219,14 @@ impl Limiter {
         key.strip_prefix(&*self.inner.name)
             .and_then(|rest| rest.strip_prefix(':'))
             .unwrap_or(key)
+    }
+}
+
+/// The command that gives back `units` of one admitted check whose
+/// decision carried `id` ([`Command::Refund`]); without one, a reward.
+pub(crate) fn give_back(id: Option<crate::decision::RefundId>, units: u64) -> Command {
+    match id {
+        Some(id) => Command::Refund { id, units },
+        None => Command::Reward(units),
     }
 }

@@ -22,6 +22,7 @@ mod hooks;
 mod lease;
 mod local;
 mod names;
+mod reservation;
 pub(crate) mod top;
 mod verdict;
 
@@ -31,6 +32,8 @@ pub use error::LimitError;
 pub use fail_mode::FailMode;
 pub use lease::Permit;
 pub use local::LocalQuota;
+pub use reservation::{Reservation, Settled};
+pub(crate) use reservation::{Unsettled, settleable};
 pub use verdict::{DecidedBy, Verdict};
 
 use breaker::Breaker;
@@ -444,7 +447,7 @@ impl Limiter {
     /// The store key of an extracted key: `{name}:{key}`, written into the
     /// extracted key's own buffer (no allocation when it has room, as the
     /// IP extractors leave).
-    fn store_key(&self, mut key: String) -> String {
+    pub(crate) fn store_key(&self, mut key: String) -> String {
         key.reserve(self.inner.name.len() + 1);
         key.insert(0, ':');
         key.insert_str(0, &self.inner.name);

@@ -4,16 +4,18 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::Counting;
 use super::check::Planned;
+use super::{Counting, SettleFrom};
 use crate::decision::Decision;
-use crate::limiter::{DecidedBy, Limiter, Permit};
+use crate::limiter::{DecidedBy, Limiter, Permit, Unsettled};
+use crate::store::bounded_key;
 
 /// One rule's part in an admission.
 #[derive(Debug)]
 pub(super) struct Checked {
     pub(super) rule: Arc<str>,
     pub(super) counting: Counting,
+    pub(super) settle: Option<Arc<SettleFrom>>,
     pub(super) limiter: Limiter,
     pub(super) key: String,
     pub(super) cost: u64,
@@ -34,6 +36,7 @@ impl Checked {
         Self {
             rule: Arc::clone(&p.rule),
             counting: p.counting.clone(),
+            settle: p.settle.clone(),
             limiter: p.limiter.clone(),
             key: p.key.clone(),
             cost: p.cost,
@@ -55,9 +58,7 @@ impl Checked {
         let Some(decision) = &self.decision else {
             return false;
         };
-        decision
-            .counting_window_left()
-            .is_none_or(|left| self.at.elapsed() < left)
+        decision.refundable_since(self.at)
     }
 }
 
@@ -125,8 +126,22 @@ impl Admission {
     /// refund sent just before the window ends and applied just after is the
     /// exception, one round trip wide. Concurrency limits do not count
     /// outcomes (their slot is given back when the response ends).
+    ///
+    /// A rule that settles its cost after the response (`settle`) keeps
+    /// its estimate here: [`RulesLayer`](super::RulesLayer) settles it from
+    /// the response.
     pub fn settle(self, status: Option<u16>) -> Vec<Permit> {
+        self.conclude(status).0
+    }
+
+    /// [`settle`](Self::settle), and the checks of rules whose real cost
+    /// the response gives (those it counts), with where it comes from.
+    pub(crate) fn conclude(
+        self,
+        status: Option<u16>,
+    ) -> (Vec<Permit>, Vec<(Unsettled, Arc<SettleFrom>)>) {
         let mut permits = Vec::new();
+        let mut unsettled = Vec::new();
         for c in self.checks {
             if let Some(permit) = c.permit {
                 permits.push(permit);
@@ -134,7 +149,22 @@ impl Admission {
             }
             let counted = c.decision.as_ref().is_some_and(Decision::allowed)
                 && c.decided_by == DecidedBy::Store;
-            if !counted || c.cost == 0 || c.counting.counts(status) {
+            if !counted || c.cost == 0 {
+                continue;
+            }
+            if c.counting.counts(status) {
+                if let (Some(from), Some(decision)) = (&c.settle, &c.decision)
+                    && let Ok((policy, _)) = c.limiter.estimated(c.cost)
+                    && let Some(u) = c.limiter.unsettled(
+                        bounded_key(&c.key).into_owned(),
+                        policy,
+                        c.decided_by,
+                        decision,
+                        c.at,
+                    )
+                {
+                    unsettled.push((u, Arc::clone(from)));
+                }
                 continue;
             }
             if !c.refundable() {
@@ -153,6 +183,6 @@ impl Admission {
                 }
             });
         }
-        permits
+        (permits, unsettled)
     }
 }

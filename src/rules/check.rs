@@ -17,6 +17,7 @@ use crate::limiter::{DecidedBy, LimitError, Limiter};
 pub(super) struct Planned {
     pub(super) rule: Arc<str>,
     pub(super) counting: Counting,
+    pub(super) settle: Option<Arc<super::SettleFrom>>,
     pub(super) block: Option<Duration>,
     pub(super) limiter: Limiter,
     pub(super) key: String,

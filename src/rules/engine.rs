@@ -312,6 +312,7 @@ impl ActiveRules {
             planned.push(Planned {
                 rule: rule.shared_name(),
                 counting: rule.counting().clone(),
+                settle: rule.shared_settle(),
                 block: rule.block(),
                 limiter,
                 key,

@@ -70,6 +70,7 @@ pub use crate::http::{RuleLimit, RulesLayer};
 pub use admission::Admission;
 pub use check::RulesCheck;
 pub use engine::{ActiveRules, Call, Rules};
+
 #[cfg(feature = "redis")]
 pub use redis_source::{PublishError, publish};
 #[cfg(feature = "admin")]
@@ -157,6 +158,50 @@ impl Counting {
     }
 }
 
+/// Where a rule's real cost comes from after the response (`settle = {
+/// header = "x-usage-tokens", strip = true }`): the rule's `cost` is then
+/// an estimate, and the difference is charged or given back once the
+/// response (or its streamed body) reports the cost. The response's
+/// [`ActualCost`](crate::response::ActualCost) extension is read first,
+/// always; then the header (in the headers, then the trailers); then the
+/// layer's body meter ([`RulesLayer::with_meter`]) when `body = true`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SettleFrom {
+    header: Option<HeaderName>,
+    strip: bool,
+    body: bool,
+}
+
+impl SettleFrom {
+    /// The header giving the cost.
+    pub fn header(&self) -> Option<&HeaderName> {
+        self.header.as_ref()
+    }
+
+    /// Whether the header is removed before the client sees it.
+    pub fn strips_header(&self) -> bool {
+        self.strip
+    }
+
+    /// Whether the layer's body meter counts the cost.
+    pub fn meters_body(&self) -> bool {
+        self.body
+    }
+
+    /// The settlement of a response under this rule, with the layer's
+    /// body `meter`.
+    pub(crate) fn settlement(
+        &self,
+        meter: Option<&Arc<crate::response::MeterFn>>,
+    ) -> crate::response::Settlement {
+        crate::response::Settlement::of(
+            self.header.clone(),
+            self.strip,
+            meter.filter(|_| self.body).cloned(),
+        )
+    }
+}
+
 /// One validated rule: what it matches, how it picks the key, and the
 /// policy of each tier. (Its `Debug` shows how many keys its `allow` and
 /// `only` lists hold, not the keys: they are often credentials.)
@@ -173,6 +218,7 @@ pub struct Rule {
     counting: Counting,
     block: Option<Duration>,
     local_quota: Option<LocalQuota>,
+    settle: Option<Arc<SettleFrom>>,
 }
 
 impl fmt::Debug for Rule {
@@ -195,6 +241,7 @@ impl fmt::Debug for Rule {
             .field("counting", &self.counting)
             .field("block", &self.block)
             .field("local_quota", &self.local_quota)
+            .field("settle", &self.settle)
             .finish()
     }
 }
@@ -365,6 +412,16 @@ impl Rule {
     /// for every tier's policy: see [`LocalQuota`].
     pub fn local_quota(&self) -> Option<LocalQuota> {
         self.local_quota
+    }
+
+    /// Where the real cost comes from after the response, when the rule
+    /// settles it (`settle = { ... }`): its `cost` is then an estimate.
+    pub fn settle(&self) -> Option<&SettleFrom> {
+        self.settle.as_deref()
+    }
+
+    pub(crate) fn shared_settle(&self) -> Option<Arc<SettleFrom>> {
+        self.settle.clone()
     }
 
     /// Whether the rule matches a request of `method` to `path`.

@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use super::MAX_BLOCK;
 use super::target::{Target, parse_grpc, parse_path};
-use super::{Counting, KeyPart, Rule, RuleSet, RulesError, Statuses, TierFrom};
+use super::{Counting, KeyPart, Rule, RuleSet, RulesError, SettleFrom, Statuses, TierFrom};
 use crate::limiter::LocalQuota;
 use crate::policy::{Algorithm, Policy, parse_duration};
 
@@ -47,6 +47,18 @@ struct RuleSpec {
     refund: Option<Vec<String>>,
     block: Option<String>,
     local_quota: Option<String>,
+    settle: Option<SettleSpec>,
+}
+
+/// `settle = { header = "x-usage-tokens", strip = true, body = true }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SettleSpec {
+    header: Option<String>,
+    #[serde(default)]
+    strip: bool,
+    #[serde(default)]
+    body: bool,
 }
 
 impl RuleSet {
@@ -115,6 +127,7 @@ impl Rule {
             })
             .transpose()?;
         let only = spec.only.map(|only| only_list(only, label)).transpose()?;
+        let settle = spec.settle.map(|s| settle(s, label)).transpose()?;
         let rule = Self {
             name: Arc::from(name),
             methods,
@@ -127,6 +140,7 @@ impl Rule {
             counting,
             block,
             local_quota,
+            settle: settle.map(Arc::new),
         };
         rule.check_combinations(label)?;
         Ok(rule)
@@ -160,6 +174,23 @@ impl Rule {
                     label,
                     field,
                     "a concurrency limit counts requests in flight, not responses: its slot is given back when the response ends",
+                ));
+            }
+        }
+        if self.settle.is_some() {
+            if concurrency {
+                return Err(fault(
+                    label,
+                    "settle",
+                    "a concurrency limit counts requests in flight, not a cost",
+                ));
+            }
+            if self.local_quota.is_some() {
+                return Err(fault(
+                    label,
+                    "settle",
+                    "units admitted from a local batch cannot be settled after the response \
+                     (leave out local_quota)",
                 ));
             }
         }
@@ -249,6 +280,34 @@ impl<'a> Shape<'a> {
         }
         Ok(policy)
     }
+}
+
+/// Where a rule's real cost comes from after the response.
+fn settle(spec: SettleSpec, label: &str) -> Result<SettleFrom, RulesError> {
+    let header = spec
+        .header
+        .map(|name| {
+            HeaderName::try_from(name.trim()).map_err(|_| {
+                fault(
+                    label,
+                    "settle.header",
+                    format!("{name:?} is not a valid header name"),
+                )
+            })
+        })
+        .transpose()?;
+    if spec.strip && header.is_none() {
+        return Err(fault(
+            label,
+            "settle.strip",
+            "strips the cost header, and settle names none (settle.header)",
+        ));
+    }
+    Ok(SettleFrom {
+        header,
+        strip: spec.strip,
+        body: spec.body,
+    })
 }
 
 fn name(name: Option<String>, label: &str) -> Result<String, RulesError> {

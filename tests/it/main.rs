@@ -40,6 +40,7 @@ mod rule_counts;
 mod rules;
 mod rules_faults;
 mod sentinel;
+mod settlement;
 mod sliding_log;
 mod sliding_window;
 mod store_adversarial;

@@ -20,6 +20,10 @@ pub mod rules {
     #![doc = include_str!("docs/guide/rules.md")]
 }
 
+pub mod budgets {
+    #![doc = include_str!("docs/guide/budgets.md")]
+}
+
 pub mod engine {
     #![doc = include_str!("docs/guide/engine.md")]
 }

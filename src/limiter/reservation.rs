@@ -81,7 +81,9 @@ impl Limiter {
     /// the real cost once it is known: the difference is charged (even
     /// past the max: the key waits until the excess drained) or given
     /// back, atomically in the store. An estimate above the policy's
-    /// smallest max is lowered to it (it could never be admitted).
+    /// smallest max is lowered to it (it could never be admitted), and
+    /// one above [`MAX_COST`](crate::policy::MAX_COST) to that: the
+    /// settlement charges the rest.
     ///
     /// ```
     /// use tower_redis_ratelimit::{Limiter, MemoryStore, Policy};
@@ -124,7 +126,7 @@ impl Limiter {
         let policy = &self.inner.policy;
         settleable(policy)?;
         let smallest = policy.rates().iter().map(|r| r.max()).min().unwrap_or(1);
-        let estimate = estimate.min(smallest);
+        let estimate = estimate.min(smallest).min(crate::policy::MAX_COST);
         if estimate == policy.cost() {
             return Ok((Arc::clone(policy), estimate));
         }

@@ -15,13 +15,14 @@ use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
 use tower::ServiceExt;
 use tower_redis_ratelimit::clock::ManualClock;
-use tower_redis_ratelimit::limiter::Settled;
+use tower_redis_ratelimit::limiter::{DecidedBy, Settled};
 use tower_redis_ratelimit::policy::Execution;
 use tower_redis_ratelimit::response::{ActualCost, BodyPart, Settlement};
 use tower_redis_ratelimit::rules::{RuleSet, Rules, RulesLayer};
+use tower_redis_ratelimit::store::Command;
 use tower_redis_ratelimit::{
-    Algorithm, LimitError, Limiter, MemoryStore, Policy, PolicyError, RateLimitLayer, RedisStore,
-    key,
+    Algorithm, FailMode, LimitError, Limiter, MemoryStore, Policy, PolicyError, RateLimitLayer,
+    RedisStore, key,
 };
 
 use crate::support::RedisServer;
@@ -638,6 +639,30 @@ async fn a_settlement_never_holds_the_response_when_redis_is_down() {
     let started = Instant::now();
     assert_eq!(get_path(&app, "/").await.status(), StatusCode::OK);
     assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+#[tokio::test]
+async fn a_request_the_fallback_admitted_is_settled_in_the_fallback() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .with_timeout(Duration::from_millis(300));
+    let fallback = MemoryStore::new();
+    let policy = "1000/86400s".parse::<Policy>().unwrap().gcra().unwrap();
+    let limiter = Limiter::new(store, policy.clone())
+        .with_name("tokens")
+        .with_fail_mode(FailMode::fallback(fallback.clone(), 1))
+        .without_circuit_breaker();
+    server.kill();
+    let r = limiter.reserve("k", 100).await.unwrap();
+    assert_eq!(r.verdict().decided_by(), DecidedBy::Fallback);
+    assert!(matches!(
+        r.settle(250).await.unwrap(),
+        Settled::Charged { units: 150, .. }
+    ));
+    let peek = fallback.command_now("tokens:k", &policy, Command::Peek);
+    assert_eq!(peek.remaining(), 1000 - 250 - 1);
 }
 
 // --- Rules -----------------------------------------------------------------

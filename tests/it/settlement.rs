@@ -354,12 +354,32 @@ fn llm_router(layer: RateLimitLayer<key::Global>, usage: Option<u64>) -> Router 
         .layer(layer)
 }
 
-async fn get_path(app: &Router, path: &str) -> Response<Bytes> {
-    let response = app
-        .clone()
-        .oneshot(Request::get(path).body(Body::empty()).unwrap())
+/// `app`'s response to a GET of `path` with `headers`, its body unread.
+async fn call(app: &Router, path: &str, headers: &[(&str, &str)]) -> Response<Body> {
+    let mut request = Request::get(path);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    app.clone()
+        .oneshot(request.body(Body::empty()).unwrap())
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// 1,000 tokens a day under GCRA (nothing refills during a test), each
+/// request estimated at 100.
+fn tokens_policy() -> Policy {
+    "1000/86400s"
+        .parse::<Policy>()
+        .unwrap()
+        .gcra()
+        .unwrap()
+        .with_cost(100)
+        .unwrap()
+}
+
+async fn get_path(app: &Router, path: &str) -> Response<Bytes> {
+    let response = call(app, path, &[]).await;
     let (parts, body) = response.into_parts();
     Response::from_parts(parts, body.collect().await.unwrap().to_bytes())
 }
@@ -429,13 +449,7 @@ async fn layer_settles_from_the_response(limiter: Limiter) {
 
 #[tokio::test]
 async fn the_layer_settles_from_a_header_or_an_extension_in_memory() {
-    let policy = "1000/86400s"
-        .parse::<Policy>()
-        .unwrap()
-        .gcra()
-        .unwrap()
-        .with_cost(100)
-        .unwrap();
+    let policy = tokens_policy();
     layer_settles_from_the_response(Limiter::new(MemoryStore::new(), policy)).await;
 }
 
@@ -468,16 +482,7 @@ async fn the_layer_estimates_from_the_request() {
                 .ok()
         });
     let app = llm_router(layer, None);
-    let response = app
-        .clone()
-        .oneshot(
-            Request::get("/")
-                .header("x-max-tokens", "250")
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
+    let response = call(&app, "/", &[("x-max-tokens", "250")]).await;
     assert_eq!(response.headers()["x-ratelimit-remaining"], "750");
     // Without the header: the policy's cost.
     let response = get_path(&app, "/").await;
@@ -523,13 +528,7 @@ fn stream_router(limiter: &Limiter, settlement: Settlement, body: fn() -> Body) 
 async fn a_streamed_body_is_settled_when_it_ends_fails_or_is_cut() {
     let server = RedisServer::start();
     let store = RedisStore::connect(&server.url()).await.unwrap();
-    let policy = "1000/86400s"
-        .parse::<Policy>()
-        .unwrap()
-        .gcra()
-        .unwrap()
-        .with_cost(100)
-        .unwrap();
+    let policy = tokens_policy();
     let limiter = Limiter::new(store, policy);
 
     // Read to the end: 20 frames, 20 units.
@@ -539,11 +538,7 @@ async fn a_streamed_body_is_settled_when_it_ends_fails_or_is_cut() {
     settles_to(&limiter, "global", 980).await;
 
     // The client goes away after 5 frames: 5 charged.
-    let response = app
-        .clone()
-        .oneshot(Request::get("/").body(Body::empty()).unwrap())
-        .await
-        .unwrap();
+    let response = call(&app, "/", &[]).await;
     let mut body = response.into_body();
     for _ in 0..5 {
         body.frame().await.unwrap().unwrap();
@@ -553,20 +548,12 @@ async fn a_streamed_body_is_settled_when_it_ends_fails_or_is_cut() {
 
     // The upstream fails after 7 frames: what was streamed is charged.
     let app = stream_router(&limiter, per_frame(), || streamed(20, None, Some(7)));
-    let response = app
-        .clone()
-        .oneshot(Request::get("/").body(Body::empty()).unwrap())
-        .await
-        .unwrap();
+    let response = call(&app, "/", &[]).await;
     assert!(response.into_body().collect().await.is_err());
     settles_to(&limiter, "global", 968).await;
 
     // Cut before any frame: nothing reported, the estimate stands.
-    let response = app
-        .clone()
-        .oneshot(Request::get("/").body(Body::empty()).unwrap())
-        .await
-        .unwrap();
+    let response = call(&app, "/", &[]).await;
     drop(response);
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(remaining(&limiter, "global").await, 868);
@@ -574,16 +561,7 @@ async fn a_streamed_body_is_settled_when_it_ends_fails_or_is_cut() {
 
 #[tokio::test]
 async fn a_grpc_call_settles_from_its_trailing_metadata() {
-    let limiter = Limiter::new(
-        MemoryStore::new(),
-        "1000/86400s"
-            .parse::<Policy>()
-            .unwrap()
-            .gcra()
-            .unwrap()
-            .with_cost(100)
-            .unwrap(),
-    );
+    let limiter = Limiter::new(MemoryStore::new(), tokens_policy());
     let settlement = Settlement::new().from_header(USAGE).strip_header();
     let app = stream_router(&limiter, settlement, || {
         let mut trailers = HeaderMap::new();
@@ -591,16 +569,7 @@ async fn a_grpc_call_settles_from_its_trailing_metadata() {
         trailers.insert(USAGE, http::HeaderValue::from_static("42"));
         streamed(3, Some(trailers), None)
     });
-    let response = app
-        .clone()
-        .oneshot(
-            Request::get("/")
-                .header("content-type", "application/grpc")
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
+    let response = call(&app, "/", &[("content-type", "application/grpc")]).await;
     let collected = response.into_body().collect().await.unwrap();
     let trailers = collected.trailers().unwrap();
     assert_eq!(trailers["grpc-status"], "0");
@@ -615,13 +584,7 @@ async fn a_settlement_never_holds_the_response_when_redis_is_down() {
         .await
         .unwrap()
         .with_timeout(Duration::from_millis(300));
-    let policy = "1000/86400s"
-        .parse::<Policy>()
-        .unwrap()
-        .gcra()
-        .unwrap()
-        .with_cost(100)
-        .unwrap();
+    let policy = tokens_policy();
     let limiter = Limiter::new(store, policy);
     let admitted = limiter.reserve("k", 100).await.unwrap();
     assert!(admitted.allowed());

@@ -4,7 +4,9 @@
 //!
 //! Each rate counts the requests admitted in the current window of
 //! wall-clock time, `[index × window, (index + 1) × window)` with
-//! `index = floor(now / window)`. A request is admitted if every rate has
+//! `index = floor(now / window)`; a calendar rate's window is the day,
+//! week or month of its calendar holding `now`, from one boundary to the
+//! next, found by its start. A request is admitted if every rate has
 //! room for its cost; only then does it count, in every rate.
 //!
 //! A penalty adds its units to every rate's count in the current window (at
@@ -15,9 +17,9 @@ use std::time::Duration;
 
 use super::{MAX_UNITS, built};
 use crate::decision::{Decision, DecisionBuilder, RateStatus};
-use crate::policy::{Algorithm, Policy, Rate};
+use crate::policy::{Algorithm, Calendar, Policy, Rate};
 
-/// One counter per rate, found by its window.
+/// One counter per rate, found by its slot.
 ///
 /// One rate's state is held inline (no allocation, and no pointer to
 /// follow from the store's table).
@@ -25,9 +27,52 @@ pub(crate) type State = smallvec::SmallVec<[Counter; 1]>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Counter {
-    window: u64,
+    /// Which rate counts here: its window in µs, or a calendar's
+    /// [`Calendar::slot`] (never a window).
+    slot: u64,
+    /// Which window it counts: `floor(now / window)`, or the calendar
+    /// window's start (µs since the epoch).
     index: u64,
     count: u64,
+}
+
+/// The current window of `rate` at `now`: the slot of its counter, the
+/// window's index and its end (µs).
+#[inline]
+fn place(rate: &Rate, now: u64) -> (u64, u64, u64) {
+    match rate.calendar() {
+        None => {
+            let window = rate.window_micros();
+            let index = now / window;
+            (window, index, (index + 1) * window)
+        }
+        Some(calendar) => {
+            let (start, end) = calendar.window_at(now);
+            (calendar.slot(), start, end)
+        }
+    }
+}
+
+/// The slot of `rate`'s counter.
+#[inline]
+fn slot(rate: &Rate) -> u64 {
+    rate.calendar()
+        .map_or_else(|| rate.window_micros(), |calendar| calendar.slot())
+}
+
+/// The end of `counter`'s window, if it is still the current one at `now`
+/// (a counter of another policy on this key).
+fn current_until(counter: &Counter, now: u64) -> Option<u64> {
+    match Calendar::from_slot(counter.slot) {
+        None => {
+            let window = counter.slot;
+            (counter.index == now / window).then(|| (counter.index + 1) * window)
+        }
+        Some(calendar) => {
+            let (start, end) = calendar.window_at(now);
+            (start == counter.index).then_some(end)
+        }
+    }
 }
 
 #[inline]
@@ -46,25 +91,19 @@ pub(crate) fn check(counters: &mut State, now: u64, policy: &Policy) -> (Decisio
 /// the general path keeps.
 #[inline]
 fn check_one(counters: &mut State, now: u64, cost: u64, rate: &Rate) -> Option<(Decision, u64)> {
-    let window = rate.window_micros();
+    let (slot, index, end) = place(rate, now);
     let counter = match counters.as_slice() {
         [] => None,
-        [c] if c.window == window => Some(*c),
+        [c] if c.slot == slot => Some(*c),
         _ => return None,
     };
-    let index = now / window;
-    let end = (index + 1) * window;
     let count = counter.filter(|c| c.index == index).map_or(0, |c| c.count);
     let allowed = count + cost <= rate.max();
     // Above zero either way (a cost is at least 1, and a denial means the
     // window already counts more than `max - cost`): the counter stays.
     let count = if allowed { count + cost } else { count };
     let status = status(rate, allowed, count, cost, end - now);
-    let counter = Counter {
-        window,
-        index,
-        count,
-    };
+    let counter = Counter { slot, index, count };
     match counters.as_mut_slice() {
         [only] => *only = counter,
         _ => counters.push(counter),
@@ -95,11 +134,10 @@ fn check_many(counters: &mut State, now: u64, policy: &Policy) -> (Decision, u64
     let rates = policy.rates();
     // The count of a rate in the current window.
     let count_of = |counters: &State, rate: &Rate| {
-        let window = rate.window_micros();
-        let index = now / window;
+        let (slot, index, _) = place(rate, now);
         counters
             .iter()
-            .find(|c| c.window == window && c.index == index)
+            .find(|c| c.slot == slot && c.index == index)
             .map_or(0, |c| c.count)
     };
     let allowed = rates
@@ -114,22 +152,16 @@ fn check_many(counters: &mut State, now: u64, policy: &Policy) -> (Decision, u64
         && counters
             .iter()
             .zip(rates)
-            .all(|(c, rate)| c.window == rate.window_micros());
+            .all(|(c, rate)| c.slot == slot(rate));
     let mut builder = DecisionBuilder::new(allowed).algorithm(Algorithm::FixedWindow);
     let mut expires_at = 0;
     let mut next = State::new();
     for (i, rate) in rates.iter().enumerate() {
-        let window = rate.window_micros();
-        let index = now / window;
-        let end = (index + 1) * window;
+        let (slot, index, end) = place(rate, now);
         let count = count_of(counters, rate);
         let count = if allowed { count + cost } else { count };
         builder.rate(status(rate, allowed, count, cost, end - now));
-        let counter = Counter {
-            window,
-            index,
-            count,
-        };
+        let counter = Counter { slot, index, count };
         if count > 0 {
             expires_at = expires_at.max(end);
         }
@@ -150,8 +182,11 @@ fn check_many(counters: &mut State, now: u64, policy: &Policy) -> (Decision, u64
         // Counters of other windows (another policy on this key) stay while
         // their window lasts, as the Redis hash keeps their fields.
         for other in counters.iter() {
-            if !next.iter().any(|c| c.window == other.window) && other.index == now / other.window {
-                expires_at = expires_at.max((other.index + 1) * other.window);
+            if next.iter().any(|c| c.slot == other.slot) {
+                continue;
+            }
+            if let Some(end) = current_until(other, now) {
+                expires_at = expires_at.max(end);
                 next.push(*other);
             }
         }
@@ -185,25 +220,23 @@ fn set(counters: &mut State, now: u64, policy: &Policy, f: impl Fn(u64) -> u64) 
     let mut next = State::with_capacity(counters.len().max(rates.len()));
     let mut expires_at = 0;
     for rate in rates {
-        let window = rate.window_micros();
-        let index = now / window;
+        let (slot, index, end) = place(rate, now);
         let count = f(counters
             .iter()
-            .find(|c| c.window == window && c.index == index)
+            .find(|c| c.slot == slot && c.index == index)
             .map_or(0, |c| c.count));
         if count > 0 {
-            expires_at = expires_at.max((index + 1) * window);
-            next.push(Counter {
-                window,
-                index,
-                count,
-            });
+            expires_at = expires_at.max(end);
+            next.push(Counter { slot, index, count });
         }
     }
     for other in counters.iter() {
-        let ours = rates.iter().any(|r| r.window_micros() == other.window);
-        if !ours && other.index == now / other.window {
-            expires_at = expires_at.max((other.index + 1) * other.window);
+        let ours = rates.iter().any(|r| slot(r) == other.slot);
+        if ours {
+            continue;
+        }
+        if let Some(end) = current_until(other, now) {
+            expires_at = expires_at.max(end);
             next.push(*other);
         }
     }
@@ -244,7 +277,7 @@ mod tests {
         let policy: Policy = "3/1s".parse::<Policy>().unwrap().fixed_window().unwrap();
         let mut state = State::new();
         state.push(Counter {
-            window: 60_000_000,
+            slot: 60_000_000,
             index: base / 60_000_000,
             count: 2,
         });
@@ -257,5 +290,197 @@ mod tests {
             2,
             "the other window's counter stays: {state:?}"
         );
+    }
+
+    /// Calendar windows on a `MemoryStore` driven by a `ManualClock`.
+    mod calendar {
+        use std::time::Duration;
+
+        use crate::MemoryStore;
+        use crate::clock::ManualClock;
+        use crate::policy::Policy;
+        use crate::store::Command;
+
+        /// An instant in RFC 3339 (`2026-03-28T23:00Z`) as a clock reads it.
+        fn at(text: &str) -> Duration {
+            let instant: jiff::Timestamp = text.parse().unwrap();
+            Duration::from_micros(u64::try_from(instant.as_microsecond()).unwrap())
+        }
+
+        /// A store at `now` and the policy `text`.
+        fn store_at(now: &str, text: &str) -> (MemoryStore, ManualClock, Policy) {
+            let clock = ManualClock::new(at(now));
+            (
+                MemoryStore::with_clock(clock.clone()),
+                clock,
+                text.parse().unwrap(),
+            )
+        }
+
+        /// `max` admitted, then a denial whose `Retry-After` and reset are
+        /// the time to `boundary`; at `boundary`, a fresh window.
+        fn fills_until(text: &str, now: &str, max: u64, boundary: &str) {
+            let (store, clock, policy) = store_at(now, text);
+            let left = at(boundary) - at(now);
+            for i in 0..max {
+                let decision = store.check_now("k", &policy);
+                assert!(decision.allowed(), "{text} at {now}: check {i}");
+                assert_eq!(decision.reset(), left, "{text} at {now}: reset");
+                assert_eq!(decision.remaining(), max - i - 1);
+            }
+            let denied = store.check_now("k", &policy);
+            assert!(!denied.allowed(), "{text} at {now}");
+            assert_eq!(denied.retry_after(), left, "{text} at {now}: retry after");
+            assert_eq!(denied.reset(), left, "{text} at {now}: reset");
+            clock.set(at(boundary) - Duration::from_micros(1));
+            assert!(
+                !store.check_now("k", &policy).allowed(),
+                "{text}: 1 µs before {boundary}"
+            );
+            clock.set(at(boundary));
+            let next = store.check_now("k", &policy);
+            assert!(next.allowed(), "{text} at {boundary}");
+            assert_eq!(next.remaining(), max - 1);
+        }
+
+        #[test]
+        fn a_month_ends_at_the_next_month() {
+            fills_until("2/month", "2026-01-31T23:59:58Z", 2, "2026-02-01T00:00Z");
+            fills_until("2/month", "2028-02-29T12:00Z", 2, "2028-03-01T00:00Z");
+            fills_until("2/month", "2026-02-28T12:00Z", 2, "2026-03-01T00:00Z");
+            fills_until("3/month", "2026-12-31T23:00Z", 3, "2027-01-01T00:00Z");
+        }
+
+        #[test]
+        fn a_day_across_daylight_saving_ends_at_local_midnight() {
+            // 23 hours: the day of 2026-03-29 in Paris ends at 22:00 UTC.
+            fills_until(
+                "1/day in Europe/Paris",
+                "2026-03-29T00:30Z",
+                1,
+                "2026-03-29T22:00Z",
+            );
+            // 25 hours: 2026-10-25 ends at 23:00 UTC.
+            fills_until(
+                "1/day in Europe/Paris",
+                "2026-10-24T22:00Z",
+                1,
+                "2026-10-25T23:00Z",
+            );
+            let (store, _, policy) = store_at("2026-10-24T22:00Z", "1/day in Europe/Paris");
+            assert_eq!(
+                store.check_now("k", &policy).reset(),
+                Duration::from_secs(25 * 3600)
+            );
+        }
+
+        #[test]
+        fn a_billing_anchor_starts_each_period() {
+            fills_until(
+                "2/month from 15",
+                "2026-02-14T23:59Z",
+                2,
+                "2026-02-15T00:00Z",
+            );
+            // From the 31st: February's period starts on its last day.
+            fills_until(
+                "2/month from 31",
+                "2026-02-10T00:00Z",
+                2,
+                "2026-02-28T00:00Z",
+            );
+            fills_until(
+                "2/month from 31",
+                "2026-04-01T00:00Z",
+                2,
+                "2026-04-30T00:00Z",
+            );
+            fills_until(
+                "2/month from 31",
+                "2028-02-01T00:00Z",
+                2,
+                "2028-02-29T00:00Z",
+            );
+        }
+
+        #[test]
+        fn a_week_from_wednesday_and_a_fixed_offset() {
+            // 2026-11-26 is a Thursday.
+            fills_until(
+                "4/week from wed",
+                "2026-11-26T10:00Z",
+                4,
+                "2026-12-02T00:00Z",
+            );
+            fills_until("4/week", "2026-11-26T10:00Z", 4, "2026-11-30T00:00Z");
+            fills_until(
+                "2/day in +05:30",
+                "2026-11-26T20:00Z",
+                2,
+                "2026-11-27T18:30Z",
+            );
+        }
+
+        #[test]
+        fn a_calendar_rate_beside_a_rolling_one() {
+            let (store, clock, policy) = store_at("2026-05-31T23:59:00Z", "2/min, 3/month");
+            assert!(store.check_now("k", &policy).allowed());
+            assert!(store.check_now("k", &policy).allowed());
+            let denied = store.check_now("k", &policy);
+            assert_eq!(denied.retry_after(), Duration::from_secs(60)); // the minute
+            assert_eq!(denied.limit(), 2);
+            clock.advance(Duration::from_secs(30));
+            let reset = store.check_now("k", &policy);
+            assert!(!reset.allowed());
+            clock.advance(Duration::from_secs(30)); // 2026-06-01: both windows are new
+            for _ in 0..2 {
+                assert!(store.check_now("k", &policy).allowed());
+            }
+            clock.advance(Duration::from_secs(60));
+            assert!(store.check_now("k", &policy).allowed());
+            let denied = store.check_now("k", &policy);
+            assert!(!denied.allowed());
+            assert_eq!(denied.limit(), 3);
+            assert_eq!(
+                denied.retry_after(),
+                at("2026-07-01T00:00Z") - at("2026-06-01T00:01Z")
+            );
+        }
+
+        #[test]
+        fn commands_move_the_calendar_window() {
+            let (store, clock, policy) = store_at("2026-01-31T12:00Z", "10/month in Europe/Paris");
+            // A command answers as a request would after it: one more counts.
+            let penalised = store.command_now("k", &policy, Command::Penalty(9));
+            assert_eq!(penalised.remaining(), 0);
+            // Paris's February starts at 23:00 UTC on January 31.
+            assert_eq!(penalised.reset(), Duration::from_secs(11 * 3600));
+            let rewarded = store.command_now("k", &policy, Command::Reward(4));
+            assert_eq!(rewarded.remaining(), 4);
+            assert_eq!(
+                store.command_now("k", &policy, Command::Peek).remaining(),
+                4
+            );
+            clock.set(at("2026-01-31T23:00Z") - Duration::from_micros(1));
+            assert_eq!(
+                store.command_now("k", &policy, Command::Peek).remaining(),
+                4
+            );
+            clock.set(at("2026-01-31T23:00Z"));
+            assert_eq!(
+                store.command_now("k", &policy, Command::Peek).remaining(),
+                9
+            );
+        }
+
+        #[test]
+        fn another_calendar_on_the_key_keeps_its_own_count() {
+            let (store, _, utc) = store_at("2026-01-15T12:00Z", "5/month");
+            let paris: Policy = "5/month in Europe/Paris".parse().unwrap();
+            assert!(store.check_now("k", &utc).allowed());
+            assert!(store.check_now("k", &utc).allowed());
+            assert_eq!(store.check_now("k", &paris).remaining(), 4);
+            assert_eq!(store.check_now("k", &utc).remaining(), 2);
+        }
     }
 }

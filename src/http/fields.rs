@@ -225,7 +225,10 @@ fn ratelimit_policy_value(
             // the lease after which a crashed process's slot frees itself.
             (QU, CONCURRENT_REQUESTS.into())
         } else {
-            (W, sf_integer(ceil_secs(rate.window()).max(1)).into())
+            // A calendar rate's window varies (a month of 28 to 31 days,
+            // a day of 23 to 25 hours): its usual length.
+            let window = rate.calendar().map_or(rate.window(), |c| c.usual());
+            (W, sf_integer(ceil_secs(window).max(1)).into())
         };
         // The serializer writes into `list`; what it returns only chains.
         let _ = list
@@ -372,6 +375,50 @@ pub(super) mod tests {
         let (policy_field, ratelimit) = ietf(&policy, &d);
         assert_eq!(policy_field, r#""3/s";q=3;w=1, "20/min";q=20;w=60"#);
         assert_eq!(ratelimit, r#""3/s";r=2;t=1, "20/min";r=19;t=60"#);
+    }
+
+    /// A calendar rate's `w` is its period's usual length; `t` is the
+    /// real time to its boundary.
+    #[test]
+    fn calendar_windows_show_their_usual_length() {
+        let policy: Policy = "100/min, 500/day in Europe/Paris".parse().unwrap();
+        let d = decision(
+            true,
+            Algorithm::FixedWindow,
+            &[
+                status("100/min", 99, ms(30_000), Duration::ZERO),
+                status(
+                    "500/day in Europe/Paris",
+                    499,
+                    ms(3_600_000),
+                    Duration::ZERO,
+                ),
+            ],
+        );
+        let (policy_field, ratelimit) = ietf(&policy, &d);
+        assert_eq!(
+            policy_field,
+            r#""100/min";q=100;w=60, "500/day in Europe/Paris";q=500;w=86400"#
+        );
+        assert_eq!(
+            ratelimit,
+            r#""100/min";r=99;t=30, "500/day in Europe/Paris";r=499;t=3600"#
+        );
+        let (policy_field, _) = ietf(
+            &"7/week, 9/month".parse().unwrap(),
+            &decision(
+                true,
+                Algorithm::FixedWindow,
+                &[
+                    status("7/week", 6, ms(1_000), Duration::ZERO),
+                    status("9/month", 8, ms(1_000), Duration::ZERO),
+                ],
+            ),
+        );
+        assert_eq!(
+            policy_field,
+            r#""7/week";q=7;w=604800, "9/month";q=9;w=2592000"#
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::{Algorithm, Rate};
+use super::{Algorithm, Period, Rate};
 
 /// Why a [`Rate`] or [`Policy`](crate::policy::Policy) cannot be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -105,5 +105,31 @@ pub enum PolicyError {
         cost: u64,
         /// The rate it exceeds.
         rate: Rate,
+    },
+    /// A time zone that is neither an IANA name nor a fixed offset.
+    #[error("unknown time zone {zone:?} in {input:?}: {reason}")]
+    UnknownZone {
+        /// The zone as written.
+        zone: String,
+        /// The rate it was in.
+        input: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// More distinct time zones than a process registers.
+    #[error("too many time zones: a process registers at most {max}")]
+    TooManyZones {
+        /// The bound.
+        max: usize,
+    },
+    /// An anchor the calendar period cannot start on.
+    #[error("anchor {anchor:?} for a calendar {period}: {reason}")]
+    InvalidAnchor {
+        /// The anchor as written.
+        anchor: String,
+        /// The calendar's period.
+        period: Period,
+        /// What is wrong with it.
+        reason: &'static str,
     },
 }

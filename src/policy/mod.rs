@@ -1,5 +1,7 @@
 //! What a limit is: [`Rate`]s, the [`Policy`] that groups them, and how a
-//! policy is parsed from text such as `"3/s, 20/min"`.
+//! policy is parsed from text such as `"3/s, 20/min"` or
+//! `"100/min, 1000000/month in Europe/Paris from 15"` (windows of the
+//! calendar: [`Calendar`]).
 
 use std::fmt;
 use std::str::FromStr;
@@ -22,12 +24,15 @@ pub const MAX_MAX: u64 = 1 << 53;
 pub const MAX_COST: u64 = 10_000;
 
 mod algorithm;
+mod calendar;
 mod error;
 mod rate;
 #[cfg(test)]
 mod tests;
+mod zone;
 
 pub use algorithm::{Algorithm, DEFAULT_LEASE, Execution};
+pub use calendar::{Calendar, Period, Weekday};
 pub use error::PolicyError;
 pub use rate::Rate;
 pub(crate) use rate::{duration_micros, duration_text, parse_duration};
@@ -54,6 +59,23 @@ use rate::parse_rate;
 /// assert_eq!(policy.to_string(), "3/s, 20/min");
 /// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
 /// ```
+///
+/// Quotas by the calendar count in fixed windows from one boundary to the
+/// next (see [`Calendar`] and the guide's calendar page):
+///
+/// ```
+/// use tower_redis_ratelimit::{Algorithm, Policy};
+///
+/// let policy = "1000000/month in Europe/Paris from 15".parse::<Policy>()?;
+/// assert_eq!(policy.algorithm(), Algorithm::FixedWindow);
+/// assert_eq!(policy.to_string(), "1000000/month in Europe/Paris from 15");
+/// // Beside a rolling rate: both count in fixed windows.
+/// let policy = "100/min, 1000000/month".parse::<Policy>()?;
+/// assert_eq!(policy.algorithm(), Algorithm::FixedWindow);
+/// // Other algorithms refuse calendar rates.
+/// assert!(policy.gcra().is_err());
+/// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
     /// Sorted by window, shortest first; windows are distinct.
@@ -65,10 +87,12 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// A policy of these rates.
+    /// A policy of these rates, counted with the sliding log, or with the
+    /// fixed window when a rate follows the calendar.
     ///
     /// # Errors
-    /// No rates, or two rates with the same window.
+    /// No rates, or two rates with the same window (a calendar rate's is
+    /// the longest its window lasts: one calendar rate per period).
     pub fn new(rates: impl IntoIterator<Item = Rate>) -> Result<Self, PolicyError> {
         let mut rates: Vec<Rate> = rates.into_iter().collect();
         if rates.is_empty() {
@@ -83,12 +107,18 @@ impl Policy {
                 });
             }
         }
+        // Calendar rates count in fixed windows.
+        let algorithm = if rates.iter().any(|r| r.calendar.is_some()) {
+            Algorithm::FixedWindow
+        } else {
+            Algorithm::default()
+        };
         Ok(Self {
             rates,
             min_spacing: None,
             cost: 1,
             execution: Execution::default(),
-            algorithm: Algorithm::default(),
+            algorithm,
         })
     }
 
@@ -133,7 +163,8 @@ impl Policy {
         Ok(self)
     }
 
-    /// Count requests with `algorithm` (default [`Algorithm::SlidingLog`]).
+    /// Count requests with `algorithm` (default [`Algorithm::SlidingLog`];
+    /// [`Algorithm::FixedWindow`] for a policy with a calendar rate).
     ///
     /// ```
     /// use tower_redis_ratelimit::{Algorithm, Policy};
@@ -145,7 +176,8 @@ impl Policy {
     ///
     /// # Errors
     /// A combination the algorithm cannot enforce: minimum spacing or the
-    /// [`Execution::Script`] execution outside the sliding log; for [`Algorithm::Concurrency`] (better built with
+    /// [`Execution::Script`] execution outside the sliding log; a calendar
+    /// rate outside the fixed window; for [`Algorithm::Concurrency`] (better built with
     /// [`Policy::concurrency`]), more than one rate or a cost above 1.
     pub fn with_algorithm(mut self, algorithm: Algorithm) -> Result<Self, PolicyError> {
         self.algorithm = algorithm;
@@ -169,9 +201,15 @@ impl Policy {
     /// ```
     ///
     /// # Errors
-    /// A zero burst, or a bucket whose window falls outside
-    /// [`MIN_WINDOW`]..=[`MAX_WINDOW`].
+    /// A zero burst, a refill on the calendar, or a bucket whose window
+    /// falls outside [`MIN_WINDOW`]..=[`MAX_WINDOW`].
     pub fn token_bucket(refill: Rate, burst: u64) -> Result<Self, PolicyError> {
+        if refill.calendar.is_some() {
+            return Err(PolicyError::Unsupported {
+                algorithm: Algorithm::Gcra,
+                what: CALENDAR_ONLY_FOR_FIXED_WINDOWS,
+            });
+        }
         if burst == 0 {
             return Err(PolicyError::ZeroMax {
                 rate: format!("token bucket of {refill} with burst 0"),
@@ -194,7 +232,7 @@ impl Policy {
             .iter()
             .map(|r| Rate {
                 max: (r.max / instances).max(self.cost),
-                window: r.window,
+                ..*r
             })
             .collect();
         shared
@@ -233,6 +271,11 @@ impl Policy {
         };
         if self.execution != Execution::default() && self.algorithm != Algorithm::SlidingLog {
             return unsupported(EXECUTION_ONLY_FOR_THE_LOG);
+        }
+        if self.algorithm != Algorithm::FixedWindow
+            && self.rates.iter().any(|r| r.calendar.is_some())
+        {
+            return unsupported(CALENDAR_ONLY_FOR_FIXED_WINDOWS);
         }
         if self.min_spacing.is_some() && self.algorithm != Algorithm::SlidingLog {
             return unsupported(
@@ -338,6 +381,10 @@ impl Policy {
     }
 }
 
+/// Why an algorithm other than the fixed window refuses a calendar rate.
+const CALENDAR_ONLY_FOR_FIXED_WINDOWS: &str = "a calendar rate (a day, week or month of the calendar counts in \
+     fixed windows, from one boundary to the next: use the fixed-window algorithm, or a rolling window such as \"1d\")";
+
 impl fmt::Display for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, rate) in self.rates.iter().enumerate() {
@@ -356,7 +403,10 @@ impl FromStr for Policy {
     /// Parse rates separated by commas: `"3/s, 20/min, 100/15m"`.
     ///
     /// Units: `ms`, `s`, `m` or `min`, `h`, `d`, each optionally preceded by
-    /// a count (`15m`). Whitespace is ignored.
+    /// a count (`15m`): rolling windows (`d` is 24 hours). Calendar windows:
+    /// `day`, `week`, `month`, then optionally ` in <zone>` and
+    /// ` from <anchor>` (`"1000000/month in Europe/Paris from 15"`; see
+    /// [`Rate`]). Whitespace around rates is ignored.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         if s.trim().is_empty() {
             return Err(PolicyError::Empty);

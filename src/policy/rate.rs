@@ -1,11 +1,12 @@
-//! [`Rate`]: at most `max` requests per `window`, and how a rate and a
-//! window are written as text (`"20/min"`, `"250ms"`).
+//! [`Rate`]: at most `max` requests per `window` (rolling, or a window of
+//! the calendar), and how a rate and a window are written as text
+//! (`"20/min"`, `"250ms"`, `"1000000/month in Europe/Paris from 15"`).
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use super::{MAX_MAX, MAX_WINDOW, MIN_WINDOW, PolicyError};
+use super::{Calendar, MAX_MAX, MAX_WINDOW, MIN_WINDOW, PolicyError};
 
 /// At most `max` requests per `window`.
 ///
@@ -18,10 +19,46 @@ use super::{MAX_MAX, MAX_WINDOW, MIN_WINDOW, PolicyError};
 /// assert_eq!("20/min".parse::<Rate>()?, rate);
 /// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
 /// ```
+///
+/// # As text
+///
+/// `<max>/<window>`: a rolling window is an optional count and a unit, `ms`,
+/// `s`, `m` (or `min`), `h` or `d` (`"20/min"`, `"100/15m"`, `"9/d"`: `d`
+/// and `24h` are rolling 24 hours). A window of the calendar
+/// ([`Calendar`]) is written
+/// `<max>/<day|week|month>[ in <zone>][ from <anchor>]`:
+///
+/// - `"500/day"`, `"10000/week"`, `"1000000/month"`: calendar days, weeks
+///   (from Monday) and months (from the 1st) in UTC;
+/// - ` in <zone>`: an IANA time zone (`"500/day in America/New_York"`) or a
+///   fixed offset from UTC (`"500/day in +05:30"`);
+/// - ` from <anchor>`: the day a month starts on, 1 to 31 (`"1000000/month
+///   from 15"`: a billing period from the 15th; a shorter month starts on
+///   its last day), or the weekday a week starts on (`"10000/week from
+///   wed"`). A day takes no anchor.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::Rate;
+/// use tower_redis_ratelimit::policy::Period;
+///
+/// let rate: Rate = "1000000/month in Europe/Paris from 15".parse()?;
+/// let calendar = rate.calendar().unwrap();
+/// assert_eq!(calendar.period(), Period::Month);
+/// assert_eq!((calendar.zone(), calendar.anchor_day()), ("Europe/Paris", Some(15)));
+/// assert_eq!(rate.to_string(), "1000000/month in Europe/Paris from 15");
+/// // Rolling 24 hours, not a calendar day:
+/// assert_eq!("500/d".parse::<Rate>()?.calendar(), None);
+/// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Rate {
     pub(super) max: u64,
+    /// For a calendar rate, the longest its window can last.
     pub(super) window: Duration,
+    /// The calendar a calendar rate's windows follow; `None` for a rolling
+    /// window.
+    pub(super) calendar: Option<Calendar>,
 }
 
 impl Rate {
@@ -47,7 +84,68 @@ impl Rate {
         if window < MIN_WINDOW || window > MAX_WINDOW {
             return Err(PolicyError::WindowOutOfRange { window });
         }
-        Ok(Self { max, window })
+        Ok(Self {
+            max,
+            window,
+            calendar: None,
+        })
+    }
+
+    /// `max` requests per window of `calendar`: a calendar day, week or
+    /// month, in its time zone, from its anchor. Counted in fixed windows
+    /// ([`Algorithm::FixedWindow`](super::Algorithm::FixedWindow)); its
+    /// reset is the time to the next boundary.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::Rate;
+    /// use tower_redis_ratelimit::policy::Calendar;
+    ///
+    /// let rate = Rate::on_calendar(500, Calendar::day().in_zone("+05:30")?)?;
+    /// assert_eq!(rate.to_string(), "500/day in +05:30");
+    /// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// A zero `max` or one above [`MAX_MAX`].
+    pub fn on_calendar(max: u64, calendar: Calendar) -> Result<Self, PolicyError> {
+        if max == 0 {
+            return Err(PolicyError::ZeroMax {
+                rate: format!("{max}/{calendar}"),
+            });
+        }
+        if max > MAX_MAX {
+            return Err(PolicyError::MaxTooLarge { max });
+        }
+        Ok(Self {
+            max,
+            window: calendar.longest(),
+            calendar: Some(calendar),
+        })
+    }
+
+    /// `max` requests per calendar day in UTC (`"500/day"`).
+    ///
+    /// # Errors
+    /// A zero `max`.
+    pub fn daily(max: u64) -> Result<Self, PolicyError> {
+        Self::on_calendar(max, Calendar::day())
+    }
+
+    /// `max` requests per calendar week in UTC, from Monday (`"10000/week"`).
+    ///
+    /// # Errors
+    /// A zero `max`.
+    pub fn weekly(max: u64) -> Result<Self, PolicyError> {
+        Self::on_calendar(max, Calendar::week())
+    }
+
+    /// `max` requests per calendar month in UTC, from the 1st
+    /// (`"1000000/month"`).
+    ///
+    /// # Errors
+    /// A zero `max`.
+    pub fn monthly(max: u64) -> Result<Self, PolicyError> {
+        Self::on_calendar(max, Calendar::month())
     }
 
     /// `max` requests per second.
@@ -79,9 +177,16 @@ impl Rate {
         self.max
     }
 
-    /// The length of the window.
+    /// The length of the window; for a calendar rate, the longest its
+    /// window can last (see [`Calendar::longest`]).
     pub fn window(&self) -> Duration {
         self.window
+    }
+
+    /// The calendar whose days, weeks or months are this rate's windows;
+    /// `None` for a rolling window.
+    pub fn calendar(&self) -> Option<Calendar> {
+        self.calendar
     }
 
     pub(crate) fn window_micros(&self) -> u64 {
@@ -91,7 +196,10 @@ impl Rate {
 
 impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.max, Window(self.window))
+        match self.calendar {
+            Some(calendar) => write!(f, "{}/{calendar}", self.max),
+            None => write!(f, "{}/{}", self.max, Window(self.window)),
+        }
     }
 }
 
@@ -122,7 +230,21 @@ pub(super) fn parse_rate(input: &str) -> Result<Rate, PolicyError> {
         return Err(invalid("the max must be a whole number, such as \"10/s\""));
     }
     let max: u64 = max.parse().map_err(|_| invalid("the max is too large"))?;
-    let window = parse_window(per.trim(), text)?;
+    let per = per.trim();
+    let calendar = per
+        .starts_with(|c: char| c.is_ascii_alphabetic())
+        .then(|| per.split_whitespace().next().unwrap_or_default())
+        .filter(|word| CALENDAR_PERIODS.contains(&word.to_ascii_lowercase().as_str()));
+    if calendar.is_some() {
+        let calendar = Calendar::parse(per, text)?;
+        if max == 0 {
+            return Err(PolicyError::ZeroMax {
+                rate: text.to_owned(),
+            });
+        }
+        return Rate::on_calendar(max, calendar);
+    }
+    let window = parse_window(per, text)?;
     if max == 0 {
         return Err(PolicyError::ZeroMax {
             rate: text.to_owned(),
@@ -130,6 +252,9 @@ pub(super) fn parse_rate(input: &str) -> Result<Rate, PolicyError> {
     }
     Rate::new(max, window)
 }
+
+/// The words of a calendar rate's period (`"500/day"`).
+const CALENDAR_PERIODS: [&str; 3] = ["day", "week", "month"];
 
 /// A window as a rate writes it (`s`, `15m`, `250ms`, `1d`: an optional
 /// count, 1 by default, and a unit), for the rate or duration `input`
@@ -148,6 +273,12 @@ fn parse_window(per: &str, input: &str) -> Result<Duration, PolicyError> {
             .parse()
             .map_err(|_| invalid("the window count is too large"))?
     };
+    if digits > 0 && CALENDAR_PERIODS.contains(&unit.trim()) {
+        return Err(invalid(
+            "a calendar period takes no count: write \"N/day\", \"N/week\" or \"N/month\", \
+             or a rolling window such as \"2d\"",
+        ));
+    }
     let unit_micros: u64 = match unit.trim() {
         "ms" => 1_000,
         "s" => 1_000_000,

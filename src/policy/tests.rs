@@ -195,3 +195,164 @@ fn an_execution_is_refused_for_every_algorithm_but_the_sliding_log() {
     let err = script.gcra().unwrap_err().to_string();
     assert!(err.contains("only the sliding log"), "{err}");
 }
+
+#[test]
+fn calendar_rates_parse_and_round_trip() {
+    for (text, shown) in [
+        ("500/day", "500/day"),
+        ("10000/week", "10000/week"),
+        ("1000000/month", "1000000/month"),
+        (
+            "1000000/month in Europe/Paris from 15",
+            "1000000/month in Europe/Paris from 15",
+        ),
+        (
+            "1000000/month from 15 in Europe/Paris",
+            "1000000/month in Europe/Paris from 15",
+        ),
+        ("10000/week from wed", "10000/week from wed"),
+        ("10000/week from Wednesday", "10000/week from wed"),
+        ("10000/week from mon", "10000/week"),
+        ("5/month from 1", "5/month"),
+        ("500/day in +05:30", "500/day in +05:30"),
+        ("500/day in -08", "500/day in -08:00"),
+        ("500/day in UTC", "500/day"),
+        ("500/day in +00:00", "500/day"),
+        ("500/day in america/new_york", "500/day in America/New_York"),
+        ("  7/ month   in  Asia/Tokyo  ", "7/month in Asia/Tokyo"),
+    ] {
+        let rate: Rate = text.parse().unwrap_or_else(|e| panic!("{text}: {e}"));
+        assert_eq!(rate.to_string(), shown, "{text}");
+        assert_eq!(shown.parse::<Rate>().unwrap(), rate, "{text}");
+        let policy: Policy = text.parse().unwrap();
+        assert_eq!(policy.algorithm(), Algorithm::FixedWindow, "{text}");
+        assert_eq!(policy.to_string().parse::<Policy>().unwrap(), policy);
+    }
+    let rate: Rate = "1000000/month in Europe/Paris from 15".parse().unwrap();
+    let calendar = rate.calendar().unwrap();
+    assert_eq!(calendar.period(), Period::Month);
+    assert_eq!(calendar.zone(), "Europe/Paris");
+    assert_eq!(calendar.anchor_day(), Some(15));
+    assert_eq!(calendar.anchor_weekday(), None);
+    assert_eq!(rate.window(), Duration::from_secs(31 * 86_400 + 3_600));
+    let week: Rate = "3/week from fri".parse().unwrap();
+    assert_eq!(
+        week.calendar().unwrap().anchor_weekday(),
+        Some(Weekday::Friday)
+    );
+    assert_eq!(week.window(), Duration::from_secs(7 * 86_400 + 3_600));
+    assert_eq!("3/day".parse::<Rate>().unwrap().window(), secs(25 * 3_600));
+    // Code builds the same rates.
+    let built = Rate::on_calendar(
+        1_000_000,
+        Calendar::month()
+            .in_zone("Europe/Paris")
+            .unwrap()
+            .from_day(15)
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(built, rate);
+    assert_eq!(Rate::daily(500).unwrap(), "500/day".parse().unwrap());
+    assert_eq!(Rate::weekly(5).unwrap(), "5/week".parse().unwrap());
+    assert_eq!(Rate::monthly(5).unwrap(), "5/month".parse().unwrap());
+    assert_eq!(
+        Rate::on_calendar(
+            5,
+            Calendar::week().from_weekday(Weekday::Wednesday).unwrap()
+        )
+        .unwrap(),
+        "5/week from wed".parse().unwrap()
+    );
+}
+
+#[test]
+fn rolling_days_stay_rolling() {
+    for text in ["9/d", "9/1d", "9/24h"] {
+        let rate: Rate = text.parse().unwrap();
+        assert_eq!(rate.calendar(), None, "{text}");
+        assert_eq!(rate.window(), secs(86_400));
+        assert_eq!(
+            text.parse::<Policy>().unwrap().algorithm(),
+            Algorithm::SlidingLog
+        );
+    }
+}
+
+#[test]
+fn calendar_errors_name_the_problem() {
+    let msg = |s: &str| s.parse::<Policy>().unwrap_err().to_string();
+    let m = msg("5/day in Mars/Olympus");
+    assert!(m.contains("unknown time zone \"Mars/Olympus\""), "{m}");
+    assert!(m.contains("IANA name"), "{m}");
+    let m = msg("5/day in +27:00");
+    assert!(m.contains("unknown time zone \"+27:00\""), "{m}");
+    let m = msg("5/month from 32");
+    assert!(
+        m.contains("anchor \"32\" for a calendar month: a month starts on a day from 1 to 31"),
+        "{m}"
+    );
+    let m = msg("5/month from 0");
+    assert!(m.contains("anchor \"0\""), "{m}");
+    let m = msg("5/month from wed");
+    assert!(m.contains("anchor \"wed\" for a calendar month"), "{m}");
+    let m = msg("5/week from 15");
+    assert!(
+        m.contains("anchor \"15\" for a calendar week: a week starts on a weekday"),
+        "{m}"
+    );
+    let m = msg("5/day from 3");
+    assert!(
+        m.contains("a calendar day starts at midnight and takes no anchor"),
+        "{m}"
+    );
+    let m = msg("5/day in");
+    assert!(m.contains("\"in\" needs a value"), "{m}");
+    let m = msg("5/day in UTC in UTC");
+    assert!(m.contains("written twice"), "{m}");
+    let m = msg("5/day at noon");
+    assert!(m.contains("unexpected \"at\""), "{m}");
+    let m = msg("5/2day");
+    assert!(m.contains("a calendar period takes no count"), "{m}");
+    let m = msg("0/month");
+    assert!(m.contains("max must be at least 1"), "{m}");
+    // One calendar rate per period; a rolling 25 hours has a day's window.
+    let m = msg("5/day, 9/day in Europe/Paris");
+    assert!(m.contains("same window"), "{m}");
+    assert!(Calendar::day().from_day(3).is_err());
+    assert!(Calendar::month().from_weekday(Weekday::Monday).is_err());
+    assert!(Calendar::month().from_day(31).is_ok());
+}
+
+#[test]
+fn calendar_rates_count_in_fixed_windows_only() {
+    let policy: Policy = "100/min, 1000000/month".parse().unwrap();
+    assert_eq!(policy.algorithm(), Algorithm::FixedWindow);
+    assert_eq!(policy.rates()[0].max(), 100);
+    assert_eq!(policy.clone().fixed_window().unwrap(), policy);
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::Gcra,
+        Algorithm::Concurrency,
+    ] {
+        let err = policy
+            .clone()
+            .with_algorithm(algorithm)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!(
+                "the {algorithm} algorithm does not support a calendar rate"
+            )),
+            "{err}"
+        );
+    }
+    let err = Policy::token_bucket(Rate::monthly(10).unwrap(), 5).unwrap_err();
+    assert!(err.to_string().contains("calendar rate"), "{err}");
+    // The fallback's share keeps the calendar.
+    let shared = policy.shared_by(4);
+    assert_eq!(shared.rates()[1].calendar(), policy.rates()[1].calendar());
+    assert_eq!(shared.rates()[1].max(), 250_000);
+    assert_eq!(policy.longest_window(), secs(31 * 86_400 + 3_600));
+}

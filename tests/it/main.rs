@@ -29,6 +29,7 @@ mod http;
 mod http_strategies;
 mod key_encoding;
 mod limiter;
+mod llm_gateway;
 mod local_quota;
 mod memory_usage;
 mod network_faults;

@@ -38,6 +38,9 @@ pub(super) struct Waiting {
     pub(super) state: String,
     pub(super) block: String,
     pub(super) policy: Policy,
+    /// This process's time (µs) when the check was asked: where its
+    /// calendar windows are placed.
+    pub(super) now: u64,
     pub(super) reply: oneshot::Sender<Result<Decision, StoreError>>,
 }
 
@@ -178,7 +181,10 @@ impl Batcher {
                 policy: &waiting.policy,
             })
             .collect();
-        let eval = script::batch(self.script, &items);
+        // The batch's checks were asked within its timeout of each other:
+        // the first one's time places every calendar window.
+        let now = batch.first().map_or(0, |waiting| waiting.now);
+        let eval = script::batch(self.script, &items, now);
         Call::new(connections, timeout, "batch")
             .script(Some(eval.script()))
             .replica_reply(|replies: &Vec<Value>| replies.iter().any(script::refused_as_replica))

@@ -30,6 +30,7 @@ impl RedisStore {
             state: self.redis_key(policy.algorithm().tag(), key),
             block: self.redis_key(BLOCK_TAG, key),
             policy: policy.clone(),
+            now: self.clock.local_micros(),
             reply,
         };
         batcher.submit(&self.connections, self.timeout, waiting);
@@ -60,7 +61,7 @@ impl RedisStore {
         let id = member(lease);
         let eval = match (policy.algorithm(), policy.execution()) {
             (Algorithm::SlidingLog, Execution::Transaction) => None,
-            _ => Some(script::check(keys, policy, &id)?),
+            _ => Some(script::check(keys, policy, &id, self.clock.local_micros())?),
         };
         // The entries the sliding log's transaction writes, or the lease the
         // concurrency limit takes: the same on every attempt, so a retry

@@ -24,7 +24,7 @@ impl RedisStore {
             block: &block_key,
         };
         let id = member(self.ids.next());
-        let eval = script::command(keys, policy, command, &id)?;
+        let eval = script::command(keys, policy, command, &id, self.clock.local_micros())?;
         self.call("command")
             .script(Some(eval.script()))
             .repeatable(command_idempotent(command))

@@ -21,7 +21,7 @@ use super::reply::{int_reply, member};
 use crate::algorithm;
 use crate::algorithm::CONCURRENCY_RETRY_CAP;
 use crate::decision::{Decision, DecisionBuilder, RateStatus};
-use crate::policy::{Algorithm, Policy, duration_micros};
+use crate::policy::{Algorithm, Policy, Rate, duration_micros};
 use crate::store::{Command, StoreError};
 
 /// A check script: no entry-point arguments, then the algorithm's.
@@ -184,8 +184,31 @@ fn evalsha(script: &redis::Script, keys: Keys<'_>) -> redis::Cmd {
     cmd
 }
 
-/// The algorithm's arguments of a request by `id` under `policy`.
-fn algorithm_args(cmd: &mut redis::Cmd, policy: &Policy, id: &str) -> Result<(), StoreError> {
+/// The window argument of `rate`: its window in µs (also the name of its
+/// field in the key's hash), or for a calendar rate its field's name, `@`,
+/// and four consecutive boundaries (µs) around `now`, this process's time,
+/// separated by commas (`month:Europe/Paris:15@b0,b1,b2,b3`): the script
+/// counts in the window among them that holds Redis's own time.
+fn window_arg(cmd: &mut redis::Cmd, rate: &Rate, now: u64) {
+    match rate.calendar() {
+        None => {
+            cmd.arg(rate.window_micros());
+        }
+        Some(calendar) => {
+            let [b0, b1, b2, b3] = calendar.boundaries(now);
+            cmd.arg(format!("{}@{b0},{b1},{b2},{b3}", calendar.field()));
+        }
+    }
+}
+
+/// The algorithm's arguments of a request by `id` under `policy`, at `now`
+/// (this process's time, µs: where calendar windows are placed).
+fn algorithm_args(
+    cmd: &mut redis::Cmd,
+    policy: &Policy,
+    id: &str,
+    now: u64,
+) -> Result<(), StoreError> {
     match policy.algorithm() {
         Algorithm::Concurrency => {
             let [rate] = policy.rates() else {
@@ -210,7 +233,8 @@ fn algorithm_args(cmd: &mut redis::Cmd, policy: &Policy, id: &str) -> Result<(),
         }
     }
     for rate in policy.rates() {
-        cmd.arg(rate.max()).arg(rate.window_micros());
+        cmd.arg(rate.max());
+        window_arg(cmd, rate, now);
     }
     Ok(())
 }
@@ -239,11 +263,16 @@ impl Eval {
 
 /// The check of one request by `id` (the sliding log's entries, the
 /// concurrency limit's lease): one `EVALSHA`, atomic, on Redis's clock,
-/// whose reply [`decode_reply`] reads.
-pub(super) fn check(keys: Keys<'_>, policy: &Policy, id: &str) -> Result<Eval, StoreError> {
+/// whose reply [`decode_reply`] reads. `now`: this process's time (µs).
+pub(super) fn check(
+    keys: Keys<'_>,
+    policy: &Policy,
+    id: &str,
+    now: u64,
+) -> Result<Eval, StoreError> {
     let script = &scripts(policy.algorithm()).check;
     let mut cmd = evalsha(script, keys);
-    algorithm_args(&mut cmd, policy, id)?;
+    algorithm_args(&mut cmd, policy, id, now)?;
     Ok(Eval { script, cmd })
 }
 
@@ -256,8 +285,9 @@ pub(super) struct BatchItem<'a> {
 /// The `EVALSHA` of `script` (a [`batch_script`]) for a batch of checks,
 /// all on a single Redis: the keys, each distinct policy's arguments once,
 /// and each check's policy when there are several. Its reply holds each
-/// check's reply, in order ([`decode_batched`]).
-pub(super) fn batch(script: &'static redis::Script, items: &[BatchItem<'_>]) -> Eval {
+/// check's reply, in order ([`decode_batched`]). `now`: this process's
+/// time (µs).
+pub(super) fn batch(script: &'static redis::Script, items: &[BatchItem<'_>], now: u64) -> Eval {
     let key_bytes: usize = items
         .iter()
         .map(|item| item.keys.state.len() + item.keys.block.len())
@@ -291,7 +321,8 @@ pub(super) fn batch(script: &'static redis::Script, items: &[BatchItem<'_>]) -> 
         // rate's max and window.
         cmd.arg(1 + 2 * policy.rates().len()).arg(policy.cost());
         for rate in policy.rates() {
-            cmd.arg(rate.max()).arg(rate.window_micros());
+            cmd.arg(rate.max());
+            window_arg(&mut cmd, rate, now);
         }
     }
     if policies.len() > 1 {
@@ -375,12 +406,14 @@ pub(super) fn refused_as_replica(reply: &Value) -> bool {
 
 /// An operator's command: one `EVALSHA` of the algorithm's command script,
 /// atomic, on Redis's clock, whose reply [`decode`] reads. `id` names the
-/// members a penalty writes (unique across processes).
+/// members a penalty writes (unique across processes); `now` is this
+/// process's time (µs).
 pub(super) fn command(
     keys: Keys<'_>,
     policy: &Policy,
     command: Command,
     id: &str,
+    now: u64,
 ) -> Result<Eval, StoreError> {
     let script = &scripts(policy.algorithm()).command;
     let mut cmd = evalsha(script, keys);
@@ -401,7 +434,7 @@ pub(super) fn command(
         .arg(amount)
         .arg(refunded.as_deref().unwrap_or(id));
     // The request id of the algorithm's arguments: one no request holds.
-    algorithm_args(&mut cmd, policy, id)?;
+    algorithm_args(&mut cmd, policy, id, now)?;
     Ok(Eval { script, cmd })
 }
 

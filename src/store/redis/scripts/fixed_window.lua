@@ -2,13 +2,18 @@
 -- semantics of src/algorithm/fixed_window.rs.
 --
 -- KEYS[1]  a hash of one limited key: one field per rate, named by the
---          rate's window in µs, holding "<window index>:<count>"
+--          rate's window in µs (a calendar rate's by its calendar,
+--          'month:Europe/Paris:15'), holding "<window index>:<count>"
 -- ARGV     cost: how many requests one request counts as; then max and
---          window (µs) of each rate, in pairs
+--          window (µs) of each rate, in pairs (a calendar rate's window:
+--          its field's name and the boundaries around the client's time,
+--          '<field>@<b1>,<b2>,...', read by the prelude)
 --
 -- Each rate counts the requests admitted in the current window of
 -- wall-clock time, [index × window, (index + 1) × window) with
--- index = floor(now / window). A request is admitted if every rate has room
+-- index = floor(now / window); a calendar rate's window is the one, among
+-- the boundaries the client passed, that holds Redis's own time, and its
+-- index is its start (µs). A request is admitted if every rate has room
 -- for its cost; only then does it count, in every rate. A denied request
 -- writes nothing. A penalty adds its units to every rate's count (at most
 -- 2^53), a reward takes them off (never below zero).
@@ -21,12 +26,28 @@
 -- checks.
 local key, cost, nrates, names, maxes, indexes, finishes
 
--- Each rate's current window index and its end (µs).
+-- Each rate's current window index and its end (µs). A calendar rate's
+-- window is the one among its boundaries that holds now: a client whose
+-- clock is more than a window away from Redis's passed none (an error).
 local function place(policy)
   local windows, is, fs = policy[5], {}, {}
   for i = 1, policy[2] do
-    is[i] = window_index(windows[i])
-    fs[i] = (is[i] + 1) * windows[i]
+    local w = windows[i]
+    if type(w) == 'table' then
+      for j = 1, #w - 1 do
+        if w[j] <= now and now < w[j + 1] then
+          is[i], fs[i] = w[j], w[j + 1]
+          break
+        end
+      end
+      if not is[i] then
+        error({ err = 'ERR calendar window ' .. policy[3][i] .. ': Redis time ' .. int(now)
+          .. ' is outside the boundaries the client passed (its clock is a window away)' })
+      end
+    else
+      is[i] = window_index(w)
+      fs[i] = (is[i] + 1) * w
+    end
   end
   policy[6], policy[7] = is, fs
 end

@@ -63,6 +63,11 @@ end
 -- max and window µs), read once per script call however many keys it
 -- checks: { cost, number of rates, field names (the windows as text),
 -- maxes, windows }, then what `derive(policy)` adds for the algorithm.
+--
+-- A calendar rate's window (the fixed window's only) is written
+-- '<field>@<b1>,<b2>,...': the name of its field (never a number) and
+-- consecutive boundaries (µs) the client computed around its own time;
+-- its entry in windows is the list of boundaries.
 local policies = {}
 local function policy_at(derive)
   local policy = policies[ARG0]
@@ -73,6 +78,17 @@ local function policy_at(derive)
       names[i] = arg(2 * i + 1)
       maxes[i] = num(2 * i)
       windows[i] = tonumber(names[i])
+      if not windows[i] then
+        local name, list = string.match(names[i], '^([^@]+)@([%d,]+)$')
+        if not name then
+          error({ err = 'ERR not a window: ' .. tostring(names[i]) })
+        end
+        local bounds = {}
+        for b in string.gmatch(list, '%d+') do
+          bounds[#bounds + 1] = tonumber(b)
+        end
+        names[i], windows[i] = name, bounds
+      end
     end
     policy = { num(1), n, names, maxes, windows }
     derive(policy)

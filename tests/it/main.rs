@@ -10,6 +10,7 @@ mod admin;
 mod algorithm_differential;
 mod batching;
 mod breaker;
+mod calendar;
 mod cancellation;
 mod client_ip;
 mod command_faults;

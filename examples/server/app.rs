@@ -129,6 +129,7 @@ pub(crate) async fn rules_router<St: Store>(
     }
     let limited = Router::new()
         .route("/login", axum::routing::post(login))
+        .route("/completions", axum::routing::post(completion))
         .fallback(hello)
         .layer(layer);
     Ok((with_health(limited), Operated::Rules(rules, watch)))
@@ -141,6 +142,14 @@ pub(crate) async fn login(headers: http::HeaderMap) -> http::StatusCode {
     } else {
         http::StatusCode::UNAUTHORIZED
     }
+}
+
+/// A demonstration upstream of a metered API: it answers the prompt back
+/// and reports its words as the tokens it used, in `x-usage-tokens` (the
+/// header the rules' `tokens` rule settles from).
+pub(crate) async fn completion(prompt: String) -> impl axum::response::IntoResponse {
+    let tokens = prompt.split_whitespace().count();
+    ([("x-usage-tokens", tokens.to_string())], prompt)
 }
 
 /// `GET /`, limited by `limiter`, and `GET /health`, never limited.

@@ -19,7 +19,9 @@
 //!
 //! With `RULES`, every path is served (`hello`), `POST /login` answers 200
 //! when the header `x-password` is `demo` and 401 otherwise (to show a rule
-//! counting failed logins only), and `/health` is never limited. A rule set
+//! counting failed logins only), `POST /completions` answers its body back
+//! with its words counted in `x-usage-tokens` (to show a rule settling
+//! its cost from that header), and `/health` is never limited. A rule set
 //! that does not validate stops the start (exit 2); at runtime it is
 //! rejected and logged, and the rules in force stay. Publish a rule set to
 //! Redis with `tower_redis_ratelimit::rules::publish` (it validates first),

@@ -960,3 +960,107 @@ fn the_example_rules_and_limiter_never_share_a_count() {
         "the rules' requests are not the limiter's"
     );
 }
+
+/// `POST path` with `headers` and `body`: the status and the response's
+/// headers (names lowercase).
+fn post(
+    server: &Server,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, Vec<(String, String)>) {
+    let mut stream = TcpStream::connect(&server.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut request = format!(
+        "POST {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let mut lines = response.split("\r\n\r\n").next().unwrap().lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    (status, headers)
+}
+
+/// The example rules' `tokens` rule, loaded from `examples/rules.toml`:
+/// a call is admitted against its cost (500) and charged the tokens the
+/// demo upstream (`POST /completions`) reports in `x-usage-tokens`, which
+/// the client never sees.
+#[test]
+fn the_example_rules_settle_a_metered_call_from_its_usage_header() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/rules.toml");
+    let server = Server::start(&[("REDIS_URL", url.as_str()), ("RULES", rules)]);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // The rule's day is the UTC calendar day: no test straddles its end.
+    runtime.block_on(support::harness::away_from_a_boundary(
+        Duration::from_secs(86_400),
+        Duration::from_secs(5),
+    ));
+    // The rule's count, read through a limiter of its name and policy.
+    let store = runtime
+        .block_on(tower_redis_ratelimit::RedisStore::connect(&url))
+        .unwrap();
+    let tokens = tower_redis_ratelimit::Limiter::new(store, "100000/day".parse().unwrap())
+        .with_name("tokens");
+    let used = || {
+        // A peek answers what a check at the policy's cost (1) would leave.
+        let peek = runtime.block_on(tokens.peek("key-1")).unwrap();
+        100_000 - (peek.remaining() + 1)
+    };
+    let settles_to = |expected: u64| {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while used() != expected {
+            assert!(
+                Instant::now() < deadline,
+                "used {}, expected {expected}",
+                used()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let words = |n: usize| vec!["token"; n].join(" ");
+
+    // 120 used: 380 of the estimate given back.
+    let (status, headers) = post(
+        &server,
+        "/completions",
+        &[("x-api-key", "key-1")],
+        &words(120),
+    );
+    assert_eq!(status, 200);
+    assert!(
+        headers.iter().all(|(name, _)| name != "x-usage-tokens"),
+        "stripped: {headers:?}"
+    );
+    settles_to(120);
+    // 800 used: 300 charged on top of the estimate.
+    let (status, _) = post(
+        &server,
+        "/completions",
+        &[("x-api-key", "key-1")],
+        &words(800),
+    );
+    assert_eq!(status, 200);
+    settles_to(920);
+}

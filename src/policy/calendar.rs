@@ -382,29 +382,31 @@ impl Calendar {
     /// window; jiff computes the boundaries once per window.
     #[inline]
     pub(crate) fn window_at(&self, now: u64) -> (u64, u64) {
-        let key = self.bits();
-        let slot = (key.wrapping_mul(0x9E37_79B9) >> 29) as usize;
-        WINDOWS.with(|cache| {
-            let cached = cache[slot].get();
-            if cached.key == key && cached.start <= now && now < cached.end {
-                return (cached.start, cached.end);
-            }
-            let (start, end) = self.compute(now);
-            cache[slot].set(Cached { key, start, end });
-            (start, end)
-        })
+        let [_, start, end, _] = self.boundaries(now);
+        (start, end)
     }
 
     /// Four consecutive boundaries around `now`: the start of the window
     /// before `now`'s, the start and end of `now`'s, and the end of the one
     /// after. (A Redis script picks, among these, the window of Redis's own
-    /// clock.)
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    /// clock.) From the per-thread cache when `now`'s window is in it.
+    #[inline]
     pub(crate) fn boundaries(&self, now: u64) -> [u64; 4] {
-        let (start, end) = self.window_at(now);
-        let before = self.compute(start.saturating_sub(1)).0;
-        let after = self.compute(end).1;
-        [before.min(start), start, end, after.max(end)]
+        let key = self.bits();
+        let slot = (key.wrapping_mul(0x9E37_79B9) >> 29) as usize;
+        WINDOWS.with(|cache| {
+            let cached = cache[slot].get();
+            let [_, start, end, _] = cached.bounds;
+            if cached.key == key && start <= now && now < end {
+                return cached.bounds;
+            }
+            let (start, end) = self.compute(now);
+            let before = self.compute(start.saturating_sub(1)).0;
+            let after = self.compute(end).1;
+            let bounds = [before.min(start), start, end, after.max(end)];
+            cache[slot].set(Cached { key, bounds });
+            bounds
+        })
     }
 
     /// [`window_at`](Self::window_at) through jiff. Outside jiff's range
@@ -472,15 +474,16 @@ impl Calendar {
 #[derive(Clone, Copy)]
 struct Cached {
     key: u32,
-    start: u64,
-    end: u64,
+    /// [`Calendar::boundaries`] of the window.
+    bounds: [u64; 4],
 }
 
 thread_local! {
-    /// The current window of up to 8 calendars (direct-mapped by calendar):
-    /// a check of a calendar rate calls jiff once per window and thread.
+    /// The current window of up to 8 calendars (direct-mapped by calendar)
+    /// and its neighbours' ends: a check of a calendar rate calls jiff
+    /// three times per window and thread.
     static WINDOWS: [Cell<Cached>; 8] = const {
-        [const { Cell::new(Cached { key: u32::MAX, start: 0, end: 0 }) }; 8]
+        [const { Cell::new(Cached { key: u32::MAX, bounds: [0; 4] }) }; 8]
     };
 }
 

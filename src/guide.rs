@@ -24,6 +24,10 @@ pub mod budgets {
     #![doc = include_str!("docs/guide/budgets.md")]
 }
 
+pub mod calendar {
+    #![doc = include_str!("docs/guide/calendar.md")]
+}
+
 pub mod engine {
     #![doc = include_str!("docs/guide/engine.md")]
 }

@@ -96,12 +96,14 @@ impl Settings {
             ),
         };
 
-        let algorithm = match var("ALGORITHM")? {
-            None => Algorithm::SlidingLog,
-            Some(text) => text
-                .parse()
-                .map_err(|error| BadSetting::new("ALGORITHM", error))?,
-        };
+        // Unset: the policy's own (the sliding log, or the fixed window of
+        // a calendar quota such as "1000000/month").
+        let algorithm = var("ALGORITHM")?
+            .map(|text| {
+                text.parse::<Algorithm>()
+                    .map_err(|error| BadSetting::new("ALGORITHM", error))
+            })
+            .transpose()?;
         let execution = var("EXECUTION")?
             .map(|text| {
                 text.parse::<Execution>()
@@ -110,9 +112,12 @@ impl Settings {
             .transpose()?;
         let policy = policy
             .map(|policy| {
-                let policy = policy
-                    .with_algorithm(algorithm)
-                    .map_err(|error| BadSetting::new("ALGORITHM", error))?;
+                let policy = match algorithm {
+                    Some(algorithm) => policy
+                        .with_algorithm(algorithm)
+                        .map_err(|error| BadSetting::new("ALGORITHM", error))?,
+                    None => policy,
+                };
                 match execution {
                     // Refused for an algorithm other than the sliding log,
                     // as a rule's `execution` is.

@@ -120,9 +120,9 @@ impl<K> RateLimitLayer<K> {
 
     /// The estimate of a request's cost, from its parts (`None`: the
     /// policy's cost), for a layer that [settles](Self::with_settlement)
-    /// the real cost after the response. An estimate above the policy's
-    /// smallest max, or above [`MAX_COST`](crate::policy::MAX_COST), is
-    /// lowered to it (the settlement charges the rest).
+    /// the real cost after the response. An estimate above the largest
+    /// cost the policy counts ([`Policy::max_cost`]) is lowered to it (the
+    /// settlement charges the rest).
     #[must_use]
     pub fn with_estimate(
         self,

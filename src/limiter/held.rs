@@ -299,10 +299,9 @@ fn lends(taken: &Policy, policy: &Policy) -> bool {
             && taken.execution() == policy.execution()
             && taken.rates().len() == policy.rates().len()
             && policy.rates().iter().all(|q| {
-                taken
-                    .rates()
-                    .iter()
-                    .any(|p| p.window() == q.window() && p.max() <= q.max())
+                taken.rates().iter().any(|p| {
+                    p.window() == q.window() && p.calendar() == q.calendar() && p.max() <= q.max()
+                })
             })
 }
 

@@ -124,13 +124,10 @@ impl LocalQuota {
                 "a local quota with a minimum spacing (local units would not be spaced)",
             ));
         }
-        // Whole requests at the policy's cost, at most the smallest max.
+        // Whole requests at the policy's cost, a batch at most the largest
+        // cost the policy counts.
         let cost = policy.cost();
-        let smallest = policy.rates().iter().map(|r| r.max()).min().unwrap_or(1);
-        let requests = self
-            .batch
-            .min(smallest / cost)
-            .min(crate::policy::MAX_COST / cost);
+        let requests = self.batch.min(policy.max_cost() / cost);
         if requests < 2 {
             return Err(PolicyError::Invalid {
                 input: policy.to_string(),
@@ -155,6 +152,14 @@ impl FromStr for LocalQuota {
                      such as \"100/250ms\""
                 .to_owned(),
         })?;
+        if rate.calendar().is_some() {
+            return Err(PolicyError::Invalid {
+                input: s.trim().to_owned(),
+                reason: "a local quota holds its units for a duration (\"100/250ms\"), \
+                         not a calendar period"
+                    .to_owned(),
+            });
+        }
         Self::new(rate.max(), rate.window())
     }
 }

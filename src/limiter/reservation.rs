@@ -80,10 +80,10 @@ impl Limiter {
     /// Check `key` at an `estimate` of its cost, to [`settle`](Reservation::settle)
     /// the real cost once it is known: the difference is charged (even
     /// past the max: the key waits until the excess drained) or given
-    /// back, atomically in the store. An estimate above the policy's
-    /// smallest max is lowered to it (it could never be admitted), and
-    /// one above [`MAX_COST`](crate::policy::MAX_COST) to that: the
-    /// settlement charges the rest.
+    /// back, atomically in the store. An estimate above the largest cost
+    /// the policy counts ([`Policy::max_cost`]: its smallest max, and
+    /// [`MAX_COST`](crate::policy::MAX_COST) under the sliding log) is
+    /// lowered to it; the settlement charges the rest.
     ///
     /// ```
     /// use tower_redis_ratelimit::{Limiter, MemoryStore, Policy};
@@ -102,7 +102,7 @@ impl Limiter {
     /// # Errors
     /// A concurrency limit (a slot is a request in flight, not a cost:
     /// [`PolicyError::Unsupported`]), an estimate of 0, or a store failure
-    /// under [`FailMode::Closed`](crate::FailMode::Closed).
+    /// under [`FailMode::Closed`].
     pub async fn reserve(&self, key: &str, estimate: u64) -> Result<Reservation, LimitError> {
         let (policy, estimate) = self.estimated(estimate)?;
         let at = Instant::now();
@@ -125,8 +125,7 @@ impl Limiter {
     pub(crate) fn estimated(&self, estimate: u64) -> Result<(Arc<Policy>, u64), PolicyError> {
         let policy = &self.inner.policy;
         settleable(policy)?;
-        let smallest = policy.rates().iter().map(|r| r.max()).min().unwrap_or(1);
-        let estimate = estimate.min(smallest).min(crate::policy::MAX_COST);
+        let estimate = estimate.min(policy.max_cost());
         if estimate == policy.cost() {
             return Ok((Arc::clone(policy), estimate));
         }

@@ -89,8 +89,10 @@ pub enum PolicyError {
         /// The spacing given.
         spacing: Duration,
     },
-    /// A cost above [`MAX_COST`](crate::policy::MAX_COST).
-    #[error("cost {cost} is too large: at most 10000 (the sliding log keeps one entry per unit)")]
+    /// A sliding log's cost above [`MAX_COST`](crate::policy::MAX_COST).
+    #[error(
+        "cost {cost} is too large for the sliding log: at most 10000 (it keeps one entry per unit; the other algorithms count any cost up to the max)"
+    )]
     CostTooLarge {
         /// The cost given.
         cost: u64,

@@ -19,8 +19,9 @@ pub const MIN_WINDOW: Duration = Duration::from_millis(1);
 /// numbers hold exactly.
 pub const MAX_MAX: u64 = 1 << 53;
 
-/// The largest cost of one request: the sliding log stores one entry per
-/// unit of cost.
+/// The largest cost of one request under the sliding log, which stores one
+/// entry per unit of cost. (Under the other counting algorithms a cost is
+/// bounded only by the smallest max: see [`Policy::max_cost`].)
 pub const MAX_COST: u64 = 10_000;
 
 mod algorithm;
@@ -277,6 +278,9 @@ impl Policy {
         {
             return unsupported(CALENDAR_ONLY_FOR_FIXED_WINDOWS);
         }
+        if self.algorithm == Algorithm::SlidingLog && self.cost > MAX_COST {
+            return Err(PolicyError::CostTooLarge { cost: self.cost });
+        }
         if self.min_spacing.is_some() && self.algorithm != Algorithm::SlidingLog {
             return unsupported(
                 "a minimum spacing (only the sliding log keeps the last request's time)",
@@ -291,6 +295,18 @@ impl Policy {
             }
         }
         Ok(())
+    }
+
+    /// The largest cost one request may have under this policy: its
+    /// smallest max, and at most [`MAX_COST`] under the sliding log (one
+    /// entry per unit).
+    pub fn max_cost(&self) -> u64 {
+        let smallest = self.rates.iter().map(|r| r.max).min().unwrap_or(1);
+        if self.algorithm == Algorithm::SlidingLog {
+            smallest.min(MAX_COST)
+        } else {
+            smallest
+        }
     }
 
     /// Require at least `spacing` between two admitted requests of one key
@@ -311,14 +327,11 @@ impl Policy {
     /// Count every request as `cost` requests (default 1).
     ///
     /// # Errors
-    /// A zero cost, a cost above [`MAX_COST`], or a cost above the `max` of
-    /// some rate (no request could ever be admitted).
+    /// A zero cost, a cost above the `max` of some rate (no request could
+    /// ever be admitted), or, under the sliding log, above [`MAX_COST`].
     pub fn with_cost(mut self, cost: u64) -> Result<Self, PolicyError> {
         if cost == 0 {
             return Err(PolicyError::ZeroCost);
-        }
-        if cost > MAX_COST {
-            return Err(PolicyError::CostTooLarge { cost });
         }
         if let Some(rate) = self.rates.iter().find(|r| r.max < cost) {
             return Err(PolicyError::CostAboveMax { cost, rate: *rate });

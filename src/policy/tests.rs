@@ -74,10 +74,20 @@ fn cost_is_validated_against_every_rate() {
         "{err}"
     );
     assert_eq!(p.with_cost(3).unwrap().cost(), 3);
+    // The sliding log keeps one entry per unit: at most MAX_COST; the
+    // other algorithms count any cost up to the smallest max.
     let big: Policy = "20000/s".parse().unwrap();
     assert!(matches!(
-        big.with_cost(10_001),
+        big.clone().with_cost(10_001),
         Err(PolicyError::CostTooLarge { .. })
+    ));
+    assert_eq!(big.max_cost(), 10_000);
+    let gcra = big.gcra().unwrap();
+    assert_eq!(gcra.max_cost(), 20_000);
+    let costly = gcra.with_cost(15_000).unwrap();
+    assert!(matches!(
+        costly.with_algorithm(crate::Algorithm::SlidingLog),
+        Err(PolicyError::CostTooLarge { cost: 15_000 })
     ));
 }
 

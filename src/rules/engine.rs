@@ -305,9 +305,7 @@ impl ActiveRules {
                 // A concurrency slot is one request, whatever it costs.
                 Some(_) if policy.algorithm() == Algorithm::Concurrency => policy.cost(),
                 Some(0) => continue,
-                Some(cost) => cost
-                    .min(policy.rates().iter().map(|r| r.max()).min().unwrap_or(1))
-                    .min(crate::policy::MAX_COST),
+                Some(cost) => cost.min(policy.max_cost()),
             };
             planned.push(Planned {
                 rule: rule.shared_name(),

@@ -446,6 +446,34 @@ fn headers_choose_the_rate_limit_fields() {
     }
 }
 
+/// A calendar quota in `RATE_LIMIT` counts with the fixed window it needs
+/// when `ALGORITHM` is unset, and an algorithm that cannot count it is
+/// refused by name.
+#[test]
+fn a_calendar_quota_runs_from_rate_limit() {
+    let server = Server::start(&[("RATE_LIMIT", "2/month")]);
+    let (status, headers) = server.get("/", &[]);
+    assert_eq!(status, 200, "{headers:?}");
+    assert!(
+        headers
+            .iter()
+            .any(|(n, v)| n == "x-ratelimit-limit" && v == "2"),
+        "{headers:?}"
+    );
+    assert_eq!(server.get("/", &[]).0, 200);
+    let (status, headers) = server.get("/", &[]);
+    assert_eq!(status, 429);
+    let retry: u64 = headers
+        .iter()
+        .find(|(n, _)| n == "retry-after")
+        .map(|(_, v)| v.parse().unwrap())
+        .unwrap();
+    assert!(retry > 0 && retry <= 31 * 86_400, "{retry}");
+    let (code, stderr) = refused(&[("RATE_LIMIT", "2/month"), ("ALGORITHM", "gcra")]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("ALGORITHM") && stderr.contains("calendar"), "{stderr}");
+}
+
 /// With Redis gone: `closed` answers 503, `fallback:1` limits in process,
 /// `open` admits.
 #[test]

@@ -927,8 +927,10 @@ async fn a_cost_is_bounded_by_the_policy_and_ignored_by_a_concurrency_rule() {
          [[rules]]\nname = \"slots\"\nkey = \"ip\"\npolicy = \"2/1m\"\nalgorithm = \"concurrency\"\n",
     )
     .await;
-    // The cost closure answers for every rule: a content length far past
-    // MAX_COST must not turn into an error, nor reach the concurrency rule.
+    // The cost closure answers for every rule: a content length past
+    // MAX_COST counts whole under GCRA (MAX_COST bounds the sliding log
+    // alone), one past the max is lowered to it; neither reaches the
+    // concurrency rule.
     let layer = RulesLayer::new(rules.clone())
         .with_cost(|_, headers| headers.get("content-length")?.to_str().ok()?.parse().ok());
     let app = app(layer);
@@ -938,13 +940,21 @@ async fn a_cost_is_bounded_by_the_policy_and_ignored_by_a_concurrency_rule() {
     )
     .await;
     assert_eq!(response.status(), StatusCode::OK, "{body}");
-    let big = request_with("/", "10.0.0.1", &[("content-length", "20000000")]);
+    let big = request_with("/", "10.0.0.1", &[("content-length", "20000")]);
     let (response, body) = send(&app, big).await;
     assert_eq!(response.status(), StatusCode::OK, "{body}");
     assert_eq!(
         remaining(&rules, "bytes", None, "10.0.0.1").await,
-        1_000_000 - tower_redis_ratelimit::policy::MAX_COST,
-        "lowered to MAX_COST"
+        1_000_000 - 20_000,
+        "counted whole"
+    );
+    let huge = request_with("/", "10.0.0.2", &[("content-length", "20000000")]);
+    let (response, body) = send(&app, huge).await;
+    assert_eq!(response.status(), StatusCode::OK, "{body}");
+    assert_eq!(
+        remaining(&rules, "bytes", None, "10.0.0.2").await,
+        0,
+        "lowered to the max"
     );
     // The concurrency slots were held one per request and given back.
     assert_eq!(remaining(&rules, "slots", None, "10.0.0.1").await, 2);

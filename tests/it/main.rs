@@ -43,6 +43,7 @@ mod rules;
 mod rules_faults;
 mod sentinel;
 mod settlement;
+mod settlement_faults;
 mod sliding_log;
 mod sliding_window;
 mod store_adversarial;

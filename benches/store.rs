@@ -8,15 +8,18 @@
 //! BENCH_REDIS_URL=redis://127.0.0.1:6379 cargo bench --bench store -- store
 //! BENCH_REDIS_URL=redis://127.0.0.1:6379 cargo bench --bench store -- ceiling-transaction
 //! BENCH_REDIS_URL=redis://127.0.0.1:6379 cargo bench --bench store -- memory
+//! BENCH_REDIS_URL=redis://127.0.0.1:6379 cargo bench --bench store -- settle
 //! ```
 //!
-//! Every measurement prints one line `RESULT <name> <value>`.
+//! Every measurement prints one line `RESULT <name> <value>`; the `settle`
+//! mode also prints `CLIENT_CPU <name> <µs>`, this process's CPU per
+//! decision.
 //!
 //! Settings (environment): `BENCH_REDIS_URL` (required), `BENCH_SECONDS`
 //! (each measurement, default 5), `BENCH_CONCURRENCY` (checks in flight,
 //! default 50), `BENCH_KEYS` (distinct keys, default 10,000), `BENCH_BATCHES`
 //! (batches in flight per algorithm, `RedisStore::with_batches`), `BENCH_ONLY`
-//! (run only the store measurements whose name contains it).
+//! (run only the store and settle measurements whose name contains it).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
@@ -28,7 +31,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tower_redis_ratelimit::policy::Execution;
 use tower_redis_ratelimit::store::TrackedManager;
-use tower_redis_ratelimit::{Policy, RedisStore, Store};
+use tower_redis_ratelimit::{Limiter, Policy, RedisStore, Store};
 
 /// A limit no key of the run reaches: every check is admitted and writes.
 const GENEROUS: &str = "1000000/s";
@@ -77,8 +80,9 @@ async fn main() {
         "ceiling-transaction" => ceiling_transaction(&settings).await,
         "ceiling-script" => ceiling_script(&settings).await,
         "memory" => memory(&settings).await,
+        "settle" => settle(&settings).await,
         other => panic!(
-            "unknown mode {other:?}: use store, ceiling-transaction, ceiling-script or memory"
+            "unknown mode {other:?}: use store, ceiling-transaction, ceiling-script, memory or settle"
         ),
     }
 }
@@ -319,6 +323,90 @@ async fn decisions_per_second(settings: &Settings, store: RedisStore, policy: Po
         }
     })
     .await
+}
+
+/// The estimate a settled request reserves, which is also the cost of
+/// the plain check beside it (the same policy): the sliding log writes an
+/// entry per unit.
+const ESTIMATE: u64 = 10;
+
+/// Per decision: a plain `Limiter::check` (`None`), or `reserve` of
+/// [`ESTIMATE`] then `settle` at the real cost given.
+const SETTLES: [(&str, Option<u64>); 4] = [
+    ("check", None),
+    // Nothing sent after the check.
+    ("as-estimated", Some(ESTIMATE)),
+    // A penalty of 5.
+    ("up", Some(ESTIMATE + 5)),
+    // A refund of 5.
+    ("down", Some(ESTIMATE - 5)),
+];
+
+/// A cost settled after the response beside a plain check, through the
+/// engine (`Limiter` over `RedisStore::connect`, as the HTTP layer runs
+/// it), for GCRA and both executions of the sliding log: `settle/<algo>/`
+/// followed by a name of [`SETTLES`]. Prints the decisions per second and
+/// this process's CPU per decision (the client's time).
+async fn settle(settings: &Settings) {
+    let store = RedisStore::connect(&settings.url).await.unwrap();
+    let algorithms = ["gcra", "sliding-log/transaction", "sliding-log/script"];
+    for (algo, policy) in policies()
+        .into_iter()
+        .filter(|(name, _)| algorithms.contains(name))
+    {
+        let policy = policy.with_cost(ESTIMATE).unwrap();
+        for (variant, cost) in SETTLES {
+            let name = format!("settle/{algo}/{variant}");
+            if settings
+                .only
+                .as_ref()
+                .is_some_and(|only| !name.contains(only))
+            {
+                continue;
+            }
+            let limiter = Limiter::new(store.clone(), policy.clone()).with_name(algo);
+            let decide = move |k: u64| {
+                let limiter = limiter.clone();
+                async move {
+                    let key = format!("k{k}");
+                    let allowed = match cost {
+                        None => limiter.check(&key).await.unwrap().allowed(),
+                        Some(cost) => {
+                            let reservation = limiter.reserve(&key, ESTIMATE).await.unwrap();
+                            let allowed = reservation.allowed();
+                            reservation.settle(cost).await.unwrap();
+                            allowed
+                        }
+                    };
+                    assert!(allowed, "the bench's limit was reached");
+                }
+            };
+            // Warm up: scripts loaded, clock measured, connections open.
+            for i in 0..200 {
+                decide(i).await;
+            }
+            let (cpu, started) = (cpu_seconds(), Instant::now());
+            let rate = run_for(settings, decide).await;
+            let decisions = rate * started.elapsed().as_secs_f64();
+            println!("RESULT {name} {rate:.0}");
+            if let (Some(before), Some(after)) = (cpu, cpu_seconds()) {
+                let micros = (after - before) * 1e6 / decisions;
+                println!("CLIENT_CPU {name} {micros:.2}");
+            }
+        }
+    }
+}
+
+/// This process's CPU time so far (user + system, every thread), from
+/// `/proc/self/stat` (Linux; in clock ticks of 1/100 s, the `USER_HZ` of
+/// every Linux architecture).
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // After the command name in parentheses: state, then fields 4 to 52;
+    // utime and stime are fields 14 and 15.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
 }
 
 /// `settings.concurrency` tasks each running `check` of random keys of

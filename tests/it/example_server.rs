@@ -471,7 +471,10 @@ fn a_calendar_quota_runs_from_rate_limit() {
     assert!(retry > 0 && retry <= 31 * 86_400, "{retry}");
     let (code, stderr) = refused(&[("RATE_LIMIT", "2/month"), ("ALGORITHM", "gcra")]);
     assert_eq!(code, Some(2), "{stderr}");
-    assert!(stderr.contains("ALGORITHM") && stderr.contains("calendar"), "{stderr}");
+    assert!(
+        stderr.contains("ALGORITHM") && stderr.contains("calendar"),
+        "{stderr}"
+    );
 }
 
 /// With Redis gone: `closed` answers 503, `fallback:1` limits in process,

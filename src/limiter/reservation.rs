@@ -89,12 +89,13 @@ impl Limiter {
     /// use tower_redis_ratelimit::{Limiter, MemoryStore, Policy};
     ///
     /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-    /// let tokens = Limiter::new(MemoryStore::new(), "10000/min".parse::<Policy>()?.gcra()?);
+    /// let tokens = Limiter::new(MemoryStore::new(), "10000/h".parse::<Policy>()?.gcra()?);
     /// let reservation = tokens.reserve("customer-42", 1000).await?;
     /// assert!(reservation.allowed());
     /// // ... call the model; it reports 1,250 tokens ...
     /// reservation.settle(1250).await?;
-    /// assert_eq!(tokens.peek("customer-42").await?.remaining(), 10000 - 1250);
+    /// // 1,250 spent: a peek says what one more unit would leave.
+    /// assert_eq!(tokens.peek("customer-42").await?.remaining(), 10000 - 1250 - 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```

@@ -128,6 +128,23 @@ impl Limiter {
         self.counted(self.raw_key(key), verdict)
     }
 
+    /// The check of `key` (as held) in `memory`, this limiter's store,
+    /// under the limiter's policy: what [`begin`](Self::begin) and
+    /// [`finish`](Self::finish) do for a store that decides in process,
+    /// without the breaker (a `MemoryStore` never fails) or the deny cache
+    /// (it holds no denial final).
+    pub(super) fn decide_in_memory(
+        &self,
+        memory: &crate::store::MemoryStore,
+        key: String,
+    ) -> Result<Verdict, LimitError> {
+        let key = self.store_key(key);
+        let policy = &self.inner.policy;
+        let decision = memory.check_now(&key, policy);
+        let verdict = self.stored(&key, policy, decision, None);
+        self.counted(self.raw_key(&key), Ok(verdict))
+    }
+
     /// The verdict of the store's `decision`; a denial held in the deny
     /// cache.
     fn stored(
@@ -245,5 +262,106 @@ impl std::future::Future for Check {
                 "a check polled after it completed".into(),
             )))
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::time::Duration;
+
+    use crate::clock::ManualClock;
+    use crate::decision::{Decision, Lease};
+    use crate::limiter::Limiter;
+    use crate::policy::Policy;
+    use crate::store::{Command, MemoryStore, Store, StoreError};
+
+    /// A `MemoryStore` the limiter does not recognise: its checks take the
+    /// general path (breaker, deny cache, a dynamic call).
+    struct Wrapped(MemoryStore);
+
+    impl Store for Wrapped {
+        async fn check(&self, key: &str, policy: &Policy) -> Result<Decision, StoreError> {
+            self.0.check(key, policy).await
+        }
+
+        fn check_in_process(&self, key: &str, policy: &Policy) -> Option<Decision> {
+            self.0.check_in_process(key, policy)
+        }
+
+        async fn command(
+            &self,
+            key: &str,
+            policy: &Policy,
+            command: Command,
+        ) -> Result<Decision, StoreError> {
+            self.0.command(key, policy, command).await
+        }
+
+        async fn release(
+            &self,
+            key: &str,
+            policy: &Policy,
+            lease: Lease,
+        ) -> Result<(), StoreError> {
+            self.0.release(key, policy, lease).await
+        }
+    }
+
+    /// A limiter over a `MemoryStore` decides in process without the
+    /// breaker or the deny cache: the same verdicts, the same state and
+    /// the same metrics source as the general path, for every algorithm.
+    #[tokio::test]
+    async fn the_memory_path_takes_the_general_paths_decisions() {
+        let policies = [
+            "3/s".parse::<Policy>().unwrap(),
+            "3/s".parse::<Policy>().unwrap().gcra().unwrap(),
+            "3/s".parse::<Policy>().unwrap().fixed_window().unwrap(),
+            "3/s".parse::<Policy>().unwrap().sliding_window().unwrap(),
+            "2/s, 5/min".parse::<Policy>().unwrap().gcra().unwrap(),
+            "6/s".parse::<Policy>().unwrap().with_cost(2).unwrap(),
+            "2/day".parse::<Policy>().unwrap(),
+            Policy::concurrency(2).unwrap(),
+        ];
+        for policy in policies {
+            let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
+            let fast = Limiter::new(MemoryStore::with_clock(clock.clone()), policy.clone());
+            let general = Limiter::new(
+                Wrapped(MemoryStore::with_clock(clock.clone())),
+                policy.clone(),
+            );
+            assert!(fast.inner.memory.is_some() && general.inner.memory.is_none());
+            let mut held = Vec::new();
+            for step in 0..60u64 {
+                let key = format!("k{}", step % 3);
+                if step % 17 == 5 {
+                    fast.block(&key, Duration::from_millis(300)).await.unwrap();
+                    general
+                        .block(&key, Duration::from_millis(300))
+                        .await
+                        .unwrap();
+                }
+                let a = fast.check_owned(key.clone()).now().unwrap().unwrap();
+                let b = general.check_owned(key.clone()).now().unwrap().unwrap();
+                assert_eq!(a.decision(), b.decision(), "{policy} step {step}");
+                assert_eq!(a.decided_by(), b.decided_by(), "{policy} step {step}");
+                let (a, b) = (a.into_permit(), b.into_permit());
+                assert_eq!(a.is_some(), b.is_some(), "{policy} step {step}");
+                if step % 2 == 0 {
+                    held.push((a, b));
+                } else {
+                    held.clear();
+                }
+                clock.advance(Duration::from_millis(70));
+            }
+            for key in ["k0", "k1", "k2"] {
+                assert_eq!(
+                    fast.peek(key).await.unwrap(),
+                    general.peek(key).await.unwrap(),
+                    "{policy} {key}"
+                );
+            }
+        }
     }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::decision::Decision;
 use crate::metrics::{Decider, Outcome};
 use crate::policy::{Policy, PolicyError};
-use crate::store::{Command, DynStore, Store, StoreError, bounded_key};
+use crate::store::{Command, DynStore, MemoryStore, Store, StoreError, bounded_key};
 
 mod breaker;
 mod check;
@@ -65,6 +65,10 @@ pub struct Limiter {
 #[derive(Clone)]
 struct Inner {
     store: Arc<dyn DynStore>,
+    /// The store, when it is the crate's [`MemoryStore`]: it decides in
+    /// process and never fails, so its checks need no breaker, no deny
+    /// cache (it never holds a denial final) and no dynamic call.
+    memory: Option<MemoryStore>,
     policy: Arc<Policy>,
     /// Namespaces the keys of this limiter in the store.
     name: Arc<str>,
@@ -97,9 +101,13 @@ impl Limiter {
     pub fn new<St: Store>(store: St, policy: Policy) -> Self {
         let name: Arc<str> = Arc::from(default_name(&policy));
         let registry = Arc::new(top::Registry::default());
+        let memory = (&store as &dyn std::any::Any)
+            .downcast_ref::<MemoryStore>()
+            .cloned();
         Self {
             inner: Arc::new(Inner {
                 store: Arc::new(store),
+                memory,
                 policy: Arc::new(policy),
                 denials: registry.of(&name),
                 name,
@@ -313,10 +321,13 @@ impl Limiter {
             return Check::done(Ok(Verdict::unlimited(DecidedBy::AllowedKey)));
         }
         let key = limited(key);
-        if policy.is_none()
-            && let Some(local) = &self.inner.local
-        {
-            return local.check(self, key);
+        if policy.is_none() {
+            if let Some(local) = &self.inner.local {
+                return local.check(self, key);
+            }
+            if let Some(memory) = &self.inner.memory {
+                return Check::done(self.decide_in_memory(memory, key));
+            }
         }
         self.start_in_store(key, policy)
     }

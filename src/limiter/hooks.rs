@@ -26,6 +26,11 @@ impl Limiter {
         if !self.inner.counted {
             return verdict;
         }
+        // Without the metrics, only a denial is recorded (among the most
+        // denied keys).
+        if !cfg!(feature = "metrics") && verdict.as_ref().is_ok_and(Verdict::allowed) {
+            return verdict;
+        }
         let (outcome, decider) = classify(&verdict);
         crate::metrics::decision(&self.inner.name, outcome, decider);
         if matches!(outcome, Outcome::Denied | Outcome::Blocked) {

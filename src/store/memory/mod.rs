@@ -5,7 +5,6 @@ use compact_str::CompactString;
 use hashbrown::HashTable;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 
 use crate::algorithm::{self, concurrency};
@@ -71,7 +70,6 @@ struct Inner {
     hasher: RandomState,
     shards: Box<[Padded]>,
     max_keys_per_shard: usize,
-    leases: AtomicU64,
 }
 
 /// A shard on cache lines of its own, so that threads working on two
@@ -94,6 +92,20 @@ struct Shard {
     inserts_since_sweep: u64,
     /// Operations on this shard, for the sweep.
     ops: u64,
+    /// Concurrency leases taken in this shard so far: a lease's id is the
+    /// shard's index and this count, unique in the store, and taken under
+    /// the shard's lock (two threads share no counter).
+    leases: u64,
+}
+
+impl Shard {
+    /// The ids of `n` new leases of shard `index`: consecutive, never
+    /// given before by this store.
+    fn take_leases(&mut self, index: usize, n: u64) -> u128 {
+        let first = self.leases;
+        self.leases += n;
+        ((index as u128) << 64) | u128::from(first)
+    }
 }
 
 #[derive(Debug)]
@@ -145,7 +157,6 @@ impl MemoryStore {
                 hasher: RandomState::new(),
                 shards,
                 max_keys_per_shard: max_keys.div_ceil(SHARDS).max(1),
-                leases: AtomicU64::new(0),
             }),
         }
     }
@@ -204,13 +215,6 @@ impl MemoryStore {
         let key = bounded_key(key);
         let key = key.as_ref();
         let now = self.now();
-        // Only a concurrency check takes a lease: the others share no
-        // counter between threads.
-        let lease = Lease::new(if policy.algorithm() == Algorithm::Concurrency {
-            u128::from(self.inner.leases.fetch_add(1, Ordering::Relaxed))
-        } else {
-            0
-        });
         let algorithm = policy.algorithm().index();
         let (hash, index) = self.locate(key);
         let mut shard = self.lock(index);
@@ -228,6 +232,12 @@ impl MemoryStore {
         {
             return blocked;
         }
+        // Only a concurrency check takes a lease.
+        let lease = Lease::new(if policy.algorithm() == Algorithm::Concurrency {
+            shard.take_leases(index, 1)
+        } else {
+            0
+        });
         if let Some(entry) = shard.keys[algorithm].find_mut(hash, |e| &*e.key == key) {
             let (decision, expires_at) = entry.state.check(now, policy, lease);
             entry.expires_at = expires_at;
@@ -288,7 +298,7 @@ impl MemoryStore {
                 {
                     // Ids no request holds, for the anonymous slots.
                     let n = concurrency::penalty_slots(policy, units);
-                    u128::from(self.inner.leases.fetch_add(n, Ordering::Relaxed))
+                    shard.take_leases(index, n)
                 } else {
                     0
                 };

@@ -139,8 +139,14 @@ where
         shared: &Arc<Shared>,
         key: String,
     ) -> Self {
-        let (request, estimate) = shared.estimated(request);
-        let estimate = estimate.map(|policy| (policy, Instant::now()));
+        // Only a layer that settles costs estimates them (the request is
+        // not moved otherwise).
+        let (request, estimate) = if shared.settlement.is_some() {
+            let (request, policy) = shared.estimated(request);
+            (request, policy.map(|policy| (policy, Instant::now())))
+        } else {
+            (request, None)
+        };
         let kept = (shared.rendering.keeps_keys() || estimate.is_some()).then(|| key.clone());
         let mut check = check(shared, key, estimate.as_ref());
         let step = match check.now() {
@@ -212,7 +218,9 @@ fn check(shared: &Shared, key: String, estimate: Option<&(Arc<Policy>, Instant)>
 
 /// An admitted request's cost to settle after its response, and where the
 /// real cost comes from (`None`: nothing to settle).
-type Settling = Option<(Unsettled, Arc<Settlement>)>;
+/// (Boxed: most layers settle nothing, and the future of every request
+/// carries this field.)
+type Settling = Option<Box<(Unsettled, Arc<Settlement>)>>;
 
 /// What settles the cost of a request admitted with `decision` by
 /// `decided_by`, when the layer settles costs.
@@ -229,7 +237,7 @@ fn unsettled(
     let unsettled = shared
         .deciding
         .unsettled(key, policy, decided_by, decision, at)?;
-    Some((unsettled, settlement))
+    Some(Box::new((unsettled, settlement)))
 }
 
 /// What to do after a verdict. (Unboxed: it moves once per request.)
@@ -427,7 +435,8 @@ where
                     let permit = permit.take();
                     // Settled now when the response gives the cost, else
                     // when its body ends.
-                    let meter = unsettled.take().and_then(|(unsettled, settlement)| {
+                    let meter = unsettled.take().and_then(|settling| {
+                        let (unsettled, settlement) = *settling;
                         settlement.at_response(vec![unsettled], &mut response)
                     });
                     return Poll::Ready(Ok(response.map(|body| {

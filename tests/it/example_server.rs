@@ -156,15 +156,32 @@ impl Server {
     /// `GET path` with `headers`: the status and the response's headers
     /// (names lowercase).
     pub(crate) fn get(&self, path: &str, headers: &[(&str, &str)]) -> (u16, Vec<(String, String)>) {
+        self.send("GET", path, headers, "")
+    }
+
+    /// `method path` with `headers` and `body` on a connection of its own:
+    /// the status and the response's headers (names lowercase).
+    pub(crate) fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> (u16, Vec<(String, String)>) {
         let mut stream = TcpStream::connect(&self.addr).unwrap();
         stream
             .set_read_timeout(Some(Duration::from_secs(10)))
             .unwrap();
-        let mut request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
+        let mut request =
+            format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
+        if !body.is_empty() {
+            request.push_str(&format!("Content-Length: {}\r\n", body.len()));
+        }
         for (name, value) in headers {
             request.push_str(&format!("{name}: {value}\r\n"));
         }
         request.push_str("\r\n");
+        request.push_str(body);
         stream.write_all(request.as_bytes()).unwrap();
         let mut response = String::new();
         stream.read_to_string(&mut response).unwrap();
@@ -992,43 +1009,6 @@ fn the_example_rules_and_limiter_never_share_a_count() {
     );
 }
 
-/// `POST path` with `headers` and `body`: the status and the response's
-/// headers (names lowercase).
-fn post(
-    server: &Server,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> (u16, Vec<(String, String)>) {
-    let mut stream = TcpStream::connect(&server.addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let mut request = format!(
-        "POST {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str("\r\n");
-    request.push_str(body);
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let mut lines = response.split("\r\n\r\n").next().unwrap().lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|s| s.parse().ok())
-        .unwrap();
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    (status, headers)
-}
-
 /// The example rules' `tokens` rule, loaded from `examples/rules.toml`:
 /// a call is admitted against its cost (500) and charged the tokens the
 /// demo upstream (`POST /completions`) reports in `x-usage-tokens`, which
@@ -1073,8 +1053,8 @@ fn the_example_rules_settle_a_metered_call_from_its_usage_header() {
     let words = |n: usize| vec!["token"; n].join(" ");
 
     // 120 used: 380 of the estimate given back.
-    let (status, headers) = post(
-        &server,
+    let (status, headers) = server.send(
+        "POST",
         "/completions",
         &[("x-api-key", "key-1")],
         &words(120),
@@ -1086,8 +1066,8 @@ fn the_example_rules_settle_a_metered_call_from_its_usage_header() {
     );
     settles_to(120);
     // 800 used: 300 charged on top of the estimate.
-    let (status, _) = post(
-        &server,
+    let (status, _) = server.send(
+        "POST",
         "/completions",
         &[("x-api-key", "key-1")],
         &words(800),

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::RedisServer;
 use crate::support::http::{ok_router, raw_get};
+use crate::support::units::settles_to;
 use futures_util::StreamExt as _;
 use tonic::metadata::MetadataMap;
 use tonic::transport::Server;
@@ -271,24 +272,6 @@ async fn tokens(server: &RedisServer) -> Limiter {
     Limiter::new(store, policy).with_name("tokens")
 }
 
-/// Wait until the store holds `expected` units left for the global key
-/// (the layer settles in a task once the call's body ended), at most 2 s.
-async fn settles_to(limiter: &Limiter, expected: u64) {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        // A peek answers what a check at the policy's cost would leave.
-        let left = limiter.peek("global").await.unwrap().remaining() + 100;
-        if left == expected {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{left} units left, expected {expected}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// The messages of a watch, and its trailing metadata (or its status, if
 /// it failed).
 async fn watch_to_the_end(addr: SocketAddr) -> (usize, Result<Option<MetadataMap>, Status>) {
@@ -331,7 +314,7 @@ async fn a_server_stream_settles_from_its_trailing_metadata() {
         trailers.get("usage-tokens").is_none(),
         "stripped: {trailers:?}"
     );
-    settles_to(&limiter, 1000 - 42).await;
+    settles_to(&limiter, "global", 1000 - 42).await;
 
     // A stream that fails after 2 answers, its usage in the status's
     // metadata (the trailers too): charged as well.
@@ -346,7 +329,7 @@ async fn a_server_stream_settles_from_its_trailing_metadata() {
     let status = status.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable);
     assert!(status.metadata().get("usage-tokens").is_none(), "stripped");
-    settles_to(&limiter, 1000 - 42 - 7).await;
+    settles_to(&limiter, "global", 1000 - 42 - 7).await;
 
     // A stream that reports nothing: the estimate stands.
     let service = Metered {
@@ -357,7 +340,7 @@ async fn a_server_stream_settles_from_its_trailing_metadata() {
     let addr = metered_server(layer, service).await;
     assert_eq!(watch_to_the_end(addr).await.0, 2);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    settles_to(&limiter, 1000 - 49 - 100).await;
+    settles_to(&limiter, "global", 1000 - 49 - 100).await;
 }
 
 /// A gRPC message on the wire: a flag byte, a 4-byte big-endian length,
@@ -403,7 +386,7 @@ async fn a_server_stream_settles_from_its_messages_when_it_ends() {
     let (messages, trailers) = watch_to_the_end(addr).await;
     assert_eq!(messages, 15);
     assert!(trailers.is_ok());
-    settles_to(&limiter, 1000 - 15).await;
+    settles_to(&limiter, "global", 1000 - 15).await;
     // Fewer frames than messages: the ready ones shared frames, so a
     // meter counting frames would have charged less.
     let frames = frames.load(Ordering::Relaxed);

@@ -26,6 +26,7 @@ use tower_redis_ratelimit::{
 };
 
 use crate::support::RedisServer;
+use crate::support::units::{settles_to, units_left};
 
 const USAGE: HeaderName = HeaderName::from_static("x-usage-tokens");
 
@@ -98,14 +99,6 @@ fn every_algorithm() -> Vec<Policy> {
     ]
 }
 
-/// The units `key` has left (a peek answers what a check of the policy's
-/// cost would leave).
-async fn remaining(limiter: &Limiter, key: &str) -> u64 {
-    let peek = limiter.peek(key).await.unwrap();
-    assert!(peek.allowed(), "{peek:?}");
-    peek.remaining() + limiter.policy().cost()
-}
-
 /// Reserve in one process, settle up and down, read in the other: each
 /// difference lands exactly, once.
 async fn settles_exactly(p: Processes, policy: &Policy) {
@@ -119,7 +112,7 @@ async fn settles_exactly(p: Processes, policy: &Policy) {
     assert!(r.allowed(), "{what}");
     assert_eq!(r.estimate(), 100);
     assert_eq!(
-        remaining(&p.b, "customer").await,
+        units_left(&p.b, "customer").await,
         900,
         "{what}: the estimate counted"
     );
@@ -129,7 +122,7 @@ async fn settles_exactly(p: Processes, policy: &Policy) {
         "{what}: {settled:?}"
     );
     assert_eq!(
-        remaining(&p.b, "customer").await,
+        units_left(&p.b, "customer").await,
         960,
         "{what}: 60 given back"
     );
@@ -140,12 +133,16 @@ async fn settles_exactly(p: Processes, policy: &Policy) {
         matches!(settled, Settled::Charged { units: 250, .. }),
         "{what}: {settled:?}"
     );
-    assert_eq!(remaining(&p.a, "customer").await, 1000 - 40 - 350, "{what}");
+    assert_eq!(
+        units_left(&p.a, "customer").await,
+        1000 - 40 - 350,
+        "{what}"
+    );
 
     let r = p.a.reserve("customer", 100).await.unwrap();
     assert_eq!(r.settle(100).await.unwrap(), Settled::AsEstimated);
     assert_eq!(
-        remaining(&p.b, "customer").await,
+        units_left(&p.b, "customer").await,
         1000 - 40 - 350 - 100,
         "{what}"
     );
@@ -276,7 +273,7 @@ async fn a_window_counter_keeps_what_its_ended_window_counted() {
         // counter's previous window weighs in).
         p.advance(Duration::from_millis(450)).await;
         assert_eq!(r.settle(10).await.unwrap(), Settled::Kept { units: 40 });
-        assert_eq!(remaining(&p.b, "k").await, 100, "{}", policy.algorithm());
+        assert_eq!(units_left(&p.b, "k").await, 100, "{}", policy.algorithm());
     }
 }
 
@@ -384,23 +381,6 @@ async fn get_path(app: &Router, path: &str) -> Response<Bytes> {
     Response::from_parts(parts, body.collect().await.unwrap().to_bytes())
 }
 
-/// Wait until `key`'s remaining quota is `expected` (a settlement runs in
-/// a task after the response), at most a second.
-async fn settles_to(limiter: &Limiter, key: &str, expected: u64) {
-    let deadline = Instant::now() + Duration::from_secs(1);
-    loop {
-        let left = remaining(limiter, key).await;
-        if left == expected {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "remaining {left}, expected {expected}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 fn tokens_layer(limiter: &Limiter, settlement: Settlement) -> RateLimitLayer<key::Global> {
     RateLimitLayer::from_limiter(limiter.clone(), key::global())
         .with_settlement(settlement)
@@ -444,7 +424,10 @@ async fn layer_settles_from_the_response(limiter: Limiter) {
     );
     get_path(&app, "/").await;
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(remaining(&limiter, "global").await, 1000 - 43 - policy_cost);
+    assert_eq!(
+        units_left(&limiter, "global").await,
+        1000 - 43 - policy_cost
+    );
 }
 
 #[tokio::test]
@@ -556,7 +539,7 @@ async fn a_streamed_body_is_settled_when_it_ends_fails_or_is_cut() {
     let response = call(&app, "/", &[]).await;
     drop(response);
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(remaining(&limiter, "global").await, 868);
+    assert_eq!(units_left(&limiter, "global").await, 868);
 }
 
 #[tokio::test]

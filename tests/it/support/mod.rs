@@ -17,6 +17,7 @@ pub mod proxy;
 pub mod rng;
 pub mod sentinel;
 pub mod tls;
+pub mod units;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

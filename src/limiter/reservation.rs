@@ -83,7 +83,10 @@ impl Limiter {
     /// back, atomically in the store. An estimate above the largest cost
     /// the policy counts ([`Policy::max_cost`]: its smallest max, and
     /// [`MAX_COST`](crate::policy::MAX_COST) under the sliding log) is
-    /// lowered to it; the settlement charges the rest.
+    /// lowered to it; the settlement charges the rest. A reservation is
+    /// always checked in the store, never admitted from a
+    /// [local quota](Self::with_local_quota)'s batch (whose unused units
+    /// the batch gives back itself), so its units are given back exactly.
     ///
     /// ```
     /// use tower_redis_ratelimit::{Limiter, MemoryStore, Policy};
@@ -107,7 +110,12 @@ impl Limiter {
     pub async fn reserve(&self, key: &str, estimate: u64) -> Result<Reservation, LimitError> {
         let (policy, estimate) = self.estimated(estimate)?;
         let at = Instant::now();
-        let verdict = self.check_n(key, estimate).await?;
+        // Always in the store, under the estimate's policy (never from a
+        // local quota's batch, whose units are given back by the batch's
+        // own return: a settlement could not give them back exactly).
+        let verdict = self
+            .start(self.owned_key(key), Some(Arc::clone(&policy)))
+            .await?;
         Ok(self.reservation(bounded_key(key).into_owned(), policy, verdict, at))
     }
 

@@ -15,7 +15,7 @@ use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
 use tower::ServiceExt;
 use tower_redis_ratelimit::clock::ManualClock;
-use tower_redis_ratelimit::limiter::{DecidedBy, Settled};
+use tower_redis_ratelimit::limiter::{DecidedBy, LocalQuota, Settled};
 use tower_redis_ratelimit::policy::Execution;
 use tower_redis_ratelimit::response::{ActualCost, BodyPart, Settlement};
 use tower_redis_ratelimit::rules::{RuleSet, Rules, RulesLayer};
@@ -294,6 +294,26 @@ async fn a_key_with_less_left_than_the_estimate_is_denied() {
     let other = p.a.reserve("other", 1_000).await.unwrap();
     assert!(other.allowed());
     assert_eq!(other.estimate(), 100);
+}
+
+/// A reservation is checked in the store even when the limiter admits hot
+/// keys from a local batch: its units are its own, given back exactly.
+#[tokio::test]
+async fn a_reservation_is_checked_in_the_store_beside_a_local_quota() {
+    let policy: Policy = "100/86400s".parse().unwrap();
+    let limiter = Limiter::new(MemoryStore::new(), policy)
+        .with_local_quota(LocalQuota::new(10, Duration::from_secs(60)).unwrap())
+        .unwrap();
+    // A batch of 10 held locally.
+    assert!(limiter.check("k").await.unwrap().allowed());
+    let r = limiter.reserve("k", 1).await.unwrap();
+    assert_eq!(r.verdict().decided_by(), DecidedBy::Store);
+    assert!(matches!(
+        r.settle(0).await.unwrap(),
+        Settled::GivenBack { units: 1, .. }
+    ));
+    // The batch's 10 counted in the store, nothing of the reservation.
+    assert_eq!(units_left(&limiter, "k").await, 90);
 }
 
 #[tokio::test]

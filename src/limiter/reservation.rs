@@ -108,7 +108,7 @@ impl Limiter {
     /// [`PolicyError::Unsupported`]), an estimate of 0, or a store failure
     /// under [`FailMode::Closed`].
     pub async fn reserve(&self, key: &str, estimate: u64) -> Result<Reservation, LimitError> {
-        let (policy, estimate) = self.estimated(estimate)?;
+        let (policy, _) = self.estimated(estimate)?;
         let at = Instant::now();
         // Always in the store, under the estimate's policy (never from a
         // local quota's batch, whose units are given back by the batch's

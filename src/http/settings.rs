@@ -170,13 +170,10 @@ impl Shared {
     fn policy_of(&self, cost: Option<u64>) -> Option<Arc<Policy>> {
         let cost = cost.unwrap_or_else(|| self.limiter.policy().cost());
         match self.deciding.estimated(cost) {
-            Ok((policy, _)) => Some(policy),
+            Ok(policy) => Some(policy),
             Err(error) => {
                 tracing::debug!(%error, "rate limit: an estimate the policy cannot count; checking at its cost");
-                self.deciding
-                    .estimated(self.limiter.policy().cost())
-                    .ok()
-                    .map(|(p, _)| p)
+                self.deciding.estimated(self.limiter.policy().cost()).ok()
             }
         }
     }

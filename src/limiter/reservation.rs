@@ -108,7 +108,7 @@ impl Limiter {
     /// [`PolicyError::Unsupported`]), an estimate of 0, or a store failure
     /// under [`FailMode::Closed`].
     pub async fn reserve(&self, key: &str, estimate: u64) -> Result<Reservation, LimitError> {
-        let (policy, _) = self.estimated(estimate)?;
+        let policy = self.estimated(estimate)?;
         let at = Instant::now();
         // Always in the store, under the estimate's policy (never from a
         // local quota's batch, whose units are given back by the batch's
@@ -129,16 +129,16 @@ impl Limiter {
         }
     }
 
-    /// The policy that counts `estimate` (lowered to the smallest max),
-    /// and the estimate.
-    pub(crate) fn estimated(&self, estimate: u64) -> Result<(Arc<Policy>, u64), PolicyError> {
+    /// The policy that counts `estimate`, lowered to the largest cost the
+    /// policy counts ([`Policy::max_cost`]).
+    pub(crate) fn estimated(&self, estimate: u64) -> Result<Arc<Policy>, PolicyError> {
         let policy = &self.inner.policy;
         settleable(policy)?;
         let estimate = estimate.min(policy.max_cost());
         if estimate == policy.cost() {
-            return Ok((Arc::clone(policy), estimate));
+            return Ok(Arc::clone(policy));
         }
-        Ok((Arc::new((**policy).clone().with_cost(estimate)?), estimate))
+        Ok(Arc::new((**policy).clone().with_cost(estimate)?))
     }
 
     /// The reservation of `verdict`, a check of `key` (as held) under

@@ -154,7 +154,7 @@ impl Admission {
             }
             if c.counting.counts(status) {
                 if let (Some(from), Some(decision)) = (&c.settle, &c.decision)
-                    && let Ok((policy, _)) = c.limiter.estimated(c.cost)
+                    && let Ok(policy) = c.limiter.estimated(c.cost)
                     && let Some(u) = c.limiter.unsettled(
                         bounded_key(&c.key).into_owned(),
                         policy,

@@ -261,16 +261,9 @@ async fn redis_starts_a_new_day_at_a_real_boundary() {
 #[tokio::test]
 async fn redis_decides_calendar_windows_on_its_own_clock() {
     let server = RedisServer::start();
-    let skew = Duration::from_secs(5);
-    let ahead = RedisStore::connect(&server.url())
-        .await
-        .unwrap()
-        .with_clock(SkewedClock::ahead(SystemClock::new(), skew));
-    let behind = RedisStore::connect(&server.url())
-        .await
-        .unwrap()
-        .with_batches(0)
-        .with_clock(SkewedClock::behind(SystemClock::new(), skew));
+    let (ahead, behind) =
+        crate::support::contention::skewed_stores(&server, Duration::from_secs(5)).await;
+    let behind = behind.with_batches(0);
     let (offset, boundary) = offset_with_midnight_in(2);
     let policy: Policy = format!("2/day in {offset}").parse().unwrap();
     assert!(behind.check("k", &policy).await.unwrap().allowed());

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use crate::support::contention::admitted_under_contention;
 use crate::support::faults::SteppingClock;
 use crate::support::{RedisServer, zcard};
-use tower_redis_ratelimit::clock::{SkewedClock, SystemClock};
 use tower_redis_ratelimit::policy::Execution;
 use tower_redis_ratelimit::{Policy, RedisStore, Store, StoreError};
 
@@ -49,15 +48,8 @@ async fn transaction_never_admits_more_than_the_limit_under_contention() {
 #[tokio::test]
 async fn skewed_app_clocks_change_no_decision() {
     let server = RedisServer::start();
-    let skew = Duration::from_secs(5);
-    let ahead = RedisStore::connect(&server.url())
-        .await
-        .unwrap()
-        .with_clock(SkewedClock::ahead(SystemClock::new(), skew));
-    let behind = RedisStore::connect(&server.url())
-        .await
-        .unwrap()
-        .with_clock(SkewedClock::behind(SystemClock::new(), skew));
+    let (ahead, behind) =
+        crate::support::contention::skewed_stores(&server, Duration::from_secs(5)).await;
     let policy: Policy = "3/1s".parse().unwrap();
     assert_eq!(policy.execution(), Execution::Transaction);
 

@@ -25,6 +25,21 @@ pub async fn two_stores(server: &RedisServer) -> [RedisStore; 2] {
     ]
 }
 
+/// Two stores on `server` standing for app servers whose clocks are `skew`
+/// ahead and behind: (ahead, behind).
+pub async fn skewed_stores(server: &RedisServer, skew: Duration) -> (RedisStore, RedisStore) {
+    use tower_redis_ratelimit::clock::{SkewedClock, SystemClock};
+    let ahead = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .with_clock(SkewedClock::ahead(SystemClock::new(), skew));
+    let behind = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .with_clock(SkewedClock::behind(SystemClock::new(), skew));
+    (ahead, behind)
+}
+
 /// [`two_stores`] send `total` checks of `key` under `policy` at once
 /// (tasks released together by a barrier, alternating between the stores);
 /// returns how many were admitted.

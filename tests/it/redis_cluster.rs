@@ -45,7 +45,14 @@ fn exists(node: &support::RedisServer, key: &str) -> bool {
 async fn admits_two_then_denies(store: &RedisStore, key: &str, policy: &Policy) {
     let mut allowed = Vec::new();
     for _ in 0..3 {
-        allowed.push(store.check(key, policy).await.unwrap().allowed());
+        let decision = store.check(key, policy).await.unwrap_or_else(|error| {
+            panic!(
+                "{key} with {:?}/{:?}: {error}",
+                policy.algorithm(),
+                policy.execution()
+            )
+        });
+        allowed.push(decision.allowed());
     }
     assert_eq!(
         allowed,
@@ -87,7 +94,12 @@ async fn keys_spread_over_every_master_and_land_on_their_slot_owner() {
 #[tokio::test]
 async fn every_algorithm_counts_on_every_master() {
     let cluster = RedisCluster::start();
-    let store = RedisStore::connect_cluster(&cluster.urls()).await.unwrap();
+    // What is tested is the count, not the speed: a loaded machine gets
+    // time to load each script on each node.
+    let store = RedisStore::connect_cluster(&cluster.urls())
+        .await
+        .unwrap()
+        .with_timeout(Duration::from_secs(5));
     // Keys until each master owns at least one of them.
     let mut keys: Vec<String> = Vec::new();
     let mut covered = std::collections::HashSet::new();
@@ -170,7 +182,7 @@ async fn ping_asks_every_node() {
     let store = RedisStore::connect_cluster(&cluster.urls())
         .await
         .unwrap()
-        .with_timeout(Duration::from_millis(500));
+        .with_timeout(Duration::from_secs(5));
     store.ping().await.unwrap();
     let gcra = "5/60s"
         .parse::<Policy>()
@@ -190,7 +202,11 @@ async fn ping_asks_every_node() {
     cluster.kill_node(2);
     assert!(store.ping().await.is_err(), "a dead master fails the ping");
     assert!(store.check(&dead_key, &gcra).await.is_err());
-    assert!(store.check(&live_key, &gcra).await.unwrap().allowed());
+    let live = store.check(&live_key, &gcra).await;
+    assert!(
+        live.as_ref().is_ok_and(|decision| decision.allowed()),
+        "a live master still counts: {live:?}"
+    );
 }
 
 #[tokio::test]

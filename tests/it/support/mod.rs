@@ -207,14 +207,21 @@ impl Drop for RedisServer {
 }
 
 /// The arguments of a `redis-server` that is a cluster node.
-pub const CLUSTER_NODE_ARGS: [&str; 6] = [
+pub const CLUSTER_NODE_ARGS: [&str; 8] = [
     "--cluster-enabled",
     "yes",
     // In the server's own directory: one file per node.
     "--cluster-config-file",
     "nodes.conf",
+    // Redis's default. No test waits for a failure to be detected, and a
+    // node a loaded machine leaves unscheduled for a shorter time must not
+    // be marked failed (the cluster would answer CLUSTERDOWN).
     "--cluster-node-timeout",
-    "2000",
+    "15000",
+    // A dead master's slots go unserved, the others' keep counting (a
+    // test kills one).
+    "--cluster-require-full-coverage",
+    "no",
 ];
 
 /// A Redis Cluster of three masters (no replicas), each a `redis-server` on

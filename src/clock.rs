@@ -13,6 +13,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// The current time since the Unix epoch.
     fn now(&self) -> Duration;
+
+    /// [`now`](Self::now) in whole microseconds (rounded down, at most
+    /// `u64::MAX`): what stores decide on. A clock may give it without
+    /// building the `Duration`, as the crate's clocks do; it must agree
+    /// with `now`.
+    fn now_micros(&self) -> u64 {
+        crate::policy::duration_micros(self.now())
+    }
 }
 
 /// The system clock read once, then advanced by the monotonic clock, so it
@@ -26,26 +34,39 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
 /// machine, where that read is a large part of a `MemoryStore` decision.
 #[derive(Debug, Clone, Copy)]
 pub struct SystemClock {
-    anchor_wall: Duration,
-    anchor: quanta::Instant,
+    /// The system time when anchored, in ns since the epoch (a `u64` holds
+    /// ns until the year 2554).
+    anchor_wall: u64,
+    /// The monotonic clock's raw reading then.
+    anchor: u64,
+    monotonic: &'static quanta::Clock,
 }
 
 /// One calibrated clock per process.
 static MONOTONIC: std::sync::OnceLock<quanta::Clock> = std::sync::OnceLock::new();
 
-fn monotonic() -> &'static quanta::Clock {
-    MONOTONIC.get_or_init(quanta::Clock::new)
-}
-
 impl SystemClock {
     /// A clock anchored to the system time now.
     pub fn new() -> Self {
+        let monotonic = MONOTONIC.get_or_init(quanta::Clock::new);
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO);
         Self {
-            anchor_wall: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or(Duration::ZERO),
-            anchor: monotonic().now(),
+            anchor_wall: u64::try_from(wall.as_nanos()).unwrap_or(u64::MAX),
+            anchor: monotonic.raw(),
+            monotonic,
         }
+    }
+
+    /// The time now in ns since the epoch: the anchor and the monotonic
+    /// clock's advance since (never negative).
+    #[inline]
+    fn nanos(&self) -> u64 {
+        let advance = self
+            .monotonic
+            .delta_as_nanos(self.anchor, self.monotonic.raw());
+        self.anchor_wall.saturating_add(advance)
     }
 }
 
@@ -57,7 +78,12 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now(&self) -> Duration {
-        self.anchor_wall + monotonic().now().saturating_duration_since(self.anchor)
+        Duration::from_nanos(self.nanos())
+    }
+
+    #[inline]
+    fn now_micros(&self) -> u64 {
+        self.nanos() / 1_000
     }
 }
 
@@ -105,7 +131,11 @@ impl fmt::Debug for ManualClock {
 
 impl Clock for ManualClock {
     fn now(&self) -> Duration {
-        Duration::from_micros(self.micros.load(Ordering::SeqCst))
+        Duration::from_micros(self.now_micros())
+    }
+
+    fn now_micros(&self) -> u64 {
+        self.micros.load(Ordering::SeqCst)
     }
 }
 
@@ -154,5 +184,28 @@ impl<C: Clock> Clock for SkewedClock<C> {
         } else {
             now.saturating_sub(self.offset)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::duration_micros;
+
+    /// Each clock's `now_micros` is its `now` in whole µs.
+    #[test]
+    fn now_micros_agrees_with_now() {
+        let clock = SystemClock::new();
+        for _ in 0..1_000 {
+            let before = clock.now_micros();
+            let now = duration_micros(clock.now());
+            let after = clock.now_micros();
+            assert!(before <= now && now <= after, "{before} {now} {after}");
+        }
+        let wall = duration_micros(SystemTime::now().duration_since(UNIX_EPOCH).unwrap());
+        assert!(clock.now_micros().abs_diff(wall) < 1_000_000);
+        let manual = ManualClock::new(Duration::from_nanos(1_500_999));
+        assert_eq!(manual.now_micros(), 1_500);
+        assert_eq!(duration_micros(manual.now()), manual.now_micros());
     }
 }

@@ -56,6 +56,9 @@ pub struct Rate {
     pub(super) max: u64,
     /// For a calendar rate, the longest its window can last.
     pub(super) window: Duration,
+    /// `window` in µs, as every decision reads it (kept, not computed from
+    /// the `Duration` on each check).
+    pub(super) micros: u64,
     /// The calendar a calendar rate's windows follow; `None` for a rolling
     /// window.
     pub(super) calendar: Option<Calendar>,
@@ -87,6 +90,7 @@ impl Rate {
         Ok(Self {
             max,
             window,
+            micros: duration_micros(window),
             calendar: None,
         })
     }
@@ -116,9 +120,11 @@ impl Rate {
         if max > MAX_MAX {
             return Err(PolicyError::MaxTooLarge { max });
         }
+        let window = calendar.longest();
         Ok(Self {
             max,
-            window: calendar.longest(),
+            window,
+            micros: duration_micros(window),
             calendar: Some(calendar),
         })
     }
@@ -189,8 +195,9 @@ impl Rate {
         self.calendar
     }
 
+    #[inline]
     pub(crate) fn window_micros(&self) -> u64 {
-        duration_micros(self.window)
+        self.micros
     }
 }
 

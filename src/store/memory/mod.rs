@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 use crate::algorithm::{self, concurrency};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Lease};
-use crate::policy::{Algorithm, Policy, duration_micros};
+use crate::policy::{Algorithm, Policy};
 use crate::store::{Command, State, Store, StoreError, bounded_key};
 
 const SHARDS: usize = 16;
@@ -179,7 +179,7 @@ impl MemoryStore {
     }
 
     fn now(&self) -> u64 {
-        duration_micros(self.inner.clock.now())
+        self.inner.clock.now_micros()
     }
 
     /// The hash of `key`, and the shard it lives in: bits 32 and up, apart

@@ -23,9 +23,41 @@ pub struct Decision {
     blocked: bool,
     /// The index in `rates` of the rate the headline values describe.
     headline: u32,
-    retry_after: Duration,
+    retry_after: Micros,
     rates: Rates,
     held: Held,
+}
+
+/// A time in whole µs, as a decision holds its waits and resets: 8 bytes
+/// where a `Duration` takes 16 (a decision is copied from the store to the
+/// response), and every store computes whole µs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Micros(pub(crate) u64);
+
+impl Micros {
+    pub(crate) const ZERO: Self = Self(0);
+
+    /// `d` in µs, rounded up (a wait is never shortened), at most
+    /// `u64::MAX`.
+    #[cfg(test)]
+    pub(crate) fn of(d: Duration) -> Self {
+        let whole = crate::policy::duration_micros(d);
+        Self(if d.subsec_nanos().is_multiple_of(1_000) {
+            whole
+        } else {
+            whole.saturating_add(1)
+        })
+    }
+
+    #[inline]
+    pub(crate) fn duration(self) -> Duration {
+        Duration::from_micros(self.0)
+    }
+
+    #[inline]
+    pub(crate) fn is_zero(self) -> bool {
+        self.0 == 0
+    }
 }
 
 /// What an admitted check holds or wrote, to give back.
@@ -67,17 +99,32 @@ impl Rates {
 /// [`Store::release`](crate::Store::release) when the response is done.
 /// (What a refund names is a [`RefundId`].)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Lease(u128);
+pub struct Lease(Id);
+
+/// A 128-bit id as two halves: aligned to 8 bytes, where a `u128` would
+/// align (and pad) every decision to 16.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Id([u64; 2]);
+
+impl Id {
+    fn new(id: u128) -> Self {
+        Self([(id >> 64) as u64, id as u64])
+    }
+
+    fn get(self) -> u128 {
+        (u128::from(self.0[0]) << 64) | u128::from(self.0[1])
+    }
+}
 
 impl Lease {
     /// A lease with this id, unique among the leases of its store.
     pub(crate) fn new(id: u128) -> Self {
-        Self(id)
+        Self(Id::new(id))
     }
 
     /// The lease's id.
     pub fn id(self) -> u128 {
-        self.0
+        self.0.get()
     }
 }
 
@@ -85,23 +132,23 @@ impl Lease {
 /// exactly ([`Command::Refund`](crate::store::Command::Refund)): a sliding
 /// log's entries, or a concurrency limit's slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct RefundId(u128);
+pub struct RefundId(Id);
 
 impl RefundId {
     /// A refund id of `id`, as a store gave it.
     pub(crate) fn new(id: u128) -> Self {
-        Self(id)
+        Self(Id::new(id))
     }
 
     /// The id.
     pub fn id(self) -> u128 {
-        self.0
+        self.0.get()
     }
 }
 
 impl From<Lease> for RefundId {
     fn from(lease: Lease) -> Self {
-        Self(lease.id())
+        Self(lease.0)
     }
 }
 
@@ -163,7 +210,9 @@ impl Decision {
 
     /// The same decision `by` later: every wait and reset shortened by it.
     pub(crate) fn aged(&self, by: Duration) -> Self {
-        let age = |d: Duration| d.saturating_sub(by);
+        // Whole µs gone by: a wait is never shortened by more than passed.
+        let by = crate::policy::duration_micros(by);
+        let age = |d: Micros| Micros(d.0.saturating_sub(by));
         let mut aged = self.clone();
         aged.retry_after = age(self.retry_after);
         aged.rates = self.rates.map(|s| RateStatus {
@@ -249,14 +298,14 @@ impl Decision {
     /// Time until the quota of [`rate`](Self::rate) is full again, if no
     /// further request arrives.
     pub fn reset(&self) -> Duration {
-        self.headline().reset
+        self.headline().reset.duration()
     }
 
     /// For a denied request: the time after which the same request, sent
     /// alone, is admitted. Exact for the state the store saw. Zero for an
     /// admitted request.
     pub fn retry_after(&self) -> Duration {
-        self.retry_after
+        self.retry_after.duration()
     }
 }
 
@@ -267,9 +316,9 @@ pub struct RateStatus {
     /// Requests left after this one (if admitted).
     pub(crate) remaining: u64,
     /// Time until this rate's quota is full again.
-    pub(crate) reset: Duration,
+    pub(crate) reset: Micros,
     /// Time until this rate admits the request; zero when it admits it now.
-    pub(crate) wait: Duration,
+    pub(crate) wait: Micros,
 }
 
 impl RateStatus {
@@ -285,12 +334,12 @@ impl RateStatus {
 
     /// Time until this rate's quota is full again.
     pub fn reset(&self) -> Duration {
-        self.reset
+        self.reset.duration()
     }
 
     /// Time until this rate admits the request (zero if it does now).
     pub fn wait(&self) -> Duration {
-        self.wait
+        self.wait.duration()
     }
 }
 
@@ -302,7 +351,7 @@ pub(crate) type RateState = RateStatus;
 pub(crate) struct DecisionBuilder {
     allowed: bool,
     algorithm: Algorithm,
-    retry_after: Duration,
+    retry_after: Micros,
     /// The headline so far (its index among the rates and its state), and
     /// whether it was chosen for denying.
     headline: Option<(u32, RateState, bool)>,
@@ -318,7 +367,7 @@ impl DecisionBuilder {
         Self {
             allowed,
             algorithm: Algorithm::SlidingLog,
-            retry_after: Duration::ZERO,
+            retry_after: Micros::ZERO,
             headline: None,
             first: None,
             rest: Vec::new(),
@@ -334,7 +383,7 @@ impl DecisionBuilder {
 
     /// Add a wait that is not tied to one rate (minimum spacing).
     #[inline]
-    pub(crate) fn wait(&mut self, wait: Duration) {
+    pub(crate) fn wait(&mut self, wait: Micros) {
         if !self.allowed {
             self.retry_after = self.retry_after.max(wait);
         }
@@ -378,7 +427,7 @@ impl DecisionBuilder {
         Decision {
             allowed,
             algorithm,
-            retry_after: if allowed { Duration::ZERO } else { status.wait },
+            retry_after: if allowed { Micros::ZERO } else { status.wait },
             rates: Rates::One(status),
             held: Held::Nothing,
             blocked: false,
@@ -404,7 +453,7 @@ impl DecisionBuilder {
             blocked: false,
             headline,
             retry_after: if self.allowed {
-                Duration::ZERO
+                Micros::ZERO
             } else {
                 self.retry_after
             },
@@ -420,8 +469,8 @@ mod tests {
         RateState {
             rate: Rate::new(max, Duration::from_secs(secs)).unwrap(),
             remaining,
-            reset: Duration::from_millis(reset_ms),
-            wait: Duration::from_millis(wait_ms),
+            reset: Micros(reset_ms * 1_000),
+            wait: Micros(wait_ms * 1_000),
         }
     }
 
@@ -442,7 +491,7 @@ mod tests {
         b.rate(state(3, 1, 0, 900, 400));
         b.rate(state(20, 60, 0, 59_000, 30_000));
         b.rate(state(100, 3600, 50, 3_000_000, 0));
-        b.wait(Duration::from_millis(100));
+        b.wait(Micros(100_000));
         let d = b.build().unwrap();
         assert!(!d.allowed());
         assert_eq!(d.limit(), 20);
@@ -453,7 +502,7 @@ mod tests {
     fn spacing_alone_can_deny() {
         let mut b = DecisionBuilder::new(false);
         b.rate(state(3, 1, 2, 500, 0));
-        b.wait(Duration::from_millis(70));
+        b.wait(Micros(70_000));
         let d = b.build().unwrap();
         assert_eq!(d.retry_after(), Duration::from_millis(70));
         assert_eq!(d.remaining(), 2);

@@ -19,8 +19,11 @@ use std::time::Duration;
 /// and the limiter cannot know when.
 pub const CONCURRENCY_RETRY_CAP: Duration = Duration::from_secs(1);
 
+/// [`CONCURRENCY_RETRY_CAP`] in µs.
+const RETRY_CAP_MICROS: u64 = CONCURRENCY_RETRY_CAP.as_micros() as u64;
+
 use super::built;
-use crate::decision::{Decision, DecisionBuilder, Lease, RateStatus};
+use crate::decision::{Decision, DecisionBuilder, Lease, Micros, RateStatus};
 use crate::policy::{Algorithm, Policy};
 
 /// The leases held: (lease, expiry µs).
@@ -60,10 +63,10 @@ fn decide(held: u64, soonest: impl FnOnce() -> Option<u64>, now: u64, policy: &P
         rate,
         // Saturating: a key checked with a lower max may hold more leases.
         remaining: rate.max().saturating_sub(held + u64::from(allowed)),
-        reset: Duration::ZERO,
+        reset: Micros::ZERO,
         wait: match (allowed, soonest) {
-            (false, Some(expiry)) => Duration::from_micros(expiry - now).min(CONCURRENCY_RETRY_CAP),
-            _ => Duration::ZERO,
+            (false, Some(expiry)) => Micros((expiry - now).min(RETRY_CAP_MICROS)),
+            _ => Micros::ZERO,
         },
     });
     built(builder)

@@ -13,10 +13,8 @@
 //! most [`MAX_UNITS`]; the key then waits for the next window), a reward
 //! takes them off (never below zero).
 
-use std::time::Duration;
-
 use super::{MAX_UNITS, built};
-use crate::decision::{Decision, DecisionBuilder, RateStatus};
+use crate::decision::{Decision, DecisionBuilder, Micros, RateStatus};
 use crate::policy::{Algorithm, Calendar, Policy, Rate};
 
 /// One counter per rate, found by its slot.
@@ -122,9 +120,9 @@ fn status(rate: &Rate, allowed: bool, count: u64, cost: u64, left: u64) -> RateS
     RateStatus {
         rate: *rate,
         remaining: rate.max().saturating_sub(count),
-        reset: Duration::from_micros(if count > 0 { left } else { 0 }),
+        reset: Micros(if count > 0 { left } else { 0 }),
         // The counter starts again at the next window.
-        wait: Duration::from_micros(if denies { left } else { 0 }),
+        wait: Micros(if denies { left } else { 0 }),
     }
 }
 

@@ -23,10 +23,8 @@
 //! a reward moves it to
 //! `max(d, 0) − u·T`, never below zero (a full bucket).
 
-use std::time::Duration;
-
 use super::built;
-use crate::decision::{Decision, DecisionBuilder, RateStatus};
+use crate::decision::{Decision, DecisionBuilder, Micros, RateStatus};
 use crate::policy::{Algorithm, Policy, Rate};
 
 /// Relative tolerance of the admission test and the token count.
@@ -94,7 +92,7 @@ fn status(rate: &Rate, allowed: bool, plan: (f64, f64, f64, f64), kept: f64) -> 
         wait: if denies {
             micros_ceil(new_d - w)
         } else {
-            Duration::ZERO
+            Micros::ZERO
         },
     }
 }
@@ -271,17 +269,18 @@ fn float(x: u64) -> f64 {
     x as i64 as f64
 }
 
-fn micros_ceil(us: f64) -> Duration {
+fn micros_ceil(us: f64) -> Micros {
     if us > 0.0 {
-        Duration::from_micros(ceil_positive(us))
+        Micros(ceil_positive(us))
     } else {
-        Duration::ZERO
+        Micros::ZERO
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// The units a key used are kept across a change of max: lowered, the
     /// key is denied at once; raised again, it gets exactly the difference.

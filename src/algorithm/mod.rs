@@ -21,7 +21,7 @@
 
 use std::time::Duration;
 
-use crate::decision::{Decision, DecisionBuilder, RateStatus};
+use crate::decision::{Decision, DecisionBuilder, Micros, RateStatus};
 use crate::policy::{MAX_MAX, MAX_WINDOW, Policy, duration_micros};
 
 pub(crate) mod concurrency;
@@ -57,7 +57,7 @@ pub(crate) fn block_left(until: u64, now: u64) -> Option<u64> {
 /// denied, nothing remaining, and every rate waits (and resets) when the
 /// block ends.
 pub(crate) fn blocked(policy: &Policy, left: u64) -> Decision {
-    let left = Duration::from_micros(left);
+    let left = Micros(left);
     let mut builder = DecisionBuilder::new(false).algorithm(policy.algorithm());
     for rate in policy.rates() {
         builder.rate(RateStatus {

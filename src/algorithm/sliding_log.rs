@@ -16,12 +16,10 @@
 //! largest `max`, which is all a decision can see, and at most
 //! [`MAX_PENALTY_ENTRIES`]); a reward removes the newest entries.
 
-use std::collections::VecDeque;
-use std::time::Duration;
-
 use super::built;
-use crate::decision::{Decision, DecisionBuilder, RateState, RefundId};
+use crate::decision::{Decision, DecisionBuilder, Micros, RateState, RefundId};
 use crate::policy::{Policy, Rate, duration_micros};
+use std::collections::VecDeque;
 
 /// The entries of one key: timestamps in µs, oldest first, one per unit of cost.
 pub(crate) type State = VecDeque<u64>;
@@ -104,7 +102,7 @@ pub(crate) fn decide(log: &impl Log, policy: &Policy, times: Times) -> Decision 
     }
 
     let mut builder = DecisionBuilder::new(allowed);
-    builder.wait(Duration::from_micros(spacing_wait));
+    builder.wait(Micros(spacing_wait));
     for (i, (rate, &count)) in rates.iter().zip(counts.iter()).enumerate() {
         let window = rate.window_micros();
         let (remaining, reset, wait) = if allowed {
@@ -127,8 +125,8 @@ pub(crate) fn decide(log: &impl Log, policy: &Policy, times: Times) -> Decision 
         builder.rate(RateState {
             rate: *rate,
             remaining,
-            reset: Duration::from_micros(reset),
-            wait: Duration::from_micros(wait),
+            reset: Micros(reset),
+            wait: Micros(wait),
         });
     }
     built(builder)
@@ -273,6 +271,7 @@ pub(crate) fn reward(entries: &mut State, now: u64, policy: &Policy, units: u64)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// A log whose entries (oldest first) are all inside every window.
     struct Fake(Vec<u64>);

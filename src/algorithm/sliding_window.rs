@@ -14,10 +14,8 @@
 //! [`MAX_UNITS`]); a reward takes them off the current count, then what is
 //! left of them off the previous one (never below zero).
 
-use std::time::Duration;
-
 use super::{MAX_UNITS, built};
-use crate::decision::{Decision, DecisionBuilder, RateStatus};
+use crate::decision::{Decision, DecisionBuilder, Micros, RateStatus};
 use crate::policy::{Algorithm, Policy};
 
 /// Two counters per rate, found by its window.
@@ -125,8 +123,8 @@ pub(crate) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, 
         builder.rate(RateStatus {
             rate: *rate,
             remaining,
-            reset: Duration::from_micros(reset),
-            wait: Duration::from_micros(wait_us),
+            reset: Micros(reset),
+            wait: Micros(wait_us),
         });
         if c.current > 0 || c.previous > 0 {
             expires_at = expires_at.max(now + reset);

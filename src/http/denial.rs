@@ -397,7 +397,7 @@ mod tests {
             .unwrap();
         let mut b = DecisionBuilder::new(false);
         b.rate(status("3/s", 2, ms(500), Duration::ZERO));
-        b.wait(ms(70));
+        b.wait(crate::decision::Micros(70_000));
         let d = b.build().unwrap();
         let response = problem_json(&d, &policy);
         let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();

@@ -313,7 +313,7 @@ pub(super) fn format_bytes(args: std::fmt::Arguments<'_>) -> Bytes {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::decision::DecisionBuilder;
+    use crate::decision::{DecisionBuilder, Micros};
     pub(crate) fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
     }
@@ -335,8 +335,8 @@ pub(super) mod tests {
         RateStatus {
             rate: rate.parse().unwrap(),
             remaining,
-            reset,
-            wait,
+            reset: Micros::of(reset),
+            wait: Micros::of(wait),
         }
     }
 
@@ -508,8 +508,8 @@ pub(super) mod tests {
             &[RateStatus {
                 rate: policy.rates()[0],
                 remaining: max - 1,
-                reset: ms(1),
-                wait: Duration::ZERO,
+                reset: Micros(1_000),
+                wait: Micros::ZERO,
             }],
         );
         let (policy_field, ratelimit) = ietf(&policy, &d);

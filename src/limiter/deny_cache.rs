@@ -127,7 +127,7 @@ impl DenyCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::{DecisionBuilder, RateStatus};
+    use crate::decision::{DecisionBuilder, Micros, RateStatus};
     use crate::policy::Rate;
     use std::time::Duration;
 
@@ -136,8 +136,8 @@ mod tests {
         b.rate(RateStatus {
             rate: Rate::per_second(1).unwrap(),
             remaining: 0,
-            reset: Duration::from_millis(wait_ms),
-            wait: Duration::from_millis(wait_ms),
+            reset: Micros(wait_ms * 1_000),
+            wait: Micros(wait_ms * 1_000),
         });
         b.build().unwrap()
     }

@@ -99,9 +99,9 @@ impl Policy {
         if rates.is_empty() {
             return Err(PolicyError::Empty);
         }
-        rates.sort_by_key(|r| r.window);
+        rates.sort_by_key(Rate::window);
         for pair in rates.windows(2) {
-            if pair[0].window == pair[1].window {
+            if pair[0].window() == pair[1].window() {
                 return Err(PolicyError::DuplicateWindow {
                     first: pair[0],
                     second: pair[1],
@@ -389,7 +389,7 @@ impl Policy {
         // `new` guarantees at least one rate; sorted shortest first.
         self.rates
             .last()
-            .map_or(Duration::ZERO, |r| r.window)
+            .map_or(Duration::ZERO, Rate::window)
             .max(self.min_spacing.unwrap_or(Duration::ZERO))
     }
 }

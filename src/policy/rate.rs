@@ -54,14 +54,16 @@ use super::{Calendar, MAX_MAX, MAX_WINDOW, MIN_WINDOW, PolicyError};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Rate {
     pub(super) max: u64,
-    /// For a calendar rate, the longest its window can last.
-    pub(super) window: Duration,
-    /// `window` in µs, as every decision reads it (kept, not computed from
-    /// the `Duration` on each check).
+    /// The window in whole µs, as every decision reads it; for a calendar
+    /// rate, the longest its window can last. (24 bytes in all: a rate is
+    /// copied into every decision.)
     pub(super) micros: u64,
     /// The calendar a calendar rate's windows follow; `None` for a rolling
     /// window.
     pub(super) calendar: Option<Calendar>,
+    /// The window's ns below a µs (a window given as a `Duration` of any
+    /// precision is kept as given).
+    pub(super) nanos: u16,
 }
 
 impl Rate {
@@ -87,12 +89,7 @@ impl Rate {
         if window < MIN_WINDOW || window > MAX_WINDOW {
             return Err(PolicyError::WindowOutOfRange { window });
         }
-        Ok(Self {
-            max,
-            window,
-            micros: duration_micros(window),
-            calendar: None,
-        })
+        Ok(Self::of(max, window, None))
     }
 
     /// `max` requests per window of `calendar`: a calendar day, week or
@@ -120,13 +117,7 @@ impl Rate {
         if max > MAX_MAX {
             return Err(PolicyError::MaxTooLarge { max });
         }
-        let window = calendar.longest();
-        Ok(Self {
-            max,
-            window,
-            micros: duration_micros(window),
-            calendar: Some(calendar),
-        })
+        Ok(Self::of(max, calendar.longest(), Some(calendar)))
     }
 
     /// `max` requests per calendar day in UTC (`"500/day"`).
@@ -186,7 +177,7 @@ impl Rate {
     /// The length of the window; for a calendar rate, the longest its
     /// window can last (see [`Calendar::longest`]).
     pub fn window(&self) -> Duration {
-        self.window
+        Duration::from_micros(self.micros) + Duration::from_nanos(u64::from(self.nanos))
     }
 
     /// The calendar whose days, weeks or months are this rate's windows;
@@ -195,6 +186,19 @@ impl Rate {
         self.calendar
     }
 
+    /// A rate of a window already checked (at most
+    /// [`MAX_WINDOW`](crate::policy::MAX_WINDOW), whose µs fit a `u64`).
+    fn of(max: u64, window: Duration, calendar: Option<Calendar>) -> Self {
+        Self {
+            max,
+            micros: duration_micros(window),
+            calendar,
+            // Below 1,000.
+            nanos: (window.subsec_nanos() % 1_000) as u16,
+        }
+    }
+
+    /// The window in whole µs (rounded down).
     #[inline]
     pub(crate) fn window_micros(&self) -> u64 {
         self.micros
@@ -205,7 +209,7 @@ impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.calendar {
             Some(calendar) => write!(f, "{}/{calendar}", self.max),
-            None => write!(f, "{}/{}", self.max, Window(self.window)),
+            None => write!(f, "{}/{}", self.max, Window(self.window())),
         }
     }
 }

@@ -12,15 +12,13 @@
 //! value for redis-rs to parse, not five: its parser's cost is per value),
 //! an operator's command as an array. [`decode_reply`] reads either.
 
-use std::time::Duration;
-
 use redis::Value;
 use redis::aio::ConnectionLike;
 
 use super::reply::{int_reply, member};
 use crate::algorithm;
 use crate::algorithm::CONCURRENCY_RETRY_CAP;
-use crate::decision::{Decision, DecisionBuilder, RateStatus};
+use crate::decision::{Decision, DecisionBuilder, Micros, RateStatus};
 use crate::policy::{Algorithm, Policy, Rate, duration_micros};
 use crate::store::{Command, StoreError};
 
@@ -474,8 +472,7 @@ fn decode_ints(reply: &[i64], policy: &Policy) -> Result<Decision, StoreError> {
     // Times are bounded by twice the longest window (GCRA's debt); a
     // larger one (a corrupted key) is read as that bound, so no caller
     // adds an absurd wait to a clock.
-    let micros =
-        |i: usize| non_negative(i, field(i)).map(|us| Duration::from_micros(us.min(MAX_MICROS)));
+    let micros = |i: usize| non_negative(i, field(i)).map(|us| Micros(us.min(MAX_MICROS)));
     let Some(&first) = reply.first() else {
         return Err(unexpected("an empty reply".to_owned()));
     };
@@ -525,6 +522,7 @@ const MAX_MICROS: u64 = 2 * crate::policy::MAX_WINDOW.as_micros() as u64;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// A check's reply in a batch is its integers as one string; anything
     /// else in it is an error naming the reply, not a panic.

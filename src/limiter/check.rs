@@ -10,7 +10,7 @@ use super::breaker::{Breaker, Gate, Ticket};
 use super::{DecidedBy, LimitError, Limiter, Verdict};
 use crate::decision::Decision;
 use crate::key::KeyHash;
-use crate::policy::Policy;
+use crate::policy::{Algorithm, Policy};
 use crate::store::{BoxFuture, StoreError};
 
 /// A check started by [`Limiter::begin`](crate::Limiter::begin). (Unboxed: a request's verdict
@@ -133,13 +133,36 @@ impl Limiter {
     /// [`finish`](Self::finish) do for a store that decides in process,
     /// without the breaker (a `MemoryStore` never fails) or the deny cache
     /// (it holds no denial final).
+    ///
+    /// The usual check (`{name}:{key}` held as it is, admitted, holding no
+    /// slot) builds no store key and no permit, and is not counted unless
+    /// the metrics count admissions.
     pub(super) fn decide_in_memory(
         &self,
         memory: &crate::store::MemoryStore,
         key: String,
     ) -> Result<Verdict, LimitError> {
-        let key = self.store_key(key);
         let policy = &self.inner.policy;
+        let name = &*self.inner.name;
+        if self.inner.plain_name && name.len() + 1 + key.len() <= crate::store::MAX_RAW_KEY_LEN {
+            let decision = memory.check_now_prefixed(name, &key, policy);
+            if decision.allowed() && policy.algorithm() != Algorithm::Concurrency {
+                tracing::debug!(
+                    key = %KeyHash::held(name, &key),
+                    remaining = decision.remaining(),
+                    "rate limit: admitted"
+                );
+                let verdict = Verdict::without_permit(Some(decision), DecidedBy::Store);
+                if !self.inner.counted || !cfg!(feature = "metrics") {
+                    return Ok(verdict);
+                }
+                return self.counted(&key, Ok(verdict));
+            }
+            let key = self.store_key(key);
+            let verdict = self.stored(&key, policy, decision, None);
+            return self.counted(self.raw_key(&key), Ok(verdict));
+        }
+        let key = self.store_key(key);
         let decision = memory.check_now(&key, policy);
         let verdict = self.stored(&key, policy, decision, None);
         self.counted(self.raw_key(&key), Ok(verdict))
@@ -324,17 +347,34 @@ mod tests {
             "2/day".parse::<Policy>().unwrap(),
             Policy::concurrency(2).unwrap(),
         ];
-        for policy in policies {
+        // A name held as it is in `{name}:{key}`, and one that makes every
+        // store key hashed (a brace).
+        for (policy, name) in policies
+            .iter()
+            .flat_map(|p| [(p.clone(), "api"), (p.clone(), "{api}")])
+        {
             let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
-            let fast = Limiter::new(MemoryStore::with_clock(clock.clone()), policy.clone());
+            let fast = Limiter::new(MemoryStore::with_clock(clock.clone()), policy.clone())
+                .with_name(name);
             let general = Limiter::new(
                 Wrapped(MemoryStore::with_clock(clock.clone())),
                 policy.clone(),
-            );
+            )
+            .with_name(name);
             assert!(fast.inner.memory.is_some() && general.inner.memory.is_none());
+            // Short keys; a long one (held by its hash); the longest whose
+            // store key is held as it is, and one byte longer (hashed).
+            let longest = crate::store::MAX_RAW_KEY_LEN - name.len() - 1;
+            let keys = [
+                "k0".to_owned(),
+                "k1".to_owned(),
+                "x".repeat(500),
+                "y".repeat(longest),
+                "z".repeat(longest + 1),
+            ];
             let mut held = Vec::new();
-            for step in 0..60u64 {
-                let key = format!("k{}", step % 3);
+            for step in 0..100u64 {
+                let key = keys[step as usize % keys.len()].clone();
                 if step % 17 == 5 {
                     fast.block(&key, Duration::from_millis(300)).await.unwrap();
                     general
@@ -360,7 +400,7 @@ mod tests {
                 }
                 clock.advance(Duration::from_millis(70));
             }
-            for key in ["k0", "k1", "k2"] {
+            for key in &keys {
                 assert_eq!(
                     shape(&fast.peek(key).await.unwrap()),
                     shape(&general.peek(key).await.unwrap()),

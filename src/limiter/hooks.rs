@@ -86,7 +86,7 @@ impl Limiter {
             if let FailMode::Fallback { instances, .. } = &s.fail_mode {
                 s.fallback_policy = Some(Arc::new(policy.shared_by(*instances)));
             }
-            s.name = Arc::from(name);
+            s.set_name(Arc::from(name));
             // One count, one set of units held: a rule's tiers share them.
             s.local = s.local.as_ref().and_then(|l| {
                 let held = local::Local::held_of(&s.held, &s.name);

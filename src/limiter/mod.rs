@@ -70,8 +70,13 @@ struct Inner {
     /// cache (it never holds a denial final) and no dynamic call.
     memory: Option<MemoryStore>,
     policy: Arc<Policy>,
-    /// Namespaces the keys of this limiter in the store.
+    /// Namespaces the keys of this limiter in the store (set with
+    /// [`Inner::set_name`]).
     name: Arc<str>,
+    /// Whether `{name}:{key}` of a held key is held as it is (see
+    /// [`bounded_key`]) whenever it is short enough: the name has no brace
+    /// and does not start with `#`.
+    plain_name: bool,
     /// The denials of this limiter, by key, found by its name in the
     /// registry of every limiter derived from the same one.
     denials: Arc<top::Denials>,
@@ -110,6 +115,7 @@ impl Limiter {
                 memory,
                 policy: Arc::new(policy),
                 denials: registry.of(&name),
+                plain_name: is_plain(&name),
                 name,
                 registry,
                 held: Arc::default(),
@@ -211,7 +217,7 @@ impl Limiter {
                 names::Owner::Limiter(default_name(&s.policy)),
                 &s.denials,
             );
-            s.name = name;
+            s.set_name(name);
             // Units taken under another name are not this name's.
             s.local = s
                 .local
@@ -505,6 +511,19 @@ impl fmt::Debug for Limiter {
 /// mistaken for a hash, else `#` and its SHA-1. So whatever a client sends,
 /// a key held costs at most that many bytes, and a long key is shown and
 /// steered by its hash.
+/// Whether `{name}:{key}` is held as it is for every held key short
+/// enough (see [`bounded_key`]).
+fn is_plain(name: &str) -> bool {
+    !name.starts_with('#') && !name.contains(['{', '}'])
+}
+
+impl Inner {
+    fn set_name(&mut self, name: Arc<str>) {
+        self.plain_name = is_plain(&name);
+        self.name = name;
+    }
+}
+
 fn limited(key: String) -> String {
     match bounded_key(&key) {
         std::borrow::Cow::Borrowed(_) => key,

@@ -4,7 +4,7 @@
 use compact_str::CompactString;
 use hashbrown::HashTable;
 use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 
 use crate::algorithm::{self, concurrency};
@@ -187,7 +187,12 @@ impl MemoryStore {
     /// keeps as a tag.
     fn locate(&self, key: &str) -> (u64, usize) {
         let hash = self.inner.hasher.hash_one(key);
-        (hash, (hash >> 32) as usize % SHARDS)
+        (hash, Self::shard_of(hash))
+    }
+
+    #[inline]
+    fn shard_of(hash: u64) -> usize {
+        (hash >> 32) as usize % SHARDS
     }
 
     fn lock(&self, index: usize) -> std::sync::MutexGuard<'_, Shard> {
@@ -214,9 +219,54 @@ impl MemoryStore {
     pub fn check_now(&self, key: &str, policy: &Policy) -> Decision {
         let key = bounded_key(key);
         let key = key.as_ref();
+        let (hash, index) = self.locate(key);
+        self.check_located(hash, index, |held| held == key, || key.into(), policy)
+    }
+
+    /// [`check_now`](Self::check_now) of the key `{prefix}:{key}`, without
+    /// building it unless the key is new: a limiter's keys, whose
+    /// `prefix` is its name. The caller knows that [`bounded_key`] leaves
+    /// that key as it is (no brace, not long, not starting with `#`): it is
+    /// found by the same hash and held under the same text as `check_now`
+    /// of the whole key (tested).
+    #[inline]
+    pub(crate) fn check_now_prefixed(&self, prefix: &str, key: &str, policy: &Policy) -> Decision {
+        let mut hasher = self.inner.hasher.build_hasher();
+        // What `hash_one` of the whole `str` writes: its bytes, then 0xff.
+        hasher.write(prefix.as_bytes());
+        hasher.write_u8(b':');
+        hasher.write(key.as_bytes());
+        hasher.write_u8(0xff);
+        let hash = hasher.finish();
+        let is_key = |held: &str| {
+            held.len() == prefix.len() + 1 + key.len()
+                && held.starts_with(prefix)
+                && held.as_bytes()[prefix.len()] == b':'
+                && held.ends_with(key)
+        };
+        let whole = || {
+            let mut whole = CompactString::with_capacity(prefix.len() + 1 + key.len());
+            whole.push_str(prefix);
+            whole.push(':');
+            whole.push_str(key);
+            whole
+        };
+        self.check_located(hash, Self::shard_of(hash), is_key, whole, policy)
+    }
+
+    /// The check of the key found by `hash` in shard `index`, which
+    /// `is_key` recognises and `whole` spells (only for a new key).
+    #[inline(always)]
+    fn check_located(
+        &self,
+        hash: u64,
+        index: usize,
+        is_key: impl Fn(&str) -> bool,
+        whole: impl FnOnce() -> CompactString,
+        policy: &Policy,
+    ) -> Decision {
         let now = self.now();
         let algorithm = policy.algorithm().index();
-        let (hash, index) = self.locate(key);
         let mut shard = self.lock(index);
         shard.ops += 1;
         if shard.ops.is_multiple_of(SWEEP_STRIDE) {
@@ -228,7 +278,7 @@ impl MemoryStore {
             }
         }
         if !shard.blocks.is_empty()
-            && let Some(blocked) = shard.blocked(hash, key, now, policy)
+            && let Some(blocked) = shard.blocked(hash, &is_key, now, policy)
         {
             return blocked;
         }
@@ -238,7 +288,7 @@ impl MemoryStore {
         } else {
             0
         });
-        if let Some(entry) = shard.keys[algorithm].find_mut(hash, |e| &*e.key == key) {
+        if let Some(entry) = shard.keys[algorithm].find_mut(hash, |e| is_key(&e.key)) {
             let (decision, expires_at) = entry.state.check(now, policy, lease);
             entry.expires_at = expires_at;
             return decision;
@@ -246,7 +296,7 @@ impl MemoryStore {
         let mut state = State::new(policy.algorithm());
         let (decision, expires_at) = state.check(now, policy, lease);
         if expires_at > now {
-            self.insert(&mut shard, algorithm, hash, key, state, expires_at, now);
+            self.insert(&mut shard, algorithm, hash, whole(), state, expires_at, now);
         }
         decision
     }
@@ -312,7 +362,7 @@ impl MemoryStore {
                         let mut state = State::new(policy.algorithm());
                         let expires_at = apply(&mut state);
                         if expires_at > now {
-                            self.insert(shard, algorithm, hash, key, state, expires_at, now);
+                            self.insert(shard, algorithm, hash, key.into(), state, expires_at, now);
                         }
                     }
                 }
@@ -342,7 +392,7 @@ impl MemoryStore {
         shard: &mut Shard,
         algorithm: usize,
         hash: u64,
-        key: &str,
+        key: CompactString,
         state: State,
         expires_at: u64,
         now: u64,
@@ -354,7 +404,7 @@ impl MemoryStore {
         shard.keys[algorithm].insert_unique(
             hash,
             Entry {
-                key: key.into(),
+                key,
                 state,
                 expires_at,
             },
@@ -425,8 +475,15 @@ impl Shard {
     /// usual check only sees that no key of its shard is blocked.
     #[cold]
     #[inline(never)]
-    fn blocked(&self, hash: u64, key: &str, now: u64, policy: &Policy) -> Option<Decision> {
-        let left = self.block_left(hash, key, now)?;
+    fn blocked(
+        &self,
+        hash: u64,
+        is_key: &dyn Fn(&str) -> bool,
+        now: u64,
+        policy: &Policy,
+    ) -> Option<Decision> {
+        let block = self.blocks.find(hash, |b| is_key(&b.key))?;
+        let left = algorithm::block_left(block.until, now)?;
         Some(algorithm::blocked(policy, left))
     }
 

@@ -68,27 +68,29 @@ pin_project! {
     where
         S: Service<Request<ReqBody>>,
     {
+        // What waits is boxed: the future stays the size of the usual
+        // `Calling` state (it moves a few times per request).
         Checking {
             check: Check,
-            pending: Option<Pending<S, ReqBody>>,
+            pending: Option<Box<Pending<S, ReqBody>>>,
         },
         Delaying {
             sleep: Pin<Box<Sleep>>,
-            pending: Option<Pending<S, ReqBody>>,
+            pending: Option<Box<Pending<S, ReqBody>>>,
         },
         /// Admitted after a delay: waiting for the inner service to be ready.
         Readying {
-            admitted: Option<Admitted<S, ReqBody>>,
+            admitted: Option<Box<Admitted<S, ReqBody>>>,
         },
         Calling {
             #[pin]
             future: S::Future,
             shown: Shown,
-            permit: Option<Permit>,
+            permit: Option<Box<Permit>>,
             unsettled: Settling,
         },
         Answered {
-            response: Option<Response<Bytes>>,
+            response: Option<Box<Response<Bytes>>>,
         },
     }
 }
@@ -98,7 +100,7 @@ struct Admitted<S, ReqBody> {
     service: S,
     request: Request<ReqBody>,
     shown: Shown,
-    permit: Option<Permit>,
+    permit: Option<Box<Permit>>,
     unsettled: Settling,
 }
 
@@ -120,7 +122,7 @@ where
     pub(crate) fn answered(response: Response<Bytes>) -> Self {
         Self {
             state: State::Answered {
-                response: Some(response),
+                response: Some(Box::new(response)),
             },
         }
     }
@@ -169,7 +171,7 @@ where
             );
             return Self { state };
         }
-        let pending = Pending {
+        let pending = Box::new(Pending {
             request,
             service,
             ready: true,
@@ -177,7 +179,7 @@ where
             key: kept,
             waited: Duration::ZERO,
             estimate,
-        };
+        });
         let state = match step {
             Some(step) => step.into_state(pending),
             None => State::Checking {
@@ -243,7 +245,7 @@ fn unsettled(
 /// What to do after a verdict. (Unboxed: it moves once per request.)
 #[allow(clippy::large_enum_variant)]
 enum Next {
-    Call(Option<Decision>, DecidedBy, Option<Permit>),
+    Call(Option<Decision>, DecidedBy, Option<Box<Permit>>),
     Wait(Duration),
     Answer(Response<Bytes>),
 }
@@ -266,7 +268,7 @@ fn next_step<ReqBody>(
             return Next::Answer(denial::unavailable(grpc()));
         }
     };
-    let (decision, decided_by, permit) = verdict.into_parts();
+    let (decision, decided_by, permit) = verdict.into_boxed_parts();
     let decision = match decision {
         Some(decision) if !decision.allowed() => decision,
         decision => return Next::Call(decision, decided_by, permit),
@@ -291,12 +293,13 @@ fn next_step<ReqBody>(
 
 impl Next {
     /// The state of a request `pending` after this step.
-    fn into_state<S, ReqBody>(self, mut p: Pending<S, ReqBody>) -> State<S, ReqBody>
+    fn into_state<S, ReqBody>(self, mut p: Box<Pending<S, ReqBody>>) -> State<S, ReqBody>
     where
         S: Service<Request<ReqBody>> + Clone,
     {
         match self {
             Next::Call(decision, decided_by, permit) => {
+                let p = *p;
                 let unsettled =
                     unsettled(&p.shared, p.key, p.estimate, decision.as_ref(), decided_by);
                 admit(
@@ -319,7 +322,7 @@ impl Next {
                 }
             }
             Next::Answer(response) => State::Answered {
-                response: Some(response),
+                response: Some(Box::new(response)),
             },
         }
     }
@@ -336,7 +339,7 @@ fn admit<S, ReqBody>(
     shared: &Shared,
     decision: Option<Decision>,
     decided_by: DecidedBy,
-    permit: Option<Permit>,
+    permit: Option<Box<Permit>>,
     unsettled: Settling,
 ) -> State<S, ReqBody>
 where
@@ -357,13 +360,13 @@ where
         }
     } else {
         State::Readying {
-            admitted: Some(Admitted {
+            admitted: Some(Box::new(Admitted {
                 service,
                 request,
                 shown,
                 permit,
                 unsettled,
-            }),
+            })),
         }
     }
 }
@@ -411,9 +414,10 @@ where
                     if let Some(a) = admitted.as_mut() {
                         ready!(a.service.poll_ready(cx))?;
                     }
-                    let Some(mut a) = admitted.take() else {
+                    let Some(a) = admitted.take() else {
                         return Poll::Ready(Ok(poisoned()));
                     };
+                    let mut a = *a;
                     let future = a.service.call(a.request);
                     this.state.set(State::Calling {
                         future,
@@ -439,16 +443,17 @@ where
                         let (unsettled, settlement) = *settling;
                         settlement.at_response(vec![unsettled], &mut response)
                     });
-                    return Poll::Ready(Ok(response.map(|body| {
-                        ResponseBody::metered(
-                            body,
-                            permit.into_iter().collect(),
-                            meter.into_iter().collect(),
-                        )
-                    })));
+                    // No vector unless there is something to hold.
+                    let leases = permit.map_or_else(Vec::new, |permit| vec![*permit]);
+                    let meters = meter.map_or_else(Vec::new, |meter| vec![meter]);
+                    return Poll::Ready(Ok(
+                        response.map(|body| ResponseBody::metered(body, leases, meters))
+                    ));
                 }
                 StateProj::Answered { response } => {
-                    let response = response.take().unwrap_or_else(denial::store_unavailable);
+                    let response = response
+                        .take()
+                        .map_or_else(denial::store_unavailable, |response| *response);
                     return Poll::Ready(Ok(response.map(ResponseBody::full)));
                 }
             }

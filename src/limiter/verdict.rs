@@ -76,11 +76,14 @@ impl Verdict {
     /// The decision, who answered, and the permit, apart (what the layer
     /// needs to render a verdict).
     pub fn into_parts(self) -> (Option<Decision>, DecidedBy, Option<Permit>) {
-        (
-            self.decision,
-            self.decided_by,
-            self.permit.map(|permit| *permit),
-        )
+        let (decision, decided_by, permit) = self.into_boxed_parts();
+        (decision, decided_by, permit.map(|permit| *permit))
+    }
+
+    /// [`into_parts`](Self::into_parts), the permit left in its box (it
+    /// moves with the response).
+    pub(crate) fn into_boxed_parts(self) -> (Option<Decision>, DecidedBy, Option<Box<Permit>>) {
+        (self.decision, self.decided_by, self.permit)
     }
 
     /// The verdict of `decision` for store key `key` under `policy`,

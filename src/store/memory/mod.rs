@@ -288,15 +288,23 @@ impl MemoryStore {
         } else {
             0
         });
-        if let Some(entry) = shard.keys[algorithm].find_mut(hash, |e| is_key(&e.key)) {
-            let (decision, expires_at) = entry.state.check(now, policy, lease);
-            entry.expires_at = expires_at;
-            return decision;
-        }
-        let mut state = State::new(policy.algorithm());
-        let (decision, expires_at) = state.check(now, policy, lease);
-        if expires_at > now {
-            self.insert(&mut shard, algorithm, hash, whole(), state, expires_at, now);
+        // One call of the decision for a held key and a new one (inlined
+        // once): a new key's entry is held only if its state matters.
+        let mut new = None;
+        let entry = match shard.keys[algorithm].find_mut(hash, |e| is_key(&e.key)) {
+            Some(entry) => entry,
+            None => new.insert(Entry {
+                key: whole(),
+                state: State::new(policy.algorithm()),
+                expires_at: 0,
+            }),
+        };
+        let (decision, expires_at) = entry.state.check(now, policy, lease);
+        entry.expires_at = expires_at;
+        if let Some(entry) = new
+            && expires_at > now
+        {
+            self.insert(&mut shard, algorithm, hash, entry, now);
         }
         decision
     }
@@ -362,7 +370,12 @@ impl MemoryStore {
                         let mut state = State::new(policy.algorithm());
                         let expires_at = apply(&mut state);
                         if expires_at > now {
-                            self.insert(shard, algorithm, hash, key.into(), state, expires_at, now);
+                            let entry = Entry {
+                                key: key.into(),
+                                state,
+                                expires_at,
+                            };
+                            self.insert(shard, algorithm, hash, entry, now);
                         }
                     }
                 }
@@ -384,32 +397,14 @@ impl MemoryStore {
         }
     }
 
-    /// Hold the new `state` of `key` (found by `hash`) until `expires_at`,
-    /// making room first when the shard is full.
-    #[allow(clippy::too_many_arguments)]
-    fn insert(
-        &self,
-        shard: &mut Shard,
-        algorithm: usize,
-        hash: u64,
-        key: CompactString,
-        state: State,
-        expires_at: u64,
-        now: u64,
-    ) {
+    /// Hold the new `entry` (found by `hash`), making room first when the
+    /// shard is full.
+    fn insert(&self, shard: &mut Shard, algorithm: usize, hash: u64, entry: Entry, now: u64) {
         let hasher = &self.inner.hasher;
         if shard.len() >= self.inner.max_keys_per_shard {
             shard.make_room(now, self.inner.max_keys_per_shard, hasher);
         }
-        shard.keys[algorithm].insert_unique(
-            hash,
-            Entry {
-                key,
-                state,
-                expires_at,
-            },
-            |e| hasher.hash_one(&*e.key),
-        );
+        shard.keys[algorithm].insert_unique(hash, entry, |e| hasher.hash_one(&*e.key));
         shard.inserts_since_sweep += 1;
     }
     /// Give back a concurrency slot now, with no future to await (as

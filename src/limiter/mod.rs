@@ -505,12 +505,6 @@ impl fmt::Debug for Limiter {
     }
 }
 
-/// `key` as a limiter holds it everywhere (the store, the deny cache, the
-/// local quota, the most denied keys): as given when it is at most
-/// [`MAX_RAW_KEY_LEN`](crate::store::MAX_RAW_KEY_LEN) bytes and cannot be
-/// mistaken for a hash, else `#` and its SHA-1. So whatever a client sends,
-/// a key held costs at most that many bytes, and a long key is shown and
-/// steered by its hash.
 /// Whether `{name}:{key}` is held as it is for every held key short
 /// enough (see [`bounded_key`]).
 fn is_plain(name: &str) -> bool {
@@ -524,6 +518,12 @@ impl Inner {
     }
 }
 
+/// `key` as a limiter holds it everywhere (the store, the deny cache, the
+/// local quota, the most denied keys): as given when it is at most
+/// [`MAX_RAW_KEY_LEN`](crate::store::MAX_RAW_KEY_LEN) bytes and cannot be
+/// mistaken for a hash, else `#` and its SHA-1. So whatever a client sends,
+/// a key held costs at most that many bytes, and a long key is shown and
+/// steered by its hash.
 fn limited(key: String) -> String {
     match bounded_key(&key) {
         std::borrow::Cow::Borrowed(_) => key,

@@ -241,7 +241,7 @@ impl MemoryStore {
         let is_key = |held: &str| {
             held.len() == prefix.len() + 1 + key.len()
                 && held.starts_with(prefix)
-                && held.as_bytes()[prefix.len()] == b':'
+                && held.as_bytes().get(prefix.len()) == Some(&b':')
                 && held.ends_with(key)
         };
         let whole = || {

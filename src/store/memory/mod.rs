@@ -11,7 +11,7 @@ use crate::algorithm::{self, concurrency};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Lease};
 use crate::policy::{Algorithm, Policy};
-use crate::store::{Command, State, Store, StoreError, bounded_key};
+use crate::store::{Command, MAX_RAW_KEY_LEN, State, Store, StoreError, bounded_key};
 
 const SHARDS: usize = 16;
 /// Every this many operations on a shard, one shard (in turn) drops its idle
@@ -223,35 +223,38 @@ impl MemoryStore {
         self.check_located(hash, index, |held| held == key, || key.into(), policy)
     }
 
-    /// [`check_now`](Self::check_now) of the key `{prefix}:{key}`, without
-    /// building it unless the key is new: a limiter's keys, whose
-    /// `prefix` is its name. The caller knows that [`bounded_key`] leaves
-    /// that key as it is (no brace, not long, not starting with `#`): it is
-    /// found by the same hash and held under the same text as `check_now`
-    /// of the whole key (tested).
+    /// [`check_now`](Self::check_now) of the key `{prefix}:{key}`, spelled
+    /// on the stack (no `String`; a new key's entry is the only copy): a
+    /// limiter's keys, whose `prefix` is its name. The caller knows that
+    /// [`bounded_key`] leaves that key as it is (no brace, at most
+    /// [`MAX_RAW_KEY_LEN`] bytes, not starting with `#`): it is found by
+    /// the same hash and held under the same text as `check_now` of the
+    /// whole key (tested). A longer key takes `check_now`.
     #[inline]
     pub(crate) fn check_now_prefixed(&self, prefix: &str, key: &str, policy: &Policy) -> Decision {
-        let mut hasher = self.inner.hasher.build_hasher();
+        let (p, len) = (prefix.len(), prefix.len() + 1 + key.len());
+        let mut buffer = [0u8; MAX_RAW_KEY_LEN];
+        let Some(whole) = buffer.get_mut(..len) else {
+            return self.check_now(&format!("{prefix}:{key}"), policy);
+        };
+        whole[..p].copy_from_slice(prefix.as_bytes());
+        whole[p] = b':';
+        whole[p + 1..].copy_from_slice(key.as_bytes());
+        let whole = &*whole;
         // What `hash_one` of the whole `str` writes: its bytes, then 0xff.
-        hasher.write(prefix.as_bytes());
-        hasher.write_u8(b':');
-        hasher.write(key.as_bytes());
+        let mut hasher = self.inner.hasher.build_hasher();
+        hasher.write(whole);
         hasher.write_u8(0xff);
         let hash = hasher.finish();
-        let is_key = |held: &str| {
-            held.len() == prefix.len() + 1 + key.len()
-                && held.starts_with(prefix)
-                && held.as_bytes().get(prefix.len()) == Some(&b':')
-                && held.ends_with(key)
+        let new_key = || {
+            let mut held = CompactString::with_capacity(len);
+            held.push_str(prefix);
+            held.push(':');
+            held.push_str(key);
+            held
         };
-        let whole = || {
-            let mut whole = CompactString::with_capacity(prefix.len() + 1 + key.len());
-            whole.push_str(prefix);
-            whole.push(':');
-            whole.push_str(key);
-            whole
-        };
-        self.check_located(hash, Self::shard_of(hash), is_key, whole, policy)
+        let is_key = |held: &str| held.as_bytes() == whole;
+        self.check_located(hash, Self::shard_of(hash), is_key, new_key, policy)
     }
 
     /// The check of the key found by `hash` in shard `index`, which

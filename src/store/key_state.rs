@@ -166,7 +166,7 @@ impl State {
     }
 
     /// Decide one request; returns the decision and when the state expires.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn check(&mut self, now: u64, policy: &Policy, lease: Lease) -> (Decision, u64) {
         if !self.matches(policy.algorithm()) {
             *self = Self::new(policy.algorithm());

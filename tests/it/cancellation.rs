@@ -22,6 +22,7 @@ use tower_redis_ratelimit::policy::Execution;
 use tower_redis_ratelimit::{Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore, key};
 
 use crate::support::RedisServer;
+use crate::support::eventually::eventually;
 use crate::support::http::request;
 use crate::support::proxy::{FaultProxy, Match};
 
@@ -80,18 +81,9 @@ async fn free(limiter: &Limiter, key: &str) -> u64 {
 /// Wait until `key` has `expected` units free (clean-ups run in the
 /// background), for at most 3 s.
 async fn free_becomes(limiter: &Limiter, key: &str, expected: u64, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
-        let free = free(limiter, key).await;
-        if free == expected {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: {free} free, expected {expected}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let (within, step) = (Duration::from_secs(3), Duration::from_millis(10));
+    let what = format!("{what}: units free");
+    eventually(within, step, &what, expected, || free(limiter, key)).await;
 }
 
 /// After the held reply was delivered, `key` still has `expected` units

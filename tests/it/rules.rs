@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::support;
+use crate::support::eventually::eventually;
 
 use std::time::{Duration, Instant};
 
@@ -407,18 +408,12 @@ async fn a_request_costs_what_the_rule_or_the_cost_closure_says() {
 /// Wait until `rule` has `expected` left for `key` (refunds run in a task
 /// after the response).
 async fn wait_for_remaining(rules: &Rules, rule: &str, key: &str, expected: u64, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        let left = remaining(rules, rule, None, key).await;
-        if left == expected {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: {left} left, expected {expected}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let (within, step) = (Duration::from_secs(2), Duration::from_millis(10));
+    let what = format!("{what}: left");
+    eventually(within, step, &what, expected, || {
+        remaining(rules, rule, None, key)
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -9,6 +9,7 @@
 pub mod browser;
 pub mod contention;
 pub mod differential;
+pub mod eventually;
 pub mod faults;
 pub mod harness;
 pub mod http;

@@ -1,7 +1,9 @@
 //! The units a limiter's key has left, and waiting for a settlement (it
 //! runs in a task after the response) to reach the store.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use super::eventually::eventually;
 
 use tower_redis_ratelimit::Limiter;
 
@@ -15,16 +17,9 @@ pub async fn units_left(limiter: &Limiter, key: &str) -> u64 {
 
 /// Wait until `key` has `expected` units left, at most two seconds.
 pub async fn settles_to(limiter: &Limiter, key: &str, expected: u64) {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        let left = units_left(limiter, key).await;
-        if left == expected {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{left} units left, expected {expected}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let (within, step) = (Duration::from_secs(2), Duration::from_millis(5));
+    eventually(within, step, "units left", expected, || {
+        units_left(limiter, key)
+    })
+    .await;
 }

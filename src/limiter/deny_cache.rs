@@ -3,13 +3,11 @@
 //! ([`Store::denials_are_final`](crate::Store::denials_are_final)).
 
 use std::collections::HashMap;
-use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::decision::Decision;
-use crate::store::bounded_key;
+use crate::store::{KeyHasher, bounded_key};
 
 const SHARDS: usize = 16;
 
@@ -24,7 +22,7 @@ pub(crate) const MAX_HOLD: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
 pub(crate) struct DenyCache {
-    hasher: RandomState,
+    hasher: KeyHasher,
     shards: Box<[Mutex<HashMap<String, Entry>>]>,
     per_shard: usize,
 }
@@ -40,14 +38,14 @@ struct Entry {
 impl DenyCache {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
-            hasher: RandomState::new(),
+            hasher: KeyHasher::new(),
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             per_shard: capacity.div_ceil(SHARDS).max(1),
         }
     }
 
     fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
-        let index = (self.hasher.hash_one(key) as usize) % SHARDS;
+        let index = (self.hasher.hash(key.as_bytes()) as usize) % SHARDS;
         self.shards[index]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

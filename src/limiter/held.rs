@@ -3,10 +3,8 @@
 //! shards of a bounded number of keys, each key's units behind a lock of
 //! their own, and what a batch's units may do ([`Units`]).
 
-use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Instant;
 
@@ -15,6 +13,7 @@ use hashbrown::HashTable;
 use super::{DecidedBy, Verdict};
 use crate::decision::{Decision, RefundId};
 use crate::policy::Policy;
+use crate::store::KeyHasher;
 
 /// At most this many keys are held locally; past it, keys are checked in
 /// the store as without a local quota.
@@ -30,21 +29,21 @@ const EVICTION_TRIES: usize = 4;
 
 /// The units this process holds of one count, by key.
 pub(crate) struct Held {
-    hasher: RandomState,
+    hasher: KeyHasher,
     pub(super) shards: Box<[Mutex<Shard>]>,
 }
 
 impl Held {
     pub(super) fn new() -> Self {
         Self {
-            hasher: RandomState::new(),
+            hasher: KeyHasher::new(),
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
         }
     }
 
     /// The hash of `key` and its shard, locked.
     fn shard_of(&self, key: &str) -> (u64, std::sync::MutexGuard<'_, Shard>) {
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hasher.hash(key.as_bytes());
         // Bits 32 and up: not the bucket bits nor hashbrown's top-7 tag.
         let shard = &self.shards[(hash >> 32) as usize % SHARDS];
         (hash, shard.lock().unwrap_or_else(PoisonError::into_inner))
@@ -100,7 +99,7 @@ impl Held {
                 key: key.into(),
                 units: Arc::clone(&units),
             },
-            |held| hasher.hash_one(&*held.key),
+            |held| hasher.hash(held.key.as_bytes()),
         );
         shard.order.push_back((hash, Arc::downgrade(&units)));
         shard.compact();

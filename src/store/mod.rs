@@ -11,11 +11,13 @@ use crate::policy::Policy;
 
 #[cfg(feature = "test-util")]
 pub mod conformance;
+mod key_hasher;
 mod key_state;
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 
+pub(crate) use key_hasher::KeyHasher;
 pub use key_state::KeyState;
 pub(crate) use key_state::State;
 pub use memory::MemoryStore;

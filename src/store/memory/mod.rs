@@ -3,15 +3,13 @@
 
 use compact_str::CompactString;
 use hashbrown::HashTable;
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 
 use crate::algorithm::{self, concurrency};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Lease};
 use crate::policy::{Algorithm, Policy};
-use crate::store::{Command, MAX_RAW_KEY_LEN, State, Store, StoreError, bounded_key};
+use crate::store::{Command, KeyHasher, MAX_RAW_KEY_LEN, State, Store, StoreError, bounded_key};
 
 const SHARDS: usize = 16;
 /// Every this many operations on a shard, one shard (in turn) drops its idle
@@ -67,7 +65,7 @@ pub struct MemoryStore {
 #[derive(Debug)]
 struct Inner {
     clock: Arc<dyn Clock>,
-    hasher: RandomState,
+    hasher: KeyHasher,
     shards: Box<[Padded]>,
     max_keys_per_shard: usize,
 }
@@ -154,7 +152,7 @@ impl MemoryStore {
         Self {
             inner: Arc::new(Inner {
                 clock,
-                hasher: RandomState::new(),
+                hasher: KeyHasher::new(),
                 shards,
                 max_keys_per_shard: max_keys.div_ceil(SHARDS).max(1),
             }),
@@ -186,7 +184,7 @@ impl MemoryStore {
     /// from the low bits that pick a bucket and the top 7 that hashbrown
     /// keeps as a tag.
     fn locate(&self, key: &str) -> (u64, usize) {
-        let hash = self.inner.hasher.hash_one(key);
+        let hash = self.inner.hasher.hash(key.as_bytes());
         (hash, Self::shard_of(hash))
     }
 
@@ -241,11 +239,7 @@ impl MemoryStore {
         whole[p] = b':';
         whole[p + 1..].copy_from_slice(key.as_bytes());
         let whole = &*whole;
-        // What `hash_one` of the whole `str` writes: its bytes, then 0xff.
-        let mut hasher = self.inner.hasher.build_hasher();
-        hasher.write(whole);
-        hasher.write_u8(0xff);
-        let hash = hasher.finish();
+        let hash = self.inner.hasher.hash(whole);
         let new_key = || {
             let mut held = CompactString::with_capacity(len);
             held.push_str(prefix);
@@ -346,7 +340,7 @@ impl MemoryStore {
                                 key: key.into(),
                                 until,
                             },
-                            |b| hasher.hash_one(&*b.key),
+                            |b| hasher.hash(b.key.as_bytes()),
                         );
                     }
                     None => {}
@@ -407,7 +401,7 @@ impl MemoryStore {
         if shard.len() >= self.inner.max_keys_per_shard {
             shard.make_room(now, self.inner.max_keys_per_shard, hasher);
         }
-        shard.keys[algorithm].insert_unique(hash, entry, |e| hasher.hash_one(&*e.key));
+        shard.keys[algorithm].insert_unique(hash, entry, |e| hasher.hash(e.key.as_bytes()));
         shard.inserts_since_sweep += 1;
     }
     /// Give back a concurrency slot now, with no future to await (as
@@ -506,7 +500,7 @@ impl Shard {
     }
 
     /// Make room for one more key.
-    fn make_room(&mut self, now: u64, max: usize, hasher: &RandomState) {
+    fn make_room(&mut self, now: u64, max: usize, hasher: &KeyHasher) {
         // A full sweep is O(keys): do one only if many keys came since the
         // last, so a flood of new keys costs O(1) per key.
         if self.inserts_since_sweep >= (max as u64 / 2).max(1) {
@@ -525,7 +519,7 @@ impl Shard {
             match victim {
                 Some((i, key)) => {
                     if let Ok(found) =
-                        self.keys[i].find_entry(hasher.hash_one(&*key), |e| e.key == key)
+                        self.keys[i].find_entry(hasher.hash(key.as_bytes()), |e| e.key == key)
                     {
                         found.remove();
                     }

@@ -74,7 +74,13 @@ fn decide(held: u64, soonest: impl FnOnce() -> Option<u64>, now: u64, policy: &P
 
 /// Decide one request at `now`; admitted, it holds `lease`.
 #[inline]
-pub(crate) fn check(state: &mut State, now: u64, policy: &Policy, lease: Lease) -> (Decision, u64) {
+pub(crate) fn check(
+    state: &mut State,
+    now: u64,
+    policy: &Policy,
+    lease: Lease,
+    expires_at: &mut u64,
+) -> Decision {
     state.expire(now);
     let held = state.leases.len() as u64;
     let rate = policy.rates()[0];
@@ -86,11 +92,11 @@ pub(crate) fn check(state: &mut State, now: u64, policy: &Policy, lease: Lease) 
     let leases = &state.leases;
     let soonest = || leases.iter().map(|&(_, expiry)| expiry).min();
     let decision = decide(held, soonest, now, policy);
-    let expires_at = state.expiry();
+    *expires_at = state.expiry();
     if allowed {
-        (decision.with_lease(lease), expires_at)
+        decision.with_lease(lease)
     } else {
-        (decision, expires_at)
+        decision
     }
 }
 

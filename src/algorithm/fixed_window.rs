@@ -73,14 +73,21 @@ fn current_until(counter: &Counter, now: u64) -> Option<u64> {
     }
 }
 
+/// Decide one request at `now`; `expires_at` becomes when the state stops
+/// mattering.
 #[inline]
-pub(crate) fn check(counters: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
+pub(crate) fn check(
+    counters: &mut State,
+    now: u64,
+    policy: &Policy,
+    expires_at: &mut u64,
+) -> Decision {
     if let [rate] = policy.rates()
-        && let Some(decided) = check_one(counters, now, policy.cost(), rate)
+        && let Some(decided) = check_one(counters, now, policy.cost(), rate, expires_at)
     {
         return decided;
     }
-    check_many(counters, now, policy)
+    check_many(counters, now, policy, expires_at)
 }
 
 /// [`check`] of a policy of one rate over a state of that rate's window
@@ -88,7 +95,13 @@ pub(crate) fn check(counters: &mut State, now: u64, policy: &Policy) -> (Decisio
 /// builder. `None`, changing nothing, for a state of other windows, which
 /// the general path keeps.
 #[inline]
-fn check_one(counters: &mut State, now: u64, cost: u64, rate: &Rate) -> Option<(Decision, u64)> {
+fn check_one(
+    counters: &mut State,
+    now: u64,
+    cost: u64,
+    rate: &Rate,
+    expires_at: &mut u64,
+) -> Option<Decision> {
     let (slot, index, end) = place(rate, now);
     let counter = match counters.as_slice() {
         [] => None,
@@ -106,9 +119,11 @@ fn check_one(counters: &mut State, now: u64, cost: u64, rate: &Rate) -> Option<(
         [only] => *only = counter,
         _ => counters.push(counter),
     }
-    Some((
-        DecisionBuilder::one(allowed, Algorithm::FixedWindow, status),
-        end,
+    *expires_at = end;
+    Some(DecisionBuilder::one(
+        allowed,
+        Algorithm::FixedWindow,
+        status,
     ))
 }
 
@@ -127,7 +142,7 @@ fn status(rate: &Rate, allowed: bool, count: u64, cost: u64, left: u64) -> RateS
 }
 
 /// [`check`] of any policy over any state.
-fn check_many(counters: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
+fn check_many(counters: &mut State, now: u64, policy: &Policy, expires: &mut u64) -> Decision {
     let cost = policy.cost();
     let rates = policy.rates();
     // The count of a rate in the current window.
@@ -190,12 +205,13 @@ fn check_many(counters: &mut State, now: u64, policy: &Policy) -> (Decision, u64
         }
         *counters = next;
     }
-    (built(builder), expires_at)
+    *expires = expires_at;
+    built(builder)
 }
 
 /// The decision [`check`] would take at `now`, changing nothing.
 pub(crate) fn peek(counters: &State, now: u64, policy: &Policy) -> Decision {
-    check(&mut counters.clone(), now, policy).0
+    check(&mut counters.clone(), now, policy, &mut 0)
 }
 
 /// Add `units` to every rate's count (at most [`MAX_UNITS`]).
@@ -260,13 +276,18 @@ mod tests {
                 let rate = policy.rates()[0];
                 let (mut fast, mut general) = (State::new(), State::new());
                 for (step, now) in super::super::burst_times(base) {
-                    let b = check_many(&mut general, now, &policy);
+                    let (mut expires_a, mut expires_b) = (0, 1);
+                    let b = check_many(&mut general, now, &policy, &mut expires_b);
                     // A one-rate state of the rate's own window, whose
                     // count a check never leaves at zero: the fast path
                     // decides every check.
-                    let a = check_one(&mut fast, now, cost, &rate)
+                    let a = check_one(&mut fast, now, cost, &rate, &mut expires_a)
                         .unwrap_or_else(|| panic!("{text} cost {cost} step {step}: declined"));
-                    assert_eq!(a, b, "{text} cost {cost} step {step}");
+                    assert_eq!(
+                        (a, expires_a),
+                        (b, expires_b),
+                        "{text} cost {cost} step {step}"
+                    );
                     assert_eq!(fast, general, "{text} cost {cost} step {step}");
                 }
             }
@@ -280,9 +301,9 @@ mod tests {
             count: 2,
         });
         let before = state.clone();
-        assert!(check_one(&mut state, base, 1, &policy.rates()[0]).is_none());
+        assert!(check_one(&mut state, base, 1, &policy.rates()[0], &mut 0).is_none());
         assert_eq!(state, before);
-        check(&mut state, base, &policy);
+        check(&mut state, base, &policy, &mut 0);
         assert_eq!(
             state.len(),
             2,

@@ -109,18 +109,31 @@ fn tat(rate: &Rate, now: u64, kept: f64) -> Tat {
     )
 }
 
+/// Decide one request at `now`; `expires_at` becomes when the state stops
+/// mattering.
 #[inline]
-pub(crate) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
+pub(crate) fn check(
+    state: &mut State,
+    now: u64,
+    policy: &Policy,
+    expires_at: &mut u64,
+) -> Decision {
     let cost = float(policy.cost());
     let rates = policy.rates();
     match rates {
-        [rate] => check_one(state, now, cost, rate),
-        _ => check_many(state, now, cost, rates),
+        [rate] => check_one(state, now, cost, rate, expires_at),
+        _ => check_many(state, now, cost, rates, expires_at),
     }
 }
 
 /// [`check`] of any number of rates.
-fn check_many(state: &mut State, now: u64, cost: f64, rates: &[Rate]) -> (Decision, u64) {
+fn check_many(
+    state: &mut State,
+    now: u64,
+    cost: f64,
+    rates: &[Rate],
+    expires: &mut u64,
+) -> Decision {
     let allowed = rates.iter().all(|rate| {
         let (w, _, _, new_d) = plan(state, now, cost, rate);
         new_d <= w * (1.0 + EPSILON)
@@ -156,19 +169,26 @@ fn check_many(state: &mut State, now: u64, cost: f64, rates: &[Rate]) -> (Decisi
     if allowed && !in_place {
         *state = next;
     }
-    (built(builder), expires_at)
+    *expires = expires_at;
+    built(builder)
 }
 
 /// [`check`] of a policy of one rate (the usual case): the same arithmetic
 /// and the same state, planned once and without a builder.
 #[inline]
-fn check_one(state: &mut State, now: u64, cost: f64, rate: &Rate) -> (Decision, u64) {
+fn check_one(
+    state: &mut State,
+    now: u64,
+    cost: f64,
+    rate: &Rate,
+    expires_at: &mut u64,
+) -> Decision {
     let plan = plan(state, now, cost, rate);
     let (w, _, d, new_d) = plan;
     let allowed = new_d <= w * (1.0 + EPSILON);
     let kept = if allowed { new_d } else { d };
     let status = status(rate, allowed, plan, kept);
-    let expires_at = if kept > 0.0 {
+    *expires_at = if kept > 0.0 {
         now + ceil_positive(kept)
     } else {
         0
@@ -185,15 +205,12 @@ fn check_one(state: &mut State, now: u64, cost: f64, rate: &Rate) -> (Decision, 
             }
         }
     }
-    (
-        DecisionBuilder::one(allowed, Algorithm::Gcra, status),
-        expires_at,
-    )
+    DecisionBuilder::one(allowed, Algorithm::Gcra, status)
 }
 
 /// The decision [`check`] would take at `now`, changing nothing.
 pub(crate) fn peek(state: &State, now: u64, policy: &Policy) -> Decision {
-    check(&mut state.clone(), now, policy).0
+    check(&mut state.clone(), now, policy, &mut 0)
 }
 
 /// Take `units` tokens from every rate, even beyond an empty bucket.
@@ -291,13 +308,13 @@ mod tests {
         let now = 1_700_000_000_000_000;
         let mut state = State::new();
         for _ in 0..8 {
-            assert!(check(&mut state, now, &ten).0.allowed());
+            assert!(check(&mut state, now, &ten, &mut 0).allowed());
         }
-        let lowered = check(&mut state, now, &five).0;
+        let lowered = check(&mut state, now, &five, &mut 0);
         assert!(!lowered.allowed());
         assert_eq!(lowered.remaining(), 0);
         let admitted = (0..5)
-            .filter(|_| check(&mut state, now, &ten).0.allowed())
+            .filter(|_| check(&mut state, now, &ten, &mut 0).allowed())
             .count();
         assert_eq!(admitted, 2);
         // Unchanged T reads the TAT as is: 10 used of 10.
@@ -353,9 +370,14 @@ mod tests {
                     state.push((60_000_000, base + 1_000, 0.5, 100));
                 }
                 for (step, now) in super::super::burst_times(base) {
-                    let a = check_one(&mut fast, now, cost as f64, &rate);
-                    let b = check_many(&mut general, now, cost as f64, &[rate]);
-                    assert_eq!(a, b, "{text} cost {cost} step {step}");
+                    let (mut expires_a, mut expires_b) = (0, 1);
+                    let a = check_one(&mut fast, now, cost as f64, &rate, &mut expires_a);
+                    let b = check_many(&mut general, now, cost as f64, &[rate], &mut expires_b);
+                    assert_eq!(
+                        (a, expires_a),
+                        (b, expires_b),
+                        "{text} cost {cost} step {step}"
+                    );
                     assert_eq!(fast, general, "{text} cost {cost} step {step}");
                 }
             }
@@ -381,11 +403,11 @@ mod tests {
             let mut state = State::new();
             for i in 0..max {
                 assert!(
-                    check(&mut state, now, &policy).0.allowed(),
+                    check(&mut state, now, &policy, &mut 0).allowed(),
                     "{text}: request {i} of {max}"
                 );
             }
-            let denied = check(&mut state, now, &policy).0;
+            let denied = check(&mut state, now, &policy, &mut 0);
             assert!(!denied.allowed(), "{text}: request {} of {max}", max + 1);
             assert!(denied.retry_after() > Duration::ZERO, "{text}");
         }

@@ -193,14 +193,21 @@ fn expiry(entries: &State, policy: &Policy) -> u64 {
 
 /// Decide one request at `now`: admitted requests add `cost` entries;
 /// denied requests change nothing but the trimming of dead entries.
+/// `expires_at` becomes when the state stops mattering.
 #[inline]
-pub(crate) fn check(entries: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
+pub(crate) fn check(
+    entries: &mut State,
+    now: u64,
+    policy: &Policy,
+    expires_at: &mut u64,
+) -> Decision {
     trim(entries, now, policy);
     let decision = decide(&Entries { entries, now }, policy, Times::exact(now));
     if decision.allowed() {
         add(entries, now, policy.cost());
     }
-    (decision, expiry(entries, policy))
+    *expires_at = expiry(entries, policy);
+    decision
 }
 
 /// The refund id an admitted check's decision carries: the time of its

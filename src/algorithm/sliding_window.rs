@@ -84,8 +84,10 @@ fn wait(c: &Counters, now: u64, cost: u64, max: u64) -> u64 {
     (c.window - elapsed) + needed
 }
 
+/// Decide one request at `now`; `expires_at` becomes when the state stops
+/// mattering.
 #[inline]
-pub(crate) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, u64) {
+pub(crate) fn check(state: &mut State, now: u64, policy: &Policy, expires: &mut u64) -> Decision {
     let cost = policy.cost();
     let rates = policy.rates();
     let counters: smallvec::SmallVec<[Counters; 4]> = rates
@@ -133,7 +135,8 @@ pub(crate) fn check(state: &mut State, now: u64, policy: &Policy) -> (Decision, 
     }
     keep_others(state, &mut next, now, policy, &mut expires_at);
     *state = next;
-    (built(builder), expires_at)
+    *expires = expires_at;
+    built(builder)
 }
 
 /// µs from `now` until the estimate is back to zero: when both counted
@@ -168,7 +171,7 @@ fn keep_others(state: &State, next: &mut State, now: u64, policy: &Policy, expir
 
 /// The decision [`check`] would take at `now`, changing nothing.
 pub(crate) fn peek(state: &State, now: u64, policy: &Policy) -> Decision {
-    check(&mut state.clone(), now, policy).0
+    check(&mut state.clone(), now, policy, &mut 0)
 }
 
 /// Add `units` to every rate's current count (at most [`MAX_UNITS`]).

@@ -77,9 +77,7 @@ impl KeyState {
             return algorithm::blocked(policy, left);
         }
         let lease = self.lease(now, 1);
-        let (decision, expires_at) = self.state.check(now, policy, lease);
-        self.expires_at = expires_at;
-        decision
+        self.state.check(now, policy, lease, &mut self.expires_at)
     }
 
     /// Run an operator's `command` at `now` and return the decision a
@@ -165,28 +163,33 @@ impl State {
         }
     }
 
-    /// Decide one request; returns the decision and when the state expires.
+    /// Decide one request; `expires_at` becomes when the state stops
+    /// mattering (returned through it: a decision returned alone is built
+    /// in the caller's place, where a pair with the time was copied twice).
     #[inline(always)]
-    pub(crate) fn check(&mut self, now: u64, policy: &Policy, lease: Lease) -> (Decision, u64) {
+    pub(crate) fn check(
+        &mut self,
+        now: u64,
+        policy: &Policy,
+        lease: Lease,
+        expires_at: &mut u64,
+    ) -> Decision {
         if !self.matches(policy.algorithm()) {
             *self = Self::new(policy.algorithm());
         }
         match self {
             Self::Log(log) => {
-                let (decision, expires_at) = sliding_log::check(log, now, policy);
+                let decision = sliding_log::check(log, now, policy, expires_at);
                 if decision.allowed() {
                     // What a refund of this check removes.
-                    return (
-                        decision.with_entries(sliding_log::entries_of(now)),
-                        expires_at,
-                    );
+                    return decision.with_entries(sliding_log::entries_of(now));
                 }
-                (decision, expires_at)
+                decision
             }
-            Self::Fixed(counters) => fixed_window::check(counters, now, policy),
-            Self::Sliding(counters) => sliding_window::check(counters, now, policy),
-            Self::Gcra(tats) => gcra::check(tats, now, policy),
-            Self::Leases(leases) => concurrency::check(leases, now, policy, lease),
+            Self::Fixed(counters) => fixed_window::check(counters, now, policy, expires_at),
+            Self::Sliding(counters) => sliding_window::check(counters, now, policy, expires_at),
+            Self::Gcra(tats) => gcra::check(tats, now, policy, expires_at),
+            Self::Leases(leases) => concurrency::check(leases, now, policy, lease, expires_at),
         }
     }
 

@@ -296,10 +296,9 @@ impl MemoryStore {
                 expires_at: 0,
             }),
         };
-        let (decision, expires_at) = entry.state.check(now, policy, lease);
-        entry.expires_at = expires_at;
+        let decision = entry.state.check(now, policy, lease, &mut entry.expires_at);
         if let Some(entry) = new
-            && expires_at > now
+            && entry.expires_at > now
         {
             self.insert(&mut shard, algorithm, hash, entry, now);
         }

@@ -76,18 +76,43 @@ fn plan(state: &State, now: u64, cost: f64, rate: &Rate) -> (f64, f64, f64, f64)
     (w, interval, d, d + cost * interval)
 }
 
+/// An offset kept after a check (at least 0), in whole µs and the
+/// fraction below, and rounded up: the TAT it writes, the reset it shows
+/// and the expiry of the state, from one conversion.
+#[derive(Clone, Copy)]
+struct Kept {
+    offset: f64,
+    whole: u64,
+    fraction: f64,
+    up: u64,
+}
+
+impl Kept {
+    #[inline]
+    fn of(offset: f64) -> Self {
+        let whole = floor_non_negative(offset);
+        let fraction = offset - float(whole);
+        Self {
+            offset,
+            whole,
+            fraction,
+            up: whole + u64::from(fraction > 0.0),
+        }
+    }
+}
+
 /// The status of `rate` whose offset is `kept` after the check (`new_d`
 /// had the request been admitted), and whether it keeps the request out.
 #[inline]
-fn status(rate: &Rate, allowed: bool, plan: (f64, f64, f64, f64), kept: f64) -> RateStatus {
+fn status(rate: &Rate, allowed: bool, plan: (f64, f64, f64, f64), kept: Kept) -> RateStatus {
     let (w, interval, _, new_d) = plan;
     let denies = !allowed && new_d > w * (1.0 + EPSILON);
     // Tokens left now: how many more intervals fit in the window.
-    let remaining = floor_non_negative((w - kept) / interval + EPSILON);
+    let remaining = floor_non_negative((w - kept.offset) / interval + EPSILON);
     RateStatus {
         rate: *rate,
         remaining: remaining.min(rate.max()),
-        reset: micros_ceil(kept),
+        reset: Micros(kept.up),
         // Admitted once the offset has shrunk to the window.
         wait: if denies {
             micros_ceil(new_d - w)
@@ -99,12 +124,11 @@ fn status(rate: &Rate, allowed: bool, plan: (f64, f64, f64, f64), kept: f64) -> 
 
 /// The TAT of an offset `kept` (> 0) at `now`, for `rate`.
 #[inline]
-fn tat(rate: &Rate, now: u64, kept: f64) -> Tat {
-    let whole = floor_non_negative(kept);
+fn tat(rate: &Rate, now: u64, kept: Kept) -> Tat {
     (
         rate.window_micros(),
-        now + whole,
-        kept - float(whole),
+        now + kept.whole,
+        kept.fraction,
         rate.max(),
     )
 }
@@ -154,10 +178,10 @@ fn check_many(
     let mut expires_at = 0u64;
     for (i, rate) in rates.iter().enumerate() {
         let plan = plan(state, now, cost, rate);
-        let kept = if allowed { plan.3 } else { plan.2 };
+        let kept = Kept::of(if allowed { plan.3 } else { plan.2 });
         builder.rate(status(rate, allowed, plan, kept));
-        if kept > 0.0 {
-            expires_at = expires_at.max(now + ceil_positive(kept));
+        if kept.up > 0 {
+            expires_at = expires_at.max(now + kept.up);
             let tat = tat(rate, now, kept);
             if in_place {
                 state[i] = tat;
@@ -186,13 +210,9 @@ fn check_one(
     let plan = plan(state, now, cost, rate);
     let (w, _, d, new_d) = plan;
     let allowed = new_d <= w * (1.0 + EPSILON);
-    let kept = if allowed { new_d } else { d };
+    let kept = Kept::of(if allowed { new_d } else { d });
     let status = status(rate, allowed, plan, kept);
-    *expires_at = if kept > 0.0 {
-        now + ceil_positive(kept)
-    } else {
-        0
-    };
+    *expires_at = if kept.up > 0 { now + kept.up } else { 0 };
     // Admitted, the offset is at least one interval (a cost is at least 1):
     // the state becomes this rate's TAT alone.
     if allowed {
@@ -244,9 +264,9 @@ fn set(state: &mut State, now: u64, policy: &Policy, f: impl Fn(f64, f64) -> f64
             .iter()
             .find(|tat| tat.0 == window)
             .map_or(0.0, |tat| offset(tat, now, rate, interval));
-        let kept = f(offset.max(0.0), interval);
-        if kept > 0.0 {
-            expires_at = expires_at.max(now + ceil_positive(kept));
+        let kept = Kept::of(f(offset.max(0.0), interval));
+        if kept.up > 0 {
+            expires_at = expires_at.max(now + kept.up);
             next.push(tat(rate, now, kept));
         }
     }

@@ -30,6 +30,31 @@ impl KeyHasher {
     }
 }
 
+/// Whether two keys of a table are the same: short keys compared as two
+/// overlapping words each (no call; a table compares a key once per
+/// check), longer ones as slices.
+#[inline]
+pub(crate) fn same_key(a: &[u8], b: &[u8]) -> bool {
+    #[inline(always)]
+    fn word<const N: usize>(key: &[u8], at: usize) -> Option<[u8; N]> {
+        key.get(at..at + N).and_then(|w| w.try_into().ok())
+    }
+    let len = a.len();
+    if len != b.len() {
+        return false;
+    }
+    match len {
+        0..4 => a.iter().zip(b).all(|(x, y)| x == y),
+        4..=8 => {
+            word::<4>(a, 0) == word::<4>(b, 0) && word::<4>(a, len - 4) == word::<4>(b, len - 4)
+        }
+        9..=16 => {
+            word::<8>(a, 0) == word::<8>(b, 0) && word::<8>(a, len - 8) == word::<8>(b, len - 8)
+        }
+        _ => a == b,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -44,5 +69,24 @@ mod tests {
         assert_ne!(hasher.hash(b""), hasher.hash(b"\0"));
         // Keyed at random: two hashers disagree.
         assert_ne!(KeyHasher::new().hash(b"k"), KeyHasher::new().hash(b"k"));
+    }
+
+    /// Every length up to 40 bytes, a key against itself and against the
+    /// same key with any one byte changed or one byte more.
+    #[test]
+    fn keys_compare_as_slices_do() {
+        for len in 0..40usize {
+            let key: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+            assert!(same_key(&key, &key.clone()), "{len}");
+            for at in 0..len {
+                let mut other = key.clone();
+                other[at] ^= 0x20;
+                assert!(!same_key(&key, &other), "{len} at {at}");
+            }
+            let mut longer = key.clone();
+            longer.push(b'a');
+            assert!(!same_key(&key, &longer), "{len}");
+            assert!(!same_key(&longer, &key), "{len}");
+        }
     }
 }

@@ -17,7 +17,7 @@ pub(crate) mod memory;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 
-pub(crate) use key_hasher::KeyHasher;
+pub(crate) use key_hasher::{KeyHasher, same_key};
 pub use key_state::KeyState;
 pub(crate) use key_state::State;
 pub use memory::MemoryStore;

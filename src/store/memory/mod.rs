@@ -9,7 +9,9 @@ use crate::algorithm::{self, concurrency};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Lease};
 use crate::policy::{Algorithm, Policy};
-use crate::store::{Command, KeyHasher, MAX_RAW_KEY_LEN, State, Store, StoreError, bounded_key};
+use crate::store::{
+    Command, KeyHasher, MAX_RAW_KEY_LEN, State, Store, StoreError, bounded_key, same_key,
+};
 
 const SHARDS: usize = 16;
 /// Every this many operations on a shard, one shard (in turn) drops its idle
@@ -218,7 +220,13 @@ impl MemoryStore {
         let key = bounded_key(key);
         let key = key.as_ref();
         let (hash, index) = self.locate(key);
-        self.check_located(hash, index, |held| held == key, || key.into(), policy)
+        self.check_located(
+            hash,
+            index,
+            |held| same_key(held.as_bytes(), key.as_bytes()),
+            || key.into(),
+            policy,
+        )
     }
 
     /// [`check_now`](Self::check_now) of the key `{prefix}:{key}`, spelled
@@ -247,7 +255,7 @@ impl MemoryStore {
             held.push_str(key);
             held
         };
-        let is_key = |held: &str| held.as_bytes() == whole;
+        let is_key = |held: &str| same_key(held.as_bytes(), whole);
         self.check_located(hash, Self::shard_of(hash), is_key, new_key, policy)
     }
 

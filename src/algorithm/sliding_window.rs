@@ -16,7 +16,7 @@
 
 use super::{MAX_UNITS, built};
 use crate::decision::{Decision, DecisionBuilder, Micros, RateStatus};
-use crate::policy::{Algorithm, Policy};
+use crate::policy::{Algorithm, Policy, Rate};
 
 /// Two counters per rate, found by its window.
 ///
@@ -24,7 +24,7 @@ use crate::policy::{Algorithm, Policy};
 /// follow from the store's table).
 pub(crate) type State = smallvec::SmallVec<[Counters; 1]>;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Counters {
     window: u64,
     /// Index of the window `current` counts.
@@ -87,7 +87,96 @@ fn wait(c: &Counters, now: u64, cost: u64, max: u64) -> u64 {
 /// Decide one request at `now`; `expires_at` becomes when the state stops
 /// mattering.
 #[inline]
-pub(crate) fn check(state: &mut State, now: u64, policy: &Policy, expires: &mut u64) -> Decision {
+pub(crate) fn check(
+    state: &mut State,
+    now: u64,
+    policy: &Policy,
+    expires_at: &mut u64,
+) -> Decision {
+    if let [rate] = policy.rates()
+        && let Some(decided) = check_one(state, now, policy.cost(), rate, expires_at)
+    {
+        return decided;
+    }
+    check_many(state, now, policy, expires_at)
+}
+
+/// [`check`] of a policy of one rate over a state of that rate's window
+/// only (a key's usual state): the same decision and state, without the
+/// builder or a vector of counters. `None`, changing nothing, for a state
+/// of other windows, which the general path keeps.
+#[inline]
+fn check_one(
+    state: &mut State,
+    now: u64,
+    cost: u64,
+    rate: &Rate,
+    expires_at: &mut u64,
+) -> Option<Decision> {
+    let window = rate.window_micros();
+    match state.as_slice() {
+        [] => {}
+        [c] if c.window == window => {}
+        _ => return None,
+    }
+    let c = rolled(state, window, now);
+    let allowed = fits(&c, now - c.index * c.window, cost, rate.max());
+    let (status, c) = after(rate, c, now, cost, allowed);
+    if c.current > 0 || c.previous > 0 {
+        *expires_at = now + status.reset.0;
+        match state.as_mut_slice() {
+            [only] => *only = c,
+            _ => state.push(c),
+        }
+    } else {
+        *expires_at = 0;
+        state.clear();
+    }
+    Some(DecisionBuilder::one(
+        allowed,
+        Algorithm::SlidingWindow,
+        status,
+    ))
+}
+
+/// The status of `rate` after a check that was `allowed` or not, and its
+/// counters `c` (rolled to `now`) after it.
+#[inline]
+fn after(
+    rate: &Rate,
+    mut c: Counters,
+    now: u64,
+    cost: u64,
+    allowed: bool,
+) -> (RateStatus, Counters) {
+    let elapsed = now - c.index * c.window;
+    let w = u128::from(c.window);
+    let denies = !allowed && !fits(&c, elapsed, cost, rate.max());
+    let wait_us = if denies {
+        wait(&c, now, cost, rate.max())
+    } else {
+        0
+    };
+    if allowed {
+        c.current += cost;
+    }
+    // Requests that still fit now: floor((max × w − previous × (w − elapsed)) / w) − current.
+    let weighted = u128::from(c.previous) * (w - u128::from(elapsed));
+    let room = (u128::from(rate.max()) * w).saturating_sub(weighted) / w;
+    let remaining = u64::try_from(room)
+        .unwrap_or(u64::MAX)
+        .saturating_sub(c.current);
+    let status = RateStatus {
+        rate: *rate,
+        remaining,
+        reset: Micros(reset(&c, now)),
+        wait: Micros(wait_us),
+    };
+    (status, c)
+}
+
+/// [`check`] of any policy over any state.
+fn check_many(state: &mut State, now: u64, policy: &Policy, expires: &mut u64) -> Decision {
     let cost = policy.cost();
     let rates = policy.rates();
     let counters: smallvec::SmallVec<[Counters; 4]> = rates
@@ -103,31 +192,9 @@ pub(crate) fn check(state: &mut State, now: u64, policy: &Policy, expires: &mut 
     let mut expires_at = 0;
     let mut next = State::with_capacity(rates.len());
     for (rate, c) in rates.iter().zip(&counters) {
-        let mut c = *c;
-        let elapsed = now - c.index * c.window;
-        let w = u128::from(c.window);
-        let denies = !allowed && !fits(&c, elapsed, cost, rate.max());
-        let wait_us = if denies {
-            wait(&c, now, cost, rate.max())
-        } else {
-            0
-        };
-        if allowed {
-            c.current += cost;
-        }
-        // Requests that still fit now: floor((max × w − previous × (w − elapsed)) / w) − current.
-        let weighted = u128::from(c.previous) * (w - u128::from(elapsed));
-        let room = (u128::from(rate.max()) * w).saturating_sub(weighted) / w;
-        let remaining = u64::try_from(room)
-            .unwrap_or(u64::MAX)
-            .saturating_sub(c.current);
-        let reset = reset(&c, now);
-        builder.rate(RateStatus {
-            rate: *rate,
-            remaining,
-            reset: Micros(reset),
-            wait: Micros(wait_us),
-        });
+        let (status, c) = after(rate, *c, now, cost, allowed);
+        let reset = status.reset.0;
+        builder.rate(status);
         if c.current > 0 || c.previous > 0 {
             expires_at = expires_at.max(now + reset);
             next.push(c);
@@ -207,4 +274,66 @@ fn set(state: &mut State, now: u64, policy: &Policy, f: impl Fn(&mut Counters)) 
     keep_others(state, &mut next, now, policy, &mut expires_at);
     *state = next;
     expires_at
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one-rate fast path takes the decisions, and leaves the state, of
+    /// the general path wherever it decides: over bursts, denials, costs
+    /// above one, windows that slid by and gaps longer than two windows; it
+    /// leaves a state of other windows to the general path.
+    #[test]
+    fn one_rate_takes_the_general_paths_decisions() {
+        let base = 1_763_800_000_000_000u64;
+        for text in ["3/1s", "7/1s", "4/10ms", "1000/1s", "5/300ms"] {
+            for cost in [1, 2, 3] {
+                let policy: Policy = text.parse::<Policy>().unwrap();
+                let policy = policy.sliding_window().unwrap().with_cost(cost).unwrap();
+                let rate = policy.rates()[0];
+                let (mut fast, mut general) = (State::new(), State::new());
+                let mut denied = 0;
+                for (step, now) in super::super::burst_times(base) {
+                    let (mut expires_a, mut expires_b) = (0, 1);
+                    let b = check_many(&mut general, now, &policy, &mut expires_b);
+                    // A state of the rate's own window (or none): the fast
+                    // path decides every check.
+                    let a = check_one(&mut fast, now, cost, &rate, &mut expires_a)
+                        .unwrap_or_else(|| panic!("{text} cost {cost} step {step}: declined"));
+                    denied += usize::from(!a.allowed());
+                    assert_eq!(
+                        (a, expires_a),
+                        (b, expires_b),
+                        "{text} cost {cost} step {step}"
+                    );
+                    assert_eq!(fast, general, "{text} cost {cost} step {step}");
+                }
+                if text != "1000/1s" {
+                    assert!(
+                        denied > 0,
+                        "{text} cost {cost}: the bursts were never denied"
+                    );
+                }
+            }
+        }
+        // A state of other windows (a changed policy) is the general path's.
+        let policy: Policy = "3/1s".parse::<Policy>().unwrap().sliding_window().unwrap();
+        let mut state = State::new();
+        state.push(Counters {
+            window: 60_000_000,
+            index: base / 60_000_000,
+            current: 2,
+            previous: 0,
+        });
+        let before = state.clone();
+        assert!(check_one(&mut state, base, 1, &policy.rates()[0], &mut 0).is_none());
+        assert_eq!(state, before);
+        check(&mut state, base, &policy, &mut 0);
+        assert_eq!(
+            state.len(),
+            2,
+            "the other window's counters stay: {state:?}"
+        );
+    }
 }

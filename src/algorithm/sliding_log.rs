@@ -18,7 +18,7 @@
 
 use super::built;
 use crate::decision::{Decision, DecisionBuilder, Micros, RateState, RefundId};
-use crate::policy::{Policy, Rate, duration_micros};
+use crate::policy::{Algorithm, Policy, Rate, duration_micros};
 use std::collections::VecDeque;
 
 /// The entries of one key: timestamps in µs, oldest first, one per unit of cost.
@@ -73,6 +73,20 @@ impl Times {
 /// rate has room for its cost and the spacing has passed. Changes nothing.
 #[inline]
 pub(crate) fn decide(log: &impl Log, policy: &Policy, times: Times) -> Decision {
+    // One rate and no spacing (the usual policy): that rate's state is the
+    // decision, without the builder.
+    if let ([rate], None) = (policy.rates(), policy.min_spacing()) {
+        let cost = policy.cost();
+        let count = log.count(0, rate);
+        let allowed = count + cost <= rate.max();
+        let state = rate_state(log, (0, rate), count, cost, allowed, times);
+        return DecisionBuilder::one(allowed, Algorithm::SlidingLog, state);
+    }
+    decide_many(log, policy, times)
+}
+
+/// [`decide`] of any policy.
+fn decide_many(log: &impl Log, policy: &Policy, times: Times) -> Decision {
     let cost = policy.cost();
     let newest = log.newest();
 
@@ -104,32 +118,46 @@ pub(crate) fn decide(log: &impl Log, policy: &Policy, times: Times) -> Decision 
     let mut builder = DecisionBuilder::new(allowed);
     builder.wait(Micros(spacing_wait));
     for (i, (rate, &count)) in rates.iter().zip(counts.iter()).enumerate() {
-        let window = rate.window_micros();
-        let (remaining, reset, wait) = if allowed {
-            (rate.max() - count - cost, window, 0)
-        } else {
-            let reset = match newest {
-                Some(t) if count > 0 => times.until(t.saturating_add(window), window),
-                _ => 0,
-            };
-            let wait = if count + cost > rate.max() {
-                // Admitted once at most `max - cost` entries are left in the
-                // window: when the entry of reverse rank `max - cost` leaves.
-                log.nth_newest(i, rate.max() - cost)
-                    .map_or(window, |t| times.until(t.saturating_add(window), window))
-            } else {
-                0
-            };
-            (rate.max().saturating_sub(count), reset, wait)
-        };
-        builder.rate(RateState {
-            rate: *rate,
-            remaining,
-            reset: Micros(reset),
-            wait: Micros(wait),
-        });
+        builder.rate(rate_state(log, (i, rate), count, cost, allowed, times));
     }
     built(builder)
+}
+
+/// The state of rate `i` of the policy, which counts `count` entries, for
+/// a request of `cost` that was `allowed` or not.
+#[inline]
+fn rate_state(
+    log: &impl Log,
+    (i, rate): (usize, &Rate),
+    count: u64,
+    cost: u64,
+    allowed: bool,
+    times: Times,
+) -> RateState {
+    let window = rate.window_micros();
+    let (remaining, reset, wait) = if allowed {
+        (rate.max() - count - cost, window, 0)
+    } else {
+        let reset = match log.newest() {
+            Some(t) if count > 0 => times.until(t.saturating_add(window), window),
+            _ => 0,
+        };
+        let wait = if count + cost > rate.max() {
+            // Admitted once at most `max - cost` entries are left in the
+            // window: when the entry of reverse rank `max - cost` leaves.
+            log.nth_newest(i, rate.max() - cost)
+                .map_or(window, |t| times.until(t.saturating_add(window), window))
+        } else {
+            0
+        };
+        (rate.max().saturating_sub(count), reset, wait)
+    };
+    RateState {
+        rate: *rate,
+        remaining,
+        reset: Micros(reset),
+        wait: Micros(wait),
+    }
 }
 
 /// A whole log, read at `now`.
@@ -293,6 +321,46 @@ mod tests {
         fn nth_newest(&self, _: usize, rank: u64) -> Option<u64> {
             let rank = usize::try_from(rank).ok()?;
             self.0.iter().rev().nth(rank).copied()
+        }
+    }
+
+    /// A policy of one rate without spacing takes the general path's
+    /// decisions (the builder's), at exact and padded times, over bursts,
+    /// denials and costs above one.
+    #[test]
+    fn one_rate_takes_the_general_paths_decisions() {
+        let base = 1_763_800_000_000_000u64;
+        for text in ["3/1s", "7/1s", "4/10ms", "5/300ms"] {
+            for cost in [1, 2, 3] {
+                let policy = text.parse::<Policy>().unwrap().with_cost(cost).unwrap();
+                let mut entries = State::new();
+                let mut denied = 0;
+                for (step, now) in super::super::burst_times(base) {
+                    trim(&mut entries, now, &policy);
+                    let log = Entries {
+                        entries: &entries,
+                        now,
+                    };
+                    let padded = Times {
+                        at: now,
+                        from: now - 500,
+                        pad: 10_000,
+                    };
+                    for times in [Times::exact(now), padded] {
+                        assert_eq!(
+                            decide(&log, &policy, times),
+                            decide_many(&log, &policy, times),
+                            "{text} cost {cost} step {step} {times:?}"
+                        );
+                    }
+                    if decide(&log, &policy, Times::exact(now)).allowed() {
+                        add(&mut entries, now, cost);
+                    } else {
+                        denied += 1;
+                    }
+                }
+                assert!(denied > 0, "{text} cost {cost}: never denied");
+            }
         }
     }
 

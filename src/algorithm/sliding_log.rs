@@ -96,7 +96,7 @@ fn decide_many(log: &impl Log, policy: &Policy, times: Times) -> Decision {
         let ready_at = last.saturating_add(duration_micros(spacing));
         if ready_at > times.at {
             allowed = false;
-            spacing_wait = times.until(ready_at, duration_micros(policy.longest_window()));
+            spacing_wait = times.until(ready_at, policy.longest_window_micros());
         }
     }
     let mut counts = [0u64; 8];
@@ -194,7 +194,7 @@ impl Log for Entries<'_> {
 /// Drop the entries out of every window.
 #[inline]
 fn trim(entries: &mut State, now: u64, policy: &Policy) {
-    let dead_before = now.saturating_sub(duration_micros(policy.longest_window()));
+    let dead_before = now.saturating_sub(policy.longest_window_micros());
     while entries.front().is_some_and(|&t| t <= dead_before) {
         entries.pop_front();
     }
@@ -215,7 +215,7 @@ fn add(entries: &mut State, now: u64, n: u64) {
 
 /// When the state stops mattering: its newest entry leaves the longest window.
 fn expiry(entries: &State, policy: &Policy) -> u64 {
-    let horizon = duration_micros(policy.longest_window());
+    let horizon = policy.longest_window_micros();
     entries.back().map_or(0, |&t| t.saturating_add(horizon))
 }
 

@@ -392,6 +392,17 @@ impl Policy {
             .map_or(Duration::ZERO, Rate::window)
             .max(self.min_spacing.unwrap_or(Duration::ZERO))
     }
+
+    /// [`longest_window`](Self::longest_window) in whole µs (the windows'
+    /// cached µs: no `Duration` arithmetic per check).
+    #[inline]
+    pub(crate) fn longest_window_micros(&self) -> u64 {
+        let longest = self.rates.last().map_or(0, Rate::window_micros);
+        match self.min_spacing {
+            None => longest,
+            Some(spacing) => longest.max(duration_micros(spacing)),
+        }
+    }
 }
 
 /// Why an algorithm other than the fixed window refuses a calendar rate.

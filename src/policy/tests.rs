@@ -366,3 +366,30 @@ fn calendar_rates_count_in_fixed_windows_only() {
     assert_eq!(shared.rates()[1].max(), 250_000);
     assert_eq!(policy.longest_window(), secs(31 * 86_400 + 3_600));
 }
+
+/// The longest window in µs is that of the `Duration`, spacing included.
+#[test]
+fn the_longest_window_in_micros_is_the_durations() {
+    let sub_micro = Policy::new([Rate::new(10, Duration::from_nanos(1_500_500)).unwrap()]).unwrap();
+    let parsed =
+        ["3/s", "3/s, 20/min", "7/1500ms", "5/2h, 1/300ms"].map(|text| text.parse().unwrap());
+    for policy in parsed.into_iter().chain([sub_micro]) {
+        let policy: Policy = policy;
+        for policy in [
+            policy.clone(),
+            policy
+                .clone()
+                .with_min_spacing(Duration::from_millis(1))
+                .unwrap(),
+            policy
+                .with_min_spacing(Duration::from_secs(3 * 3600) + Duration::from_nanos(999))
+                .unwrap(),
+        ] {
+            assert_eq!(
+                policy.longest_window_micros(),
+                duration_micros(policy.longest_window()),
+                "{policy:?}"
+            );
+        }
+    }
+}

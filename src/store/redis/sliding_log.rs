@@ -150,7 +150,7 @@ async fn send<C: ConnectionLike>(
 ) -> Result<Vec<Value>, StoreError> {
     let key = keys.state;
     let rates = policy.rates();
-    let longest = duration_micros(policy.longest_window());
+    let longest = policy.longest_window_micros();
     let stamp = now.saturating_add(tolerance);
     let from = now.saturating_sub(tolerance);
     // Entries are deleted only once they are out of every window by a time

@@ -204,7 +204,11 @@ fn trim(entries: &mut State, now: u64, policy: &Policy) {
 fn add(entries: &mut State, now: u64, n: u64) {
     // Usually the newest: appended without a search.
     if entries.back().is_none_or(|&t| t <= now) {
-        entries.extend(std::iter::repeat_n(now, n as usize));
+        // Pushed one by one: `extend` of a repeated item costs ~40
+        // instructions more for the usual single entry.
+        for _ in 0..n {
+            entries.push_back(now);
+        }
     } else {
         let at = entries.partition_point(|&t| t <= now);
         for _ in 0..n {

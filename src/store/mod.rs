@@ -11,18 +11,18 @@ use crate::policy::Policy;
 
 #[cfg(feature = "test-util")]
 pub mod conformance;
-mod key_hasher;
 mod key_state;
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
+mod table_key;
 
-pub(crate) use key_hasher::{KeyHasher, same_key};
 pub use key_state::KeyState;
 pub(crate) use key_state::State;
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreBuilder, TrackedConnection, TrackedManager};
+pub(crate) use table_key::{KeyHasher, same_key};
 
 /// The Lua scripts `RedisStore` runs, as sent to Redis (feature
 /// `test-util`): for differential tests and benchmarks that run them

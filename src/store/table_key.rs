@@ -1,4 +1,5 @@
-//! The hash of a key in the tables this process holds keys in.
+//! How the tables this process holds keys in find a key: its hash and
+//! its comparison.
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};

@@ -262,15 +262,25 @@ pub(crate) fn bounded_key(key: &str) -> std::borrow::Cow<'_, str> {
     let braces = key
         .bytes()
         .fold(false, |found, b| found | (b == b'{') | (b == b'}'));
-    let needs_hash = key.len() > MAX_RAW_KEY_LEN || key.starts_with('#') || braces;
-    if needs_hash {
-        std::borrow::Cow::Owned(format!(
-            "#{}",
-            sha1_smol::Sha1::from(key.as_bytes()).digest()
-        ))
-    } else {
+    if held_as_is(key, || braces) {
         std::borrow::Cow::Borrowed(key)
+    } else {
+        std::borrow::Cow::Owned(hashed_key(key))
     }
+}
+
+/// Whether [`bounded_key`] leaves `key` as it is, where `braces` tells
+/// whether it holds a `{` or a `}` (asked only of a key short enough and
+/// not starting with `#`: a caller may find it while hashing the key).
+#[inline]
+pub(crate) fn held_as_is(key: &str, braces: impl FnOnce() -> bool) -> bool {
+    key.len() <= MAX_RAW_KEY_LEN && !key.starts_with('#') && !braces()
+}
+
+/// The form [`bounded_key`] gives a key it does not leave as it is.
+#[cold]
+pub(crate) fn hashed_key(key: &str) -> String {
+    format!("#{}", sha1_smol::Sha1::from(key.as_bytes()).digest())
 }
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;

@@ -10,7 +10,8 @@ use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Lease};
 use crate::policy::{Algorithm, Policy};
 use crate::store::{
-    Command, KeyHasher, MAX_RAW_KEY_LEN, State, Store, StoreError, bounded_key, same_key,
+    Command, KeyHasher, MAX_RAW_KEY_LEN, State, Store, StoreError, bounded_key, hashed_key,
+    held_as_is, same_key,
 };
 
 const SHARDS: usize = 16;
@@ -217,12 +218,24 @@ impl MemoryStore {
     /// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
     /// ```
     pub fn check_now(&self, key: &str, policy: &Policy) -> Decision {
-        let key = bounded_key(key);
-        let key = key.as_ref();
-        let (hash, index) = self.locate(key);
+        // The usual key is held as it is: hashed, and its braces found, in
+        // one pass over it.
+        let mut hash = 0;
+        let hashed: String;
+        let key = if held_as_is(key, || {
+            let braces;
+            (hash, braces) = self.inner.hasher.hash_and_braces(key.as_bytes());
+            braces
+        }) {
+            key
+        } else {
+            hashed = hashed_key(key);
+            hash = self.inner.hasher.hash(hashed.as_bytes());
+            &hashed
+        };
         self.check_located(
             hash,
-            index,
+            Self::shard_of(hash),
             |held| same_key(held.as_bytes(), key.as_bytes()),
             || key.into(),
             policy,
@@ -566,6 +579,34 @@ mod tests {
                 store.check_now("k", &long);
             }
             assert_eq!(admitted, 2, "{algorithm}");
+        }
+    }
+
+    /// A key the store holds hashed (a brace, `#` first, too long) is
+    /// found by a check, which hashes it while reading it, as by an
+    /// operator's command, which bounds it first: a block of it bites, and
+    /// it counts apart from the keys it resembles.
+    #[test]
+    fn keys_held_hashed_are_found_by_checks_and_commands_alike() {
+        let clock = ManualClock::new(Duration::from_secs(1_000));
+        let store = MemoryStore::with_clock(clock);
+        let policy: Policy = "2/s".parse().unwrap();
+        let long = "k".repeat(MAX_RAW_KEY_LEN + 1);
+        let pairs = [
+            ("{k}", "k"),
+            ("l}", "l"),
+            ("a{", "a"),
+            ("#m", "m"),
+            ("ab{cdefgh}ijklmnopq", "abcdefghijklmnopq"),
+            (&long, &long[1..]),
+        ];
+        for (key, look_alike) in pairs {
+            assert!(store.check_now(key, &policy).allowed(), "{key}");
+            store.command_now(key, &policy, Command::Block(Duration::from_secs(60)));
+            assert!(store.check_now(key, &policy).blocked(), "{key}");
+            // A look-alike held as it is counts on its own.
+            let other = store.check_now(look_alike, &policy);
+            assert!(other.allowed() && !other.blocked(), "{key}");
         }
     }
 

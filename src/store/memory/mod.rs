@@ -306,22 +306,34 @@ impl MemoryStore {
         } else {
             0
         });
-        // One call of the decision for a held key and a new one (inlined
-        // once): a new key's entry is held only if its state matters.
-        let mut new = None;
-        let entry = match shard.keys[algorithm].find_mut(hash, |e| is_key(&e.key)) {
-            Some(entry) => entry,
-            None => new.insert(Entry {
-                key: whole(),
-                state: State::new(policy.algorithm()),
-                expires_at: 0,
-            }),
+        // A held key's decision is returned as the state's check writes it
+        // (no copy); a new key's takes the call below.
+        if let Some(entry) = shard.keys[algorithm].find_mut(hash, |e| is_key(&e.key)) {
+            return entry.state.check(now, policy, lease, &mut entry.expires_at);
+        }
+        self.check_new(&mut shard, hash, whole(), policy, lease, now)
+    }
+
+    /// The check of a key the shard does not hold: its entry is held only
+    /// if its state matters after the check.
+    #[inline(never)]
+    fn check_new(
+        &self,
+        shard: &mut Shard,
+        hash: u64,
+        key: CompactString,
+        policy: &Policy,
+        lease: Lease,
+        now: u64,
+    ) -> Decision {
+        let mut entry = Entry {
+            key,
+            state: State::new(policy.algorithm()),
+            expires_at: 0,
         };
         let decision = entry.state.check(now, policy, lease, &mut entry.expires_at);
-        if let Some(entry) = new
-            && entry.expires_at > now
-        {
-            self.insert(&mut shard, algorithm, hash, entry, now);
+        if entry.expires_at > now {
+            self.insert(shard, policy.algorithm().index(), hash, entry, now);
         }
         decision
     }

@@ -15,11 +15,14 @@ use crate::store::{
 };
 
 const SHARDS: usize = 16;
-/// Every this many operations on a shard, one shard (in turn) drops its idle
-/// keys: a store in use sweeps every shard, idle or not, at least every
-/// `SWEEP_STRIDE * SHARDS` operations. Counted per shard, under its lock, so
-/// threads share no counter.
-const SWEEP_STRIDE: u64 = 1024;
+/// Every this long (µs) that a shard is in use, one shard (in turn) drops
+/// its idle keys: a store in use sweeps every shard, idle or not, within
+/// `SWEEP_PERIOD * SHARDS`, and about every `SWEEP_PERIOD` when its keys
+/// spread over every shard. By the clock, not by operations: a busy store
+/// does not sweep more often than a quiet one (the work of a sweep grows
+/// with the keys, not with the traffic), and a quiet one still sweeps.
+/// Timed per shard, under its lock, so threads share no counter.
+const SWEEP_PERIOD: u64 = 1_000_000;
 /// How long (µs) a sweep keeps a key after its state stopped mattering: a
 /// key that comes back within it reuses its entry instead of allocating a
 /// new one. (A state past its end decides as no state would, so keeping it
@@ -91,8 +94,10 @@ struct Shard {
     /// looks no further.
     blocks: HashTable<Block>,
     inserts_since_sweep: u64,
-    /// Operations on this shard, for the sweep.
-    ops: u64,
+    /// When (µs) this shard next sweeps a shard, and how many sweeps it
+    /// started (which shard is next).
+    sweep_at: u64,
+    sweeps: u64,
     /// Concurrency leases taken in this shard so far: a lease's id is the
     /// shard's index and this count, unique in the store, and taken under
     /// the shard's lock (two threads share no counter).
@@ -286,14 +291,8 @@ impl MemoryStore {
         let now = self.now();
         let algorithm = policy.algorithm().index();
         let mut shard = self.lock(index);
-        shard.ops += 1;
-        if shard.ops.is_multiple_of(SWEEP_STRIDE) {
-            let turn = (shard.ops / SWEEP_STRIDE) as usize % SHARDS;
-            if turn == index {
-                shard.sweep(now, SWEEP_GRACE);
-            } else {
-                self.sweep_one(turn, now);
-            }
+        if now >= shard.sweep_at {
+            self.sweep_in_turn(&mut shard, index, now);
         }
         if !shard.blocks.is_empty()
             && let Some(blocked) = shard.blocked(hash, &is_key, now, policy)
@@ -455,6 +454,20 @@ impl MemoryStore {
 
     /// Sweep one shard, unless another thread holds it (it will be swept on
     /// a later turn). Never waits, so holding another shard's lock is safe.
+    /// Shard `index`'s turn to sweep, at `now`: the next shard in its
+    /// turn (itself every `SHARDS` turns) drops its idle keys.
+    #[cold]
+    fn sweep_in_turn(&self, shard: &mut Shard, index: usize, now: u64) {
+        shard.sweep_at = now.saturating_add(SWEEP_PERIOD);
+        shard.sweeps += 1;
+        let turn = (index + shard.sweeps as usize) % SHARDS;
+        if turn == index {
+            shard.sweep(now, SWEEP_GRACE);
+        } else {
+            self.sweep_one(turn, now);
+        }
+    }
+
     fn sweep_one(&self, index: usize, now: u64) {
         match self.inner.shards[index].0.try_lock() {
             Ok(mut shard) => shard.sweep(now, SWEEP_GRACE),
@@ -641,11 +654,36 @@ mod tests {
         }
         assert!(store.len() <= 160);
         assert!(store.len() >= 150, "{}", store.len());
-        // Every key goes idle; enough operations later they are gone.
+        // Every key goes idle. A store in use on one key (one shard)
+        // sweeps a shard a period, in turn: within a period per shard,
+        // every idle key is gone, and not before.
+        store.check_now("busy", &policy);
         clock.advance(Duration::from_secs(2));
-        for _ in 0..SWEEP_STRIDE * SHARDS as u64 {
+        let (idle, per_shard) = (store.len(), 160 / SHARDS);
+        for turn in 1..=SHARDS {
             store.check_now("busy", &policy);
+            // One shard a period, at most.
+            assert!(
+                store.len() + per_shard * turn >= idle,
+                "{turn}: {}",
+                store.len()
+            );
+            clock.advance(Duration::from_micros(SWEEP_PERIOD));
         }
         assert!(store.len() <= 16, "{}", store.len());
+        // No sweep within a period, however many checks: keys that went
+        // idle stay until the next.
+        let store = MemoryStore::with_clock(clock.clone());
+        for i in 0..100 {
+            store.check_now(&format!("k{i}"), &policy);
+        }
+        clock.advance(Duration::from_secs(2));
+        store.check_now("busy", &policy);
+        let after_one_sweep = store.len();
+        assert!(after_one_sweep > 50, "{after_one_sweep}");
+        for _ in 0..10_000 {
+            store.check_now("busy", &policy);
+        }
+        assert_eq!(store.len(), after_one_sweep);
     }
 }

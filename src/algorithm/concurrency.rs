@@ -78,25 +78,26 @@ pub(crate) fn check(
     state: &mut State,
     now: u64,
     policy: &Policy,
-    lease: Lease,
+    lease: impl FnOnce() -> Lease,
     expires_at: &mut u64,
 ) -> Decision {
     state.expire(now);
     let held = state.leases.len() as u64;
     let rate = policy.rates()[0];
     let allowed = held < rate.max();
-    if allowed {
+    let lease = allowed.then(|| {
+        let lease = lease();
         state.leases.push((lease, now + rate.window_micros()));
-    }
+        lease
+    });
     // Asked only of a denied request, which pushed nothing.
     let leases = &state.leases;
     let soonest = || leases.iter().map(|&(_, expiry)| expiry).min();
     let decision = decide(held, soonest, now, policy);
     *expires_at = state.expiry();
-    if allowed {
-        decision.with_lease(lease)
-    } else {
-        decision
+    match lease {
+        Some(lease) => decision.with_lease(lease),
+        None => decision,
     }
 }
 

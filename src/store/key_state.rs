@@ -76,7 +76,8 @@ impl KeyState {
         if let Some(left) = algorithm::block_left(self.blocked_until, now) {
             return algorithm::blocked(policy, left);
         }
-        let lease = self.lease(now, 1);
+        let next_lease = &mut self.next_lease;
+        let lease = || take_leases(next_lease, now, 1);
         self.state.check(now, policy, lease, &mut self.expires_at)
     }
 
@@ -133,13 +134,18 @@ impl KeyState {
         self.state.peek(now, policy)
     }
 
-    /// The first of `n` lease ids no slot of this key holds: the time
-    /// (µs) and a count from a random start.
+    /// The first of `n` lease ids no slot of this key holds.
     fn lease(&mut self, now: u64, n: u64) -> Lease {
-        let first = (u128::from(now) << 64) | u128::from(self.next_lease);
-        self.next_lease = self.next_lease.wrapping_add(n);
-        Lease::new(first)
+        take_leases(&mut self.next_lease, now, n)
     }
+}
+
+/// The first of `n` lease ids no slot of a key holds: the time (µs) and a
+/// count from a random start, `next`, which moves past them.
+fn take_leases(next: &mut u64, now: u64, n: u64) -> Lease {
+    let first = (u128::from(now) << 64) | u128::from(*next);
+    *next = next.wrapping_add(n);
+    Lease::new(first)
 }
 
 /// The state of one key under one algorithm.
@@ -166,12 +172,14 @@ impl State {
     /// Decide one request; `expires_at` becomes when the state stops
     /// mattering (returned through it: a decision returned alone is built
     /// in the caller's place, where a pair with the time was copied twice).
+    /// `lease` is asked only by an admitted concurrency check, for the id
+    /// of its slot.
     #[inline(always)]
     pub(crate) fn check(
         &mut self,
         now: u64,
         policy: &Policy,
-        lease: Lease,
+        lease: impl FnOnce() -> Lease,
         expires_at: &mut u64,
     ) -> Decision {
         if !self.matches(policy.algorithm()) {

@@ -108,10 +108,16 @@ impl Shard {
     /// The ids of `n` new leases of shard `index`: consecutive, never
     /// given before by this store.
     fn take_leases(&mut self, index: usize, n: u64) -> u128 {
-        let first = self.leases;
-        self.leases += n;
-        ((index as u128) << 64) | u128::from(first)
+        take_leases(&mut self.leases, index, n)
     }
+}
+
+/// The ids of `n` new leases of shard `index`, whose count of leases taken
+/// is `taken`: consecutive, never given before by this store.
+fn take_leases(taken: &mut u64, index: usize, n: u64) -> u128 {
+    let first = *taken;
+    *taken += n;
+    ((index as u128) << 64) | u128::from(first)
 }
 
 #[derive(Debug)]
@@ -299,18 +305,15 @@ impl MemoryStore {
         {
             return blocked;
         }
-        // Only a concurrency check takes a lease.
-        let lease = Lease::new(if policy.algorithm() == Algorithm::Concurrency {
-            shard.take_leases(index, 1)
-        } else {
-            0
-        });
         // A held key's decision is returned as the state's check writes it
-        // (no copy); a new key's takes the call below.
-        if let Some(entry) = shard.keys[algorithm].find_mut(hash, |e| is_key(&e.key)) {
+        // (no copy); a new key's takes the call below. Only an admitted
+        // concurrency check takes a lease.
+        let Shard { keys, leases, .. } = &mut *shard;
+        if let Some(entry) = keys[algorithm].find_mut(hash, |e| is_key(&e.key)) {
+            let lease = || Lease::new(take_leases(leases, index, 1));
             return entry.state.check(now, policy, lease, &mut entry.expires_at);
         }
-        self.check_new(&mut shard, hash, whole(), policy, lease, now)
+        self.check_new(&mut shard, index, hash, whole(), policy, now)
     }
 
     /// The check of a key the shard does not hold: its entry is held only
@@ -319,10 +322,10 @@ impl MemoryStore {
     fn check_new(
         &self,
         shard: &mut Shard,
+        index: usize,
         hash: u64,
         key: CompactString,
         policy: &Policy,
-        lease: Lease,
         now: u64,
     ) -> Decision {
         let mut entry = Entry {
@@ -330,6 +333,7 @@ impl MemoryStore {
             state: State::new(policy.algorithm()),
             expires_at: 0,
         };
+        let lease = || Lease::new(take_leases(&mut shard.leases, index, 1));
         let decision = entry.state.check(now, policy, lease, &mut entry.expires_at);
         if entry.expires_at > now {
             self.insert(shard, policy.algorithm().index(), hash, entry, now);

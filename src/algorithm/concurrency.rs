@@ -72,7 +72,8 @@ fn decide(held: u64, soonest: impl FnOnce() -> Option<u64>, now: u64, policy: &P
     built(builder)
 }
 
-/// Decide one request at `now`; admitted, it holds `lease`.
+/// Decide one request at `now`; admitted, it holds the lease `lease`
+/// gives (asked only then).
 #[inline]
 pub(crate) fn check(
     state: &mut State,

@@ -77,7 +77,7 @@ impl KeyState {
             return algorithm::blocked(policy, left);
         }
         let next_lease = &mut self.next_lease;
-        let lease = || take_leases(next_lease, now, 1);
+        let lease = || key_lease_ids(next_lease, now, 1);
         self.state.check(now, policy, lease, &mut self.expires_at)
     }
 
@@ -95,9 +95,12 @@ impl KeyState {
                 let units = algorithm::units(units);
                 let first = match policy.algorithm() {
                     // Ids no request holds, for the anonymous slots.
-                    Algorithm::Concurrency => self
-                        .lease(now, concurrency::penalty_slots(policy, units))
-                        .id(),
+                    Algorithm::Concurrency => key_lease_ids(
+                        &mut self.next_lease,
+                        now,
+                        concurrency::penalty_slots(policy, units),
+                    )
+                    .id(),
                     _ => 0,
                 };
                 self.expires_at = self.state.penalty(now, policy, units, first);
@@ -133,16 +136,11 @@ impl KeyState {
         }
         self.state.peek(now, policy)
     }
-
-    /// The first of `n` lease ids no slot of this key holds.
-    fn lease(&mut self, now: u64, n: u64) -> Lease {
-        take_leases(&mut self.next_lease, now, n)
-    }
 }
 
 /// The first of `n` lease ids no slot of a key holds: the time (µs) and a
 /// count from a random start, `next`, which moves past them.
-fn take_leases(next: &mut u64, now: u64, n: u64) -> Lease {
+fn key_lease_ids(next: &mut u64, now: u64, n: u64) -> Lease {
     let first = (u128::from(now) << 64) | u128::from(*next);
     *next = next.wrapping_add(n);
     Lease::new(first)

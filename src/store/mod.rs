@@ -257,12 +257,7 @@ pub const MAX_RAW_KEY_LEN: usize = 128;
 /// a client-chosen key bounds the memory it takes and cannot break the key
 /// layout. A raw key never starts with `#`, so the two cannot meet.
 pub(crate) fn bounded_key(key: &str) -> std::borrow::Cow<'_, str> {
-    // Every byte looked at, without stopping at the first brace: a loop
-    // the compiler vectorises (the usual key has none).
-    let braces = key
-        .bytes()
-        .fold(false, |found, b| found | (b == b'{') | (b == b'}'));
-    if held_as_is(key, || braces) {
+    if held_as_is(key, || table_key::has_brace(key.as_bytes())) {
         std::borrow::Cow::Borrowed(key)
     } else {
         std::borrow::Cow::Owned(hashed_key(key))

@@ -15,13 +15,12 @@ use crate::store::{
 };
 
 const SHARDS: usize = 16;
-/// Every this long (µs) that a shard is in use, one shard (in turn) drops
-/// its idle keys: a store in use sweeps every shard, idle or not, within
-/// `SWEEP_PERIOD * SHARDS`, and about every `SWEEP_PERIOD` when its keys
-/// spread over every shard. By the clock, not by operations: a busy store
-/// does not sweep more often than a quiet one (the work of a sweep grows
-/// with the keys, not with the traffic), and a quiet one still sweeps.
-/// Timed per shard, under its lock, so threads share no counter.
+/// When a check finds this long (µs) passed since its shard last swept,
+/// one shard (in turn) drops its idle keys: every shard, idle or not, is
+/// swept within `SHARDS` such checks of any one shard. By the clock, not by
+/// the number of checks: the work of a sweep grows with the keys held, not
+/// with the traffic. Timed per shard, under its lock, so threads share no
+/// counter.
 const SWEEP_PERIOD: u64 = 1_000_000;
 /// How long (µs) a sweep keeps a key after its state stopped mattering: a
 /// key that comes back within it reuses its entry instead of allocating a
@@ -94,9 +93,10 @@ struct Shard {
     /// looks no further.
     blocks: HashTable<Block>,
     inserts_since_sweep: u64,
-    /// When (µs) this shard next sweeps a shard, and how many sweeps it
-    /// started (which shard is next).
-    sweep_at: u64,
+    /// When (µs) this shard last swept a shard (a clock moved back
+    /// counts as a period passed), and how many sweeps it started (which
+    /// shard is next).
+    swept_at: u64,
     sweeps: u64,
     /// Concurrency leases taken in this shard so far: a lease's id is the
     /// shard's index and this count, unique in the store, and taken under
@@ -104,17 +104,9 @@ struct Shard {
     leases: u64,
 }
 
-impl Shard {
-    /// The ids of `n` new leases of shard `index`: consecutive, never
-    /// given before by this store.
-    fn take_leases(&mut self, index: usize, n: u64) -> u128 {
-        take_leases(&mut self.leases, index, n)
-    }
-}
-
 /// The ids of `n` new leases of shard `index`, whose count of leases taken
 /// is `taken`: consecutive, never given before by this store.
-fn take_leases(taken: &mut u64, index: usize, n: u64) -> u128 {
+fn shard_lease_ids(taken: &mut u64, index: usize, n: u64) -> u128 {
     let first = *taken;
     *taken += n;
     ((index as u128) << 64) | u128::from(first)
@@ -297,7 +289,7 @@ impl MemoryStore {
         let now = self.now();
         let algorithm = policy.algorithm().index();
         let mut shard = self.lock(index);
-        if now >= shard.sweep_at {
+        if now.wrapping_sub(shard.swept_at) >= SWEEP_PERIOD {
             self.sweep_in_turn(&mut shard, index, now);
         }
         if !shard.blocks.is_empty()
@@ -310,7 +302,7 @@ impl MemoryStore {
         // concurrency check takes a lease.
         let Shard { keys, leases, .. } = &mut *shard;
         if let Some(entry) = keys[algorithm].find_mut(hash, |e| is_key(&e.key)) {
-            let lease = || Lease::new(take_leases(leases, index, 1));
+            let lease = || Lease::new(shard_lease_ids(leases, index, 1));
             return entry.state.check(now, policy, lease, &mut entry.expires_at);
         }
         self.check_new(&mut shard, index, hash, whole(), policy, now)
@@ -333,7 +325,7 @@ impl MemoryStore {
             state: State::new(policy.algorithm()),
             expires_at: 0,
         };
-        let lease = || Lease::new(take_leases(&mut shard.leases, index, 1));
+        let lease = || Lease::new(shard_lease_ids(&mut shard.leases, index, 1));
         let decision = entry.state.check(now, policy, lease, &mut entry.expires_at);
         if entry.expires_at > now {
             self.insert(shard, policy.algorithm().index(), hash, entry, now);
@@ -388,7 +380,7 @@ impl MemoryStore {
                 {
                     // Ids no request holds, for the anonymous slots.
                     let n = concurrency::penalty_slots(policy, units);
-                    shard.take_leases(index, n)
+                    shard_lease_ids(&mut shard.leases, index, n)
                 } else {
                     0
                 };
@@ -456,13 +448,11 @@ impl MemoryStore {
         }
     }
 
-    /// Sweep one shard, unless another thread holds it (it will be swept on
-    /// a later turn). Never waits, so holding another shard's lock is safe.
     /// Shard `index`'s turn to sweep, at `now`: the next shard in its
     /// turn (itself every `SHARDS` turns) drops its idle keys.
     #[cold]
     fn sweep_in_turn(&self, shard: &mut Shard, index: usize, now: u64) {
-        shard.sweep_at = now.saturating_add(SWEEP_PERIOD);
+        shard.swept_at = now;
         shard.sweeps += 1;
         let turn = (index + shard.sweeps as usize) % SHARDS;
         if turn == index {
@@ -472,6 +462,8 @@ impl MemoryStore {
         }
     }
 
+    /// Sweep one shard, unless another thread holds it (it will be swept on
+    /// a later turn). Never waits, so holding another shard's lock is safe.
     fn sweep_one(&self, index: usize, now: u64) {
         match self.inner.shards[index].0.try_lock() {
             Ok(mut shard) => shard.sweep(now, SWEEP_GRACE),
@@ -582,7 +574,7 @@ impl Shard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::ManualClock;
+    use crate::clock::{Clock, ManualClock};
     use std::time::Duration;
 
     /// Two policies counting one key keep each other's counters, as the
@@ -621,21 +613,55 @@ mod tests {
         let store = MemoryStore::with_clock(clock);
         let policy: Policy = "2/s".parse().unwrap();
         let long = "k".repeat(MAX_RAW_KEY_LEN + 1);
+        // At the bound, its only brace in the last word.
+        let brace_last = format!("{}}}", "j".repeat(MAX_RAW_KEY_LEN - 1));
         let pairs = [
             ("{k}", "k"),
             ("l}", "l"),
             ("a{", "a"),
             ("#m", "m"),
             ("ab{cdefgh}ijklmnopq", "abcdefghijklmnopq"),
+            ("ключ{", "ключ"),
+            (&brace_last, &brace_last[1..]),
             (&long, &long[1..]),
         ];
+        let block = Command::Block(Duration::from_secs(60));
         for (key, look_alike) in pairs {
             assert!(store.check_now(key, &policy).allowed(), "{key}");
-            store.command_now(key, &policy, Command::Block(Duration::from_secs(60)));
+            store.command_now(key, &policy, block);
             assert!(store.check_now(key, &policy).blocked(), "{key}");
             // A look-alike held as it is counts on its own.
             let other = store.check_now(look_alike, &policy);
             assert!(other.allowed() && !other.blocked(), "{key}");
+        }
+        // Keys held as they are (the empty key, non-ASCII, exactly at the
+        // bound) are found alike too.
+        let at_bound = "i".repeat(MAX_RAW_KEY_LEN);
+        for key in ["", "ключ", &at_bound] {
+            assert!(store.check_now(key, &policy).allowed(), "{key}");
+            store.command_now(key, &policy, block);
+            assert!(store.check_now(key, &policy).blocked(), "{key}");
+        }
+    }
+
+    /// A concurrency check takes a lease id only when admitted: ids are
+    /// unique across new and held keys, and a denial takes none.
+    #[test]
+    fn lease_ids_are_taken_by_admissions_alone() {
+        let clock = ManualClock::new(Duration::from_secs(1_000));
+        let store = MemoryStore::with_clock(clock);
+        let policy = Policy::concurrency(1).unwrap();
+        let first = store.check_now("a", &policy).lease().unwrap();
+        let denied = store.check_now("a", &policy);
+        assert!(!denied.allowed() && denied.lease().is_none());
+        store.release_now("a", &policy, first);
+        let second = store.check_now("a", &policy).lease().unwrap();
+        // The denial between them took no id from the shard's count.
+        assert_eq!(second.id(), first.id() + 1);
+        let mut ids = std::collections::HashSet::from([first.id(), second.id()]);
+        for i in 0..100 {
+            let lease = store.check_now(&format!("k{i}"), &policy).lease().unwrap();
+            assert!(ids.insert(lease.id()), "{i}");
         }
     }
 
@@ -675,19 +701,28 @@ mod tests {
             clock.advance(Duration::from_micros(SWEEP_PERIOD));
         }
         assert!(store.len() <= 16, "{}", store.len());
-        // No sweep within a period, however many checks: keys that went
-        // idle stay until the next.
+        // By the clock, not by the checks: a shard sweeps once a period,
+        // however many checks it takes; a clock moved back counts as a
+        // period passed.
         let store = MemoryStore::with_clock(clock.clone());
-        for i in 0..100 {
-            store.check_now(&format!("k{i}"), &policy);
-        }
-        clock.advance(Duration::from_secs(2));
+        let index = store.locate("busy").1;
+        let sweeps = |store: &MemoryStore| store.lock(index).sweeps;
         store.check_now("busy", &policy);
-        let after_one_sweep = store.len();
-        assert!(after_one_sweep > 50, "{after_one_sweep}");
+        let first = sweeps(&store);
         for _ in 0..10_000 {
             store.check_now("busy", &policy);
         }
-        assert_eq!(store.len(), after_one_sweep);
+        assert_eq!(sweeps(&store), first);
+        clock.advance(Duration::from_micros(SWEEP_PERIOD - 1));
+        store.check_now("busy", &policy);
+        assert_eq!(sweeps(&store), first);
+        clock.advance(Duration::from_micros(1));
+        store.check_now("busy", &policy);
+        assert_eq!(sweeps(&store), first + 1);
+        clock.set(clock.now() - Duration::from_secs(1));
+        store.check_now("busy", &policy);
+        assert_eq!(sweeps(&store), first + 2);
+        store.check_now("busy", &policy);
+        assert_eq!(sweeps(&store), first + 2);
     }
 }

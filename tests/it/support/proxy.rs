@@ -1089,14 +1089,14 @@ impl ProxiedCluster {
     /// The proxy of the master that owns `key`'s slot (each node's own
     /// line of `CLUSTER NODES` lists its slot ranges).
     pub fn proxy_of(&self, key: &str) -> &FaultProxy {
-        let slot = super::key_slot(&self.nodes[0], key);
+        let slot = super::cluster::key_slot(&self.nodes[0], key);
         for (proxy, node) in self.proxies.iter().zip(&self.nodes) {
             let nodes = node.command(&["CLUSTER", "NODES"]);
             let owns = nodes.lines().any(|line| {
                 let fields: Vec<&str> = line.split(' ').collect();
                 fields.len() >= 9
                     && fields[2].contains("myself")
-                    && super::in_slot_ranges(&fields[8..], slot)
+                    && super::cluster::in_slot_ranges(&fields[8..], slot)
             });
             if owns {
                 return proxy;
@@ -1131,7 +1131,7 @@ fn start_proxied_node() -> (FaultProxy, RedisServer) {
             continue;
         }
         let proxy = FaultProxy::start(port);
-        let dir = super::server_dir(port);
+        let dir = super::server::server_dir(port);
         let (proxy_port, bus) = (proxy.port().to_string(), bus.to_string());
         let mut args = super::CLUSTER_NODE_ARGS.to_vec();
         args.extend([
@@ -1144,7 +1144,7 @@ fn start_proxied_node() -> (FaultProxy, RedisServer) {
             "--cluster-announce-bus-port",
             &bus,
         ]);
-        match super::spawn_ready(port, &args, &dir) {
+        match super::server::spawn_ready(port, &args, &dir) {
             Ok(child) => return (proxy, RedisServer { child, port, dir }),
             Err(error) => last_error = error,
         }

@@ -36,20 +36,42 @@ struct Claim {
     limit: Weak<Denials>,
 }
 
-static CLAIMS: LazyLock<Mutex<HashMap<String, Vec<Claim>>>> = LazyLock::new(Mutex::default);
+/// The claims of every name, and when to next drop the claims of limits
+/// gone.
+#[derive(Default)]
+struct Claims {
+    by_name: HashMap<String, Vec<Claim>>,
+    /// How many names there may be before the whole map is pruned: twice
+    /// as many as the last prune left (at least [`PRUNE_AT_LEAST`]).
+    prune_at: usize,
+}
+
+/// Names held before the first whole prune.
+const PRUNE_AT_LEAST: usize = 64;
+
+static CLAIMS: LazyLock<Mutex<Claims>> = LazyLock::new(Mutex::default);
 
 /// Record that `owner` counts under `name` (the limit `limit`), and
 /// describe another live limit of this process counting under it
 /// differently, if any.
 pub(crate) fn claim(name: &str, owner: Owner, limit: &Arc<Denials>) -> Option<String> {
     let mut claims = CLAIMS.lock().unwrap_or_else(PoisonError::into_inner);
-    // Limits gone, and names no live limit counts under: claims are made
-    // when limiters are built, so this stays as small as the live limits.
-    claims.retain(|_, here| {
-        here.retain(|c| c.limit.strong_count() > 0);
-        !here.is_empty()
-    });
-    let here = claims.entry(name.to_owned()).or_default();
+    let Claims { by_name, prune_at } = &mut *claims;
+    // Limits gone, and names no live limit counts under: pruned whenever
+    // the names have doubled since the last prune, so the map stays within
+    // twice the live limits' names, and a rule set of n rules costs O(n)
+    // to claim (a prune per claim made loading quadratic).
+    if by_name.len() >= (*prune_at).max(PRUNE_AT_LEAST) {
+        by_name.retain(|_, here| {
+            here.retain(|c| c.limit.strong_count() > 0);
+            !here.is_empty()
+        });
+        *prune_at = by_name.len() * 2;
+    }
+    let here = by_name.entry(name.to_owned()).or_default();
+    // This name's own claims are pruned at every claim (a name is claimed
+    // again at every reload of its rule).
+    here.retain(|c| c.limit.strong_count() > 0);
     // Rules of one name share counts on purpose (tiers, reloads, one rule
     // set served twice), and so do limiters of one name and policy (a
     // layer's and an admin router's).
@@ -141,5 +163,27 @@ mod tests {
             None
         );
         assert!(claim("names-test-family", Owner::Rule, &shared).is_some());
+    }
+
+    #[test]
+    fn claims_of_limits_gone_are_dropped_as_names_grow() {
+        // A claim per name whose limit is gone at once: the map is pruned
+        // as it doubles, so it never holds them all (without pruning it
+        // would hold 5,000; pruning at every claim made loading a large
+        // rule set quadratic).
+        for i in 0..5_000 {
+            let (_r, limit) = limit(&format!("names-test-gone-{i}"));
+            assert_eq!(
+                claim(&format!("names-test-gone-{i}"), Owner::Rule, &limit),
+                None
+            );
+        }
+        let claims = CLAIMS.lock().unwrap_or_else(PoisonError::into_inner);
+        let gone = claims
+            .by_name
+            .keys()
+            .filter(|name| name.starts_with("names-test-gone-"))
+            .count();
+        assert!(gone < 1_000, "{gone} names of limits gone still held");
     }
 }

@@ -93,29 +93,25 @@ pub(super) fn path_matches(pattern: &[Segment], path: &str) -> bool {
     let Some(rest) = path.strip_prefix('/') else {
         return false;
     };
-    let parts: Vec<&str> = if rest.is_empty() {
-        Vec::new()
-    } else {
-        rest.split('/').collect()
-    };
-    let mut i = 0;
+    // The path's segments, read as the pattern goes (no allocation: every
+    // request is matched against every rule).
+    let mut parts = rest.split('/').filter(|_| !rest.is_empty());
     for segment in pattern {
         match segment {
-            Segment::Rest => return parts.len() > i && parts[i..].iter().any(|p| !p.is_empty()),
+            Segment::Rest => return parts.any(|p| !p.is_empty()),
             Segment::Param => {
-                if parts.get(i).is_none_or(|p| p.is_empty()) {
+                if parts.next().is_none_or(str::is_empty) {
                     return false;
                 }
             }
             Segment::Literal(literal) => {
-                if parts.get(i) != Some(&literal.as_str()) {
+                if parts.next() != Some(literal.as_str()) {
                     return false;
                 }
             }
         }
-        i += 1;
     }
-    i == parts.len()
+    parts.next().is_none()
 }
 
 /// `/package.Service/Method` or `/package.Service/*`.

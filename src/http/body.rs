@@ -76,7 +76,10 @@ where
                         if let Some(data) = frame.data_ref() {
                             meters.iter_mut().for_each(|m| m.data(data));
                         } else if let Some(trailers) = frame.trailers_mut() {
+                            // Every meter reads the trailers before any
+                            // strips its header from them.
                             meters.iter_mut().for_each(|m| m.trailers(trailers));
+                            meters.iter().for_each(|m| m.strip(trailers));
                         }
                     }
                     Some(Ok(_)) => {}

@@ -19,7 +19,7 @@ use super::body::ResponseBody;
 use super::denial;
 use super::fields::Fields;
 use super::settings::{Rejection, Shared};
-use super::settlement::Settlement;
+use super::settlement::{Settlement, settle_response};
 use crate::decision::Decision;
 use crate::key::KeyHash;
 use crate::limiter::{Check, DecidedBy, LimitError, Permit, Unsettled, Verdict};
@@ -108,13 +108,15 @@ impl<S, ReqBody> ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
 {
-    pub(crate) fn unlimited(future: S::Future) -> Self {
+    /// A request nothing limits (its response's cost header is still
+    /// stripped when the layer says so).
+    pub(crate) fn unlimited(future: S::Future, shared: &Shared) -> Self {
         Self {
             state: State::Calling {
                 future,
                 shown: None,
                 permit: None,
-                unsettled: None,
+                unsettled: unsettled(shared, None, None, None, DecidedBy::AllowedKey),
             },
         }
     }
@@ -218,11 +220,12 @@ fn check(shared: &Shared, key: String, estimate: Option<&(Arc<Policy>, Instant)>
     }
 }
 
-/// An admitted request's cost to settle after its response, and where the
-/// real cost comes from (`None`: nothing to settle).
+/// Where the real cost of a request comes from after its response, and
+/// its count to settle (`None` there: nothing counted it, but the
+/// settlement still strips its header). `None`: the layer settles nothing.
 /// (Boxed: most layers settle nothing, and the future of every request
 /// carries this field.)
-type Settling = Option<Box<(Unsettled, Arc<Settlement>)>>;
+type Settling = Option<Box<(Arc<Settlement>, Option<Unsettled>)>>;
 
 /// What settles the cost of a request admitted with `decision` by
 /// `decided_by`, when the layer settles costs.
@@ -233,13 +236,15 @@ fn unsettled(
     decision: Option<&Decision>,
     decided_by: DecidedBy,
 ) -> Settling {
-    let ((policy, at), key, decision) = (estimate?, key?, decision?);
     let settlement = Arc::clone(shared.settlement.as_ref()?);
-    let key = bounded_key(&key).into_owned();
-    let unsettled = shared
-        .deciding
-        .unsettled(key, policy, decided_by, decision, at)?;
-    Some(Box::new((unsettled, settlement)))
+    let counted = || {
+        let ((policy, at), key, decision) = (estimate?, key?, decision?);
+        let key = bounded_key(&key).into_owned();
+        shared
+            .deciding
+            .unsettled(key, policy, decided_by, decision, at)
+    };
+    Some(Box::new((settlement, counted())))
 }
 
 /// What to do after a verdict. (Unboxed: it moves once per request.)
@@ -439,13 +444,15 @@ where
                     let permit = permit.take();
                     // Settled now when the response gives the cost, else
                     // when its body ends.
-                    let meter = unsettled.take().and_then(|settling| {
-                        let (unsettled, settlement) = *settling;
-                        settlement.at_response(vec![unsettled], &mut response)
-                    });
-                    // No vector unless there is something to hold.
+                    let meters = match unsettled.take() {
+                        Some(settling) => {
+                            let (settlement, unsettled) = *settling;
+                            settle_response([(settlement, unsettled)], &mut response)
+                        }
+                        // No vector unless there is something to hold.
+                        None => Vec::new(),
+                    };
                     let leases = permit.map_or_else(Vec::new, |permit| vec![*permit]);
-                    let meters = meter.map_or_else(Vec::new, |meter| vec![meter]);
                     return Poll::Ready(Ok(
                         response.map(|body| ResponseBody::metered(body, leases, meters))
                     ));

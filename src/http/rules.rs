@@ -18,7 +18,7 @@ use tower_service::Service;
 use super::body::ResponseBody;
 use super::denial;
 use super::settings::{HeaderStyle, Rendering};
-use super::settlement::{BodyPart, Meter, MeterFn};
+use super::settlement::{BodyPart, Meter, MeterFn, settle_response};
 use crate::key::{self, ClientIp, KeyError, KeyExtractor};
 use crate::limiter::LimitError;
 use crate::limiter::Unsettled;
@@ -85,6 +85,8 @@ struct Settings {
     rendering: Rendering,
     /// Whether [`Settings::warn_if_tier_unread`] warned.
     warned: Arc<std::sync::atomic::AtomicBool>,
+    /// Whether [`Settings::warn_if_body_unmetered`] warned.
+    warned_meter: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl RulesLayer {
@@ -99,6 +101,7 @@ impl RulesLayer {
                 meter: None,
                 rendering: Rendering::default(),
                 warned: Arc::default(),
+                warned_meter: Arc::default(),
             }),
         }
     }
@@ -182,6 +185,18 @@ impl<S> Layer<S> for RulesLayer {
 
     fn layer(&self, inner: S) -> Self::Service {
         self.shared.warn_if_tier_unread();
+        if let Some(from) = self
+            .shared
+            .rules
+            .current()
+            .set()
+            .rules()
+            .iter()
+            .filter_map(Rule::settle)
+            .find(|from| from.meters_body())
+        {
+            self.shared.warn_if_body_unmetered(from);
+        }
         RuleLimit {
             inner,
             shared: Arc::clone(&self.shared),
@@ -292,28 +307,35 @@ impl Settings {
     }
 
     /// Settle the checks of rules whose real cost `response` gives (now,
-    /// or when its body ends: the meters), one settlement per source, so a
-    /// header several rules read is read before it is stripped.
+    /// or when its body ends: the meters), and strip every matching rule's
+    /// stripped header, read by all before any strips it.
     fn settle<B>(
         &self,
-        unsettled: Vec<(Unsettled, Arc<SettleFrom>)>,
+        settling: Vec<(Arc<SettleFrom>, Option<Unsettled>)>,
         response: &mut Response<B>,
     ) -> Vec<Meter> {
-        let mut groups: Vec<(Arc<SettleFrom>, Vec<Unsettled>)> = Vec::new();
-        for (u, from) in unsettled {
-            match groups.iter_mut().find(|(f, _)| **f == *from) {
-                Some((_, group)) => group.push(u),
-                None => groups.push((from, vec![u])),
-            }
+        let settlements = settling.into_iter().map(|(from, unsettled)| {
+            self.warn_if_body_unmetered(&from);
+            (Arc::new(from.settlement(self.meter.as_ref())), unsettled)
+        });
+        settle_response(settlements, response)
+    }
+
+    /// Warn (once per layer) when a rule settles from the body and this
+    /// layer has no body meter: its estimate stands.
+    fn warn_if_body_unmetered(&self, from: &SettleFrom) {
+        if from.meters_body()
+            && self.meter.is_none()
+            && !self
+                .warned_meter
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(
+                "rules: a rule settles its cost from the body (`settle = {{ body = true }}`), but \
+                 this layer has no body meter, so the body settles nothing: install one with \
+                 RulesLayer::with_meter"
+            );
         }
-        // Every source reads the headers before any strips them.
-        groups.sort_by_key(|(from, _)| from.strips_header());
-        groups
-            .into_iter()
-            .filter_map(|(from, group)| {
-                Arc::new(from.settlement(self.meter.as_ref())).at_response(group, response)
-            })
-            .collect()
     }
 
     fn render(&self, admission: &Admission, grpc: bool) -> Response<Bytes> {
@@ -473,9 +495,9 @@ where
                             let status = response.status().as_u16();
                             let mut headers = HeaderMap::new();
                             this.shared.set_headers(&mut headers, &admission);
-                            let (permits, unsettled) = admission.conclude(Some(status));
+                            let (permits, settling) = admission.conclude(Some(status));
                             let mut response = response;
-                            let meters = this.shared.settle(unsettled, &mut response);
+                            let meters = this.shared.settle(settling, &mut response);
                             let (mut parts, body) = response.into_parts();
                             for (name, value) in headers {
                                 if let Some(name) = name {

@@ -97,7 +97,7 @@ where
             }
             Ok(_) => {
                 crate::metrics::decision(limiter.name(), Outcome::Skipped, Decider::None);
-                ResponseFuture::unlimited(self.inner.call(request))
+                ResponseFuture::unlimited(self.inner.call(request), &self.shared)
             }
             Err(error) => {
                 tracing::error!(%error, "rate limiter cannot pick a key; answering 500");

@@ -124,7 +124,7 @@ pub(crate) struct Shared {
     pub(crate) limiter: Limiter,
     /// The engine that decides requests: `limiter`, without the deny cache
     /// when denials are not answered at once (a delayed or shadowed denial
-    /// is not final for the request).
+    /// is not final for the request) or costs are settled.
     pub(crate) deciding: Limiter,
     pub(crate) rendering: Rendering,
     /// Where the real cost comes from after the response (`None`: the
@@ -178,9 +178,12 @@ impl Shared {
         }
     }
 
-    /// Make `deciding` follow `limiter` and the rejection again.
+    /// Make `deciding` follow `limiter` and the rejection again. (A layer
+    /// settling costs gives units back after responses: a denial held in
+    /// process could refuse what the store admits after another process's
+    /// settlement, so it decides without the deny cache.)
     pub(crate) fn follow_limiter(&mut self) {
-        self.deciding = if self.rendering.answers_at_once() {
+        self.deciding = if self.rendering.answers_at_once() && self.settlement.is_none() {
             self.limiter.clone()
         } else {
             self.limiter.clone().without_deny_cache()

@@ -121,50 +121,60 @@ impl Settlement {
         }
     }
 
-    /// Settle `unsettled` (the counted checks of one request) from
-    /// `response`: at once when its extension or headers give the cost,
-    /// else a meter for its body (when a trailer or the body may give it),
-    /// else the estimate stands.
-    pub(crate) fn at_response<B>(
-        self: &Arc<Self>,
-        unsettled: Vec<Unsettled>,
-        response: &mut Response<B>,
-    ) -> Option<Meter> {
-        if unsettled.is_empty() {
-            return None;
-        }
-        let cost = match response.extensions().get::<ActualCost>() {
-            Some(cost) => Some(cost.0),
-            None => self.header_cost(response.headers_mut()),
-        };
-        let meter = Meter {
-            settlement: Arc::clone(self),
-            unsettled,
-            reported: cost,
-        };
-        if cost.is_some() || (self.meter.is_none() && self.header.is_none()) {
-            // Known now, or nothing later can tell: settle (or leave the
-            // estimate) as the meter is dropped.
-            drop(meter);
-            return None;
-        }
-        Some(meter)
+    /// Whether anything after the response's head (its trailers, its
+    /// body) can give the cost.
+    fn body_can_tell(&self) -> bool {
+        self.header.is_some() || self.meter.is_some()
     }
 
-    /// The cost in the header of `headers`, removed when stripped.
-    fn header_cost(&self, headers: &mut HeaderMap) -> Option<u64> {
+    /// The cost in the header of `headers`, left in place.
+    fn header_cost(&self, headers: &HeaderMap) -> Option<u64> {
         let name = self.header.as_ref()?;
-        let value = if self.strip {
-            headers.remove(name)
-        } else {
-            headers.get(name).cloned()
-        }?;
+        let value = headers.get(name)?;
         let cost = value.to_str().ok().and_then(|v| v.trim().parse().ok());
         if cost.is_none() {
             tracing::debug!(header = %name, "rate limit: a cost header that is not a whole number; ignored");
         }
         cost
     }
+
+    /// Remove the header from `headers`, when it is stripped.
+    fn strip(&self, headers: &mut HeaderMap) {
+        if let (true, Some(name)) = (self.strip, &self.header) {
+            headers.remove(name);
+        }
+    }
+}
+
+/// Settle the checks of one response, each under the settlement that says
+/// where its cost comes from (a settlement with no check: the request was
+/// not counted, as under an `allow` list or a failed-open store; its header
+/// is still stripped). Every cost is read before any header is stripped,
+/// so settlements reading one header all see it, and a stripped header
+/// never reaches the client, whatever the verdict. The cost is settled at
+/// once when the response's extension or head gives it; otherwise the
+/// returned meters settle it when the body ends, and strip the trailers.
+pub(crate) fn settle_response<B>(
+    settlements: impl IntoIterator<Item = (Arc<Settlement>, Option<Unsettled>)>,
+    response: &mut Response<B>,
+) -> Vec<Meter> {
+    let extension = response.extensions().get::<ActualCost>().map(|cost| cost.0);
+    let mut meters: Vec<Meter> = settlements
+        .into_iter()
+        .map(|(settlement, unsettled)| {
+            let reported = extension.or_else(|| settlement.header_cost(response.headers()));
+            Meter {
+                settlement,
+                unsettled,
+                reported,
+            }
+        })
+        .collect();
+    for meter in &meters {
+        meter.settlement.strip(response.headers_mut());
+    }
+    meters.retain_mut(Meter::waits_for_body);
+    meters
 }
 
 impl fmt::Debug for Settlement {
@@ -177,27 +187,42 @@ impl fmt::Debug for Settlement {
     }
 }
 
-/// The checks of one request waiting for the cost its body reports:
-/// settled when the body ends, fails or is dropped (whichever comes first),
-/// in a task (the response never waits for the store).
+/// A check of one request waiting for the cost its body reports: settled
+/// when the body ends, fails or is dropped (whichever comes first), in a
+/// task (the response never waits for the store). A meter with no check
+/// left only strips its header from the trailers.
 pub(crate) struct Meter {
     settlement: Arc<Settlement>,
-    unsettled: Vec<Unsettled>,
+    unsettled: Option<Unsettled>,
     /// The cost reported so far (`None`: nothing yet).
     reported: Option<u64>,
 }
 
 impl Meter {
+    /// After the response's head: settle now what the head gave (or what
+    /// nothing later can give), and whether the body is still to be seen
+    /// (checks left to settle from it, or a header to strip from its
+    /// trailers).
+    fn waits_for_body(&mut self) -> bool {
+        if self.reported.is_some() || !self.settlement.body_can_tell() {
+            self.settle_now();
+        }
+        self.unsettled.is_some() || self.settlement.strip
+    }
+
     /// A data frame went to the client.
     pub(crate) fn data(&mut self, data: &[u8]) {
-        if let Some(meter) = &self.settlement.meter {
+        if let (true, Some(meter)) = (self.unsettled.is_some(), &self.settlement.meter) {
             self.add(meter(BodyPart::Data(data)));
         }
     }
 
-    /// The trailers went to the client (stripped of the cost header when
-    /// asked).
-    pub(crate) fn trailers(&mut self, trailers: &mut HeaderMap) {
+    /// The trailers are about to go to the client: read the cost they
+    /// give (every meter reads them before any [strips](Self::strip)).
+    pub(crate) fn trailers(&mut self, trailers: &HeaderMap) {
+        if self.unsettled.is_none() {
+            return;
+        }
         if let Some(cost) = self.settlement.header_cost(trailers) {
             // The header gives the whole cost.
             self.reported = Some(cost);
@@ -207,42 +232,49 @@ impl Meter {
         }
     }
 
+    /// Remove the header from the trailers, when it is stripped.
+    pub(crate) fn strip(&self, trailers: &mut HeaderMap) {
+        self.settlement.strip(trailers);
+    }
+
     fn add(&mut self, units: Option<u64>) {
         if let Some(units) = units {
             self.reported = Some(self.reported.unwrap_or(0).saturating_add(units));
         }
     }
+
+    /// Settle the check left with the cost reported (none: the estimate
+    /// stands), in a task.
+    fn settle_now(&mut self) {
+        let Some(unsettled) = self.unsettled.take() else {
+            return;
+        };
+        let Some(cost) = self.reported else {
+            crate::metrics::settlement(unsettled.limit_name(), "unreported");
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!("rate limit: no runtime to settle a cost in; the estimate stands");
+            crate::metrics::settlement(unsettled.limit_name(), "failed");
+            return;
+        };
+        // Logged and counted by the settlement itself.
+        runtime.spawn(async move {
+            let _settled = unsettled.settle(cost).await;
+        });
+    }
 }
 
 impl Drop for Meter {
     fn drop(&mut self) {
-        let unsettled = std::mem::take(&mut self.unsettled);
-        let Some(cost) = self.reported else {
-            for u in &unsettled {
-                crate::metrics::settlement(u.limit_name(), "unreported");
-            }
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            for u in &unsettled {
-                tracing::warn!("rate limit: no runtime to settle a cost in; the estimate stands");
-                crate::metrics::settlement(u.limit_name(), "failed");
-            }
-            return;
-        };
-        for u in unsettled {
-            // Logged and counted by the settlement itself.
-            runtime.spawn(async move {
-                let _settled = u.settle(cost).await;
-            });
-        }
+        self.settle_now();
     }
 }
 
 impl fmt::Debug for Meter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Meter")
-            .field("checks", &self.unsettled.len())
+            .field("unsettled", &self.unsettled.is_some())
             .field("reported", &self.reported)
             .finish()
     }

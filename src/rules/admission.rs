@@ -72,6 +72,10 @@ pub struct Admission {
     pub(super) checks: Vec<Checked>,
     /// The rule whose `only` list the key is not on.
     pub(super) forbidden: Option<Arc<str>>,
+    /// What the matching rules that did not check the request (a key on
+    /// their `allow` list, no key, a cost of 0) settle from: their headers
+    /// are stripped all the same.
+    pub(super) unchecked: Vec<Arc<SettleFrom>>,
 }
 
 impl Admission {
@@ -81,6 +85,7 @@ impl Admission {
             shown: None,
             checks: Vec::new(),
             forbidden: Some(Arc::from(rule)),
+            unchecked: Vec::new(),
         }
     }
 
@@ -134,14 +139,20 @@ impl Admission {
         self.conclude(status).0
     }
 
-    /// [`settle`](Self::settle), and the checks of rules whose real cost
-    /// the response gives (those it counts), with where it comes from.
+    /// [`settle`](Self::settle), and where the real cost comes from for
+    /// every matching rule that settles, with its check to settle when the
+    /// response counts (`None`: nothing of this rule's to settle, but its
+    /// header is stripped all the same).
     pub(crate) fn conclude(
         self,
         status: Option<u16>,
-    ) -> (Vec<Permit>, Vec<(Unsettled, Arc<SettleFrom>)>) {
+    ) -> (Vec<Permit>, Vec<(Arc<SettleFrom>, Option<Unsettled>)>) {
         let mut permits = Vec::new();
-        let mut unsettled = Vec::new();
+        let mut settling: Vec<_> = self
+            .unchecked
+            .into_iter()
+            .map(|from| (from, None))
+            .collect();
         for c in self.checks {
             if let Some(permit) = c.permit {
                 permits.push(permit);
@@ -150,23 +161,27 @@ impl Admission {
             let counted = c.decision.as_ref().is_some_and(Decision::allowed)
                 && c.decided_by == DecidedBy::Store;
             if !counted || c.cost == 0 {
+                settling.extend(c.settle.filter(|f| f.strips_header()).map(|f| (f, None)));
                 continue;
             }
             if c.counting.counts(status) {
-                if let (Some(from), Some(decision)) = (&c.settle, &c.decision)
-                    && let Ok(policy) = c.limiter.estimated(c.cost)
-                    && let Some(u) = c.limiter.unsettled(
-                        bounded_key(&c.key).into_owned(),
-                        policy,
-                        c.decided_by,
-                        decision,
-                        c.at,
-                    )
-                {
-                    unsettled.push((u, Arc::clone(from)));
+                if let Some(from) = c.settle {
+                    let unsettled = c.decision.as_ref().and_then(|decision| {
+                        let policy = c.limiter.estimated(c.cost).ok()?;
+                        let key = bounded_key(&c.key).into_owned();
+                        c.limiter
+                            .unsettled(key, policy, c.decided_by, decision, c.at)
+                    });
+                    settling.push((from, unsettled));
                 }
                 continue;
             }
+            settling.extend(
+                c.settle
+                    .clone()
+                    .filter(|f| f.strips_header())
+                    .map(|f| (f, None)),
+            );
             if !c.refundable() {
                 continue;
             }
@@ -183,6 +198,6 @@ impl Admission {
                 }
             });
         }
-        (permits, unsettled)
+        (permits, settling)
     }
 }

@@ -30,6 +30,8 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 #[must_use = "a check does nothing unless awaited"]
 pub struct RulesCheck {
     state: State,
+    /// What the matching rules that check nothing settle from.
+    unchecked: Vec<Arc<super::SettleFrom>>,
 }
 
 enum State {
@@ -45,16 +47,19 @@ impl RulesCheck {
     pub(super) fn ready(admission: Admission) -> Self {
         Self {
             state: State::Ready(admission),
+            unchecked: Vec::new(),
         }
     }
 
-    pub(super) fn run(planned: Vec<Planned>) -> Self {
-        if planned.is_empty() {
-            return Self::ready(Admission::default());
-        }
-        Self {
-            state: State::Deciding(Box::pin(decide(planned))),
-        }
+    /// Check the `planned` rules; `unchecked` are what the matching rules
+    /// that check nothing settle from (their headers are stripped).
+    pub(super) fn run(planned: Vec<Planned>, unchecked: Vec<Arc<super::SettleFrom>>) -> Self {
+        let state = if planned.is_empty() {
+            State::Ready(Admission::default())
+        } else {
+            State::Deciding(Box::pin(decide(planned)))
+        };
+        Self { state, unchecked }
     }
 }
 
@@ -68,13 +73,17 @@ impl Future for RulesCheck {
     type Output = Result<Admission, LimitError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let unchecked = |this: &mut Self, mut admission: Admission| {
+            admission.unchecked = std::mem::take(&mut this.unchecked);
+            admission
+        };
         if let State::Deciding(future) = &mut self.state {
             let out = std::task::ready!(future.as_mut().poll(cx));
             self.state = State::Done;
-            return Poll::Ready(out);
+            return Poll::Ready(out.map(|admission| unchecked(&mut self, admission)));
         }
         match std::mem::replace(&mut self.state, State::Done) {
-            State::Ready(admission) => Poll::Ready(Ok(admission)),
+            State::Ready(admission) => Poll::Ready(Ok(unchecked(&mut self, admission))),
             State::Deciding(_) | State::Done => Poll::Ready(Err(LimitError::Store(
                 crate::store::StoreError::UnexpectedReply(
                     "a rules check polled after it completed".into(),
@@ -105,6 +114,7 @@ async fn decide(planned: Vec<Planned>) -> Result<Admission, LimitError> {
             shown,
             checks,
             forbidden: None,
+            unchecked: Vec::new(),
         });
     }
     compensate(&mut checks, &planned).await;
@@ -122,6 +132,7 @@ async fn decide(planned: Vec<Planned>) -> Result<Admission, LimitError> {
         shown,
         checks,
         forbidden: None,
+        unchecked: Vec::new(),
     })
 }
 
@@ -141,6 +152,7 @@ fn first_cached_denial(planned: &[Planned]) -> Option<Admission> {
         shown: Some(0),
         checks: vec![Checked::new(p, Some(denied), DecidedBy::DenyCache, None)],
         forbidden: None,
+        unchecked: Vec::new(),
     })
 }
 

@@ -208,12 +208,13 @@ impl ActiveRules {
             .rules()
             .iter()
             .map(|rule| {
-                // A rule counting by outcome gives units back all the time:
-                // a denial held in this process could refuse a request the
-                // store would admit after another request's refund.
+                // A rule counting by outcome, or settling its cost after
+                // the response, gives units back all the time: a denial
+                // held in this process could refuse a request the store
+                // would admit after another process's refund.
                 let make = |policy: &Policy| {
                     let mut limiter = template.for_rule(rule.name(), policy.clone());
-                    if *rule.counting() != Counting::All {
+                    if *rule.counting() != Counting::All || rule.settle().is_some() {
                         limiter = limiter.without_deny_cache();
                     }
                     if let Some(quota) = rule.local_quota() {
@@ -280,6 +281,12 @@ impl ActiveRules {
         mut call: impl FnMut(&Rule) -> Result<Option<Call>, E>,
     ) -> Result<RulesCheck, E> {
         let mut planned = Vec::new();
+        // The matching rules that check nothing still strip their cost
+        // header from the response.
+        let mut unchecked = Vec::new();
+        let mut skip = |rule: &Rule| {
+            unchecked.extend(rule.shared_settle().filter(|from| from.strips_header()));
+        };
         for (i, rule) in self.set.rules().iter().enumerate() {
             if !rule.matches(method, path) {
                 continue;
@@ -290,12 +297,14 @@ impl ActiveRules {
                 if !rule.admits_keyless() {
                     return Ok(RulesCheck::ready(Admission::forbidden(rule.name())));
                 }
+                skip(rule);
                 continue;
             };
             if !rule.admits(&key) {
                 return Ok(RulesCheck::ready(Admission::forbidden(rule.name())));
             }
             if rule.allows(&key) {
+                skip(rule);
                 continue;
             }
             let limiter = self.limiters[i].pick(tier).clone();
@@ -304,7 +313,10 @@ impl ActiveRules {
                 None => policy.cost(),
                 // A concurrency slot is one request, whatever it costs.
                 Some(_) if policy.algorithm() == Algorithm::Concurrency => policy.cost(),
-                Some(0) => continue,
+                Some(0) => {
+                    skip(rule);
+                    continue;
+                }
                 Some(cost) => cost.min(policy.max_cost()),
             };
             planned.push(Planned {
@@ -317,7 +329,7 @@ impl ActiveRules {
                 cost,
             });
         }
-        Ok(RulesCheck::run(planned))
+        Ok(RulesCheck::run(planned, unchecked))
     }
 }
 

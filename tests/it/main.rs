@@ -17,6 +17,7 @@ mod command_faults;
 mod commands;
 mod concurrency_store;
 mod conformance;
+mod cost_headers;
 mod custom_store;
 mod demotion;
 mod deny_cache;

@@ -44,6 +44,8 @@ struct Claims {
     /// How many names there may be before the whole map is pruned: twice
     /// as many as the last prune left (at least [`PRUNE_AT_LEAST`]).
     prune_at: usize,
+    /// Names looked at by whole prunes so far (what a test holds linear).
+    pruned: u64,
 }
 
 /// Names held before the first whole prune.
@@ -56,12 +58,17 @@ static CLAIMS: LazyLock<Mutex<Claims>> = LazyLock::new(Mutex::default);
 /// differently, if any.
 pub(crate) fn claim(name: &str, owner: Owner, limit: &Arc<Denials>) -> Option<String> {
     let mut claims = CLAIMS.lock().unwrap_or_else(PoisonError::into_inner);
-    let Claims { by_name, prune_at } = &mut *claims;
+    let Claims {
+        by_name,
+        prune_at,
+        pruned,
+    } = &mut *claims;
     // Limits gone, and names no live limit counts under: pruned whenever
     // the names have doubled since the last prune, so the map stays within
     // twice the live limits' names, and a rule set of n rules costs O(n)
     // to claim (a prune per claim made loading quadratic).
     if by_name.len() >= (*prune_at).max(PRUNE_AT_LEAST) {
+        *pruned += by_name.len() as u64;
         by_name.retain(|_, here| {
             here.retain(|c| c.limit.strong_count() > 0);
             !here.is_empty()
@@ -185,5 +192,20 @@ mod tests {
             .filter(|name| name.starts_with("names-test-gone-"))
             .count();
         assert!(gone < 1_000, "{gone} names of limits gone still held");
+    }
+
+    #[test]
+    fn claiming_many_live_names_looks_at_each_a_few_times() {
+        // 5,000 rules in force: each name is looked at by whole prunes a
+        // few times in all (a prune at every claim looked at 12.5 million).
+        let live: Vec<_> = (0..5_000)
+            .map(|i| limit(&format!("names-test-live-{i}")))
+            .collect();
+        let before = CLAIMS.lock().unwrap_or_else(PoisonError::into_inner).pruned;
+        for (i, (_, limit)) in live.iter().enumerate() {
+            claim(&format!("names-test-live-{i}"), Owner::Rule, limit);
+        }
+        let pruned = CLAIMS.lock().unwrap_or_else(PoisonError::into_inner).pruned - before;
+        assert!(pruned < 4 * 5_000 + 10_000, "{pruned} names looked at");
     }
 }

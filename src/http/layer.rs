@@ -112,9 +112,13 @@ impl<K> RateLimitLayer<K> {
     /// ```
     ///
     /// # Errors
-    /// A concurrency limit: its slot is a request in flight, not a cost.
+    /// A concurrency limit: its slot is a request in flight, not a cost;
+    /// a cost header that never carries a cost (a hop-by-hop field such as
+    /// `connection`, or one framing the body: `content-length`,
+    /// `transfer-encoding`).
     pub fn with_settlement(self, settlement: Settlement) -> Result<Self, PolicyError> {
         crate::limiter::settleable(self.policy())?;
+        settlement.usable()?;
         Ok(self.map(|s| s.settlement = Some(Arc::new(settlement))))
     }
 

@@ -22,4 +22,5 @@ pub use layer::RateLimitLayer;
 pub use rules::{RuleLimit, RulesFuture, RulesLayer};
 pub use service::RateLimit;
 pub use settings::{HeaderStyle, Rejection, Responder};
+pub(crate) use settlement::unusable_cost_header;
 pub use settlement::{ActualCost, BodyPart, MeterFn, Settlement};

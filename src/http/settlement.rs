@@ -121,6 +121,20 @@ impl Settlement {
         }
     }
 
+    /// Refuses a header that can never carry a cost.
+    pub(crate) fn usable(&self) -> Result<(), crate::PolicyError> {
+        let Some(header) = &self.header else {
+            return Ok(());
+        };
+        match unusable_cost_header(header) {
+            Some(reason) => Err(crate::PolicyError::UnusableCostHeader {
+                header: header.to_string(),
+                reason,
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Whether anything after the response's head (its trailers, its
     /// body) can give the cost.
     fn body_can_tell(&self) -> bool {
@@ -175,6 +189,27 @@ pub(crate) fn settle_response<B>(
     }
     meters.retain_mut(Meter::waits_for_body);
     meters
+}
+
+/// Why `name` can never carry a request's cost (`None`: it can): the
+/// fields of the connection (hop-by-hop, RFC 9110 §7.6.1), which HTTP
+/// servers and proxies consume and never pass on, and those framing the
+/// body, which say its length, not a cost.
+pub(crate) fn unusable_cost_header(name: &HeaderName) -> Option<&'static str> {
+    use http::header::{CONNECTION, CONTENT_LENGTH, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
+    if [CONNECTION, TE, UPGRADE].contains(name)
+        || ["keep-alive", "proxy-connection"].contains(&name.as_str())
+    {
+        return Some(
+            "it is a hop-by-hop field of the connection, consumed before a settlement sees it",
+        );
+    }
+    if [CONTENT_LENGTH, TRANSFER_ENCODING, TRAILER].contains(name) {
+        return Some(
+            "it frames the body (its length or coding), so it is set by the server, not by the upstream's accounting",
+        );
+    }
+    None
 }
 
 impl fmt::Debug for Settlement {

@@ -134,4 +134,13 @@ pub enum PolicyError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A settlement reads the cost from a header that never reaches it
+    /// as a cost: a connection's or the body's framing.
+    #[error("the cost header {header:?} can never settle a cost: {reason}")]
+    UnusableCostHeader {
+        /// The header's name.
+        header: String,
+        /// Why it cannot carry a cost.
+        reason: &'static str,
+    },
 }

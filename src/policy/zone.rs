@@ -51,13 +51,16 @@ impl Zone {
         }
         let (name, tz) = if text.starts_with(['+', '-']) {
             let seconds = offset_seconds(text).ok_or_else(|| {
-                unknown("write a fixed offset as +HH:MM (or +HH, +HH:MM:SS), at most 25:59:59")
+                unknown(
+                    "write a fixed offset as +HH:MM (or +HH, +HH:MM:SS), from -18:00 to +18:00 \
+                     (the offsets in civil use run from -12:00 to +14:00)",
+                )
             })?;
             if seconds == 0 {
                 return Ok(Zone::UTC);
             }
             let offset = Offset::from_seconds(seconds)
-                .map_err(|_| unknown("the offset is out of range: at most 25:59:59"))?;
+                .map_err(|_| unknown("the offset is out of range: at most 18:00"))?;
             (offset_text(seconds), TimeZone::fixed(offset))
         } else {
             let tz = TimeZone::get(text).map_err(|_| {
@@ -113,8 +116,10 @@ impl Zone {
     }
 }
 
-/// `+HH[:MM[:SS]]` or `-...` in seconds east of UTC (hours at most 25,
-/// minutes and seconds at most 59).
+/// `+HH[:MM[:SS]]` or `-...` in seconds east of UTC, at most 18 hours
+/// either way (as java.time's `ZoneOffset`: every offset in civil use,
+/// -12:00 to +14:00, with room; a day's boundary never needs more), minutes
+/// and seconds at most 59.
 fn offset_seconds(text: &str) -> Option<i32> {
     let (sign, rest) = match text.as_bytes().first()? {
         b'+' => (1, &text[1..]),
@@ -133,7 +138,7 @@ fn offset_seconds(text: &str) -> Option<i32> {
             Some(_) => None,
         }
     };
-    let hours = field(25, true)??;
+    let hours = field(MAX_OFFSET_HOURS, true)??;
     let minutes = field(59, false)?;
     let seconds = match minutes {
         Some(_) => field(59, false)?,
@@ -142,8 +147,12 @@ fn offset_seconds(text: &str) -> Option<i32> {
     if parts.next().is_some() {
         return None;
     }
-    Some(sign * (hours * 3600 + minutes.unwrap_or(0) * 60 + seconds.unwrap_or(0)))
+    let seconds = hours * 3600 + minutes.unwrap_or(0) * 60 + seconds.unwrap_or(0);
+    (seconds <= MAX_OFFSET_HOURS * 3600).then_some(sign * seconds)
 }
+
+/// The largest fixed offset, in hours either way.
+const MAX_OFFSET_HOURS: i32 = 18;
 
 /// An offset as a policy writes it: `+05:30`, `-08:00`, `+05:30:15`.
 fn offset_text(seconds: i32) -> String {
@@ -167,11 +176,17 @@ mod tests {
         assert_eq!(offset_seconds("-08:00"), Some(-28_800));
         assert_eq!(offset_seconds("+05"), Some(18_000));
         assert_eq!(offset_seconds("+05:30:15"), Some(19_815));
+        assert_eq!(offset_seconds("+18:00"), Some(64_800));
+        assert_eq!(offset_seconds("-18:00"), Some(-64_800));
         for bad in [
             "+5",
             "+05:3",
             "+05:60",
             "+26:00",
+            "+25:00",
+            "-19:00",
+            "+18:00:01",
+            "-18:30",
             "+05:30:15:00",
             "+",
             "05:00",

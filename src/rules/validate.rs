@@ -296,6 +296,16 @@ fn settle(spec: SettleSpec, label: &str) -> Result<SettleFrom, RulesError> {
             })
         })
         .transpose()?;
+    if let Some(reason) = header.as_ref().and_then(crate::http::unusable_cost_header) {
+        return Err(fault(
+            label,
+            "settle.header",
+            format!(
+                "{:?} can never settle a cost: {reason}",
+                header.as_ref().map(HeaderName::as_str).unwrap_or_default()
+            ),
+        ));
+    }
     if spec.strip && header.is_none() {
         return Err(fault(
             label,

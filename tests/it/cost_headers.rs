@@ -256,3 +256,45 @@ async fn a_settlement_giving_units_back_is_seen_by_every_process_at_once() {
         "B refused what the store admits: a denial held in process outlived the settlement"
     );
 }
+
+/// A header of the connection, or one framing the body, never carries a
+/// cost to a settlement: refused where it is configured, naming it.
+#[test]
+fn a_cost_header_that_can_never_settle_is_refused() {
+    for header in [
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "content-length",
+        "upgrade",
+        "te",
+        "trailer",
+        "Proxy-Connection",
+    ] {
+        let error = RuleSet::from_toml(&format!(
+            "[[rules]]\nname = \"r\"\nkey = \"global\"\npolicy = \"10/s\"\n\
+             settle = {{ header = \"{header}\" }}\n"
+        ))
+        .unwrap_err();
+        assert_eq!(error.field(), "settle.header", "{header}: {error}");
+        assert!(
+            error.to_string().contains(&header.to_ascii_lowercase())
+                && error.to_string().contains("can never settle"),
+            "{header}: {error}"
+        );
+        let layer = RateLimitLayer::new(
+            tower_redis_ratelimit::MemoryStore::new(),
+            "10/s".parse::<Policy>().unwrap(),
+            key::global(),
+        )
+        .with_settlement(Settlement::new().from_header(HeaderName::try_from(header).unwrap()));
+        let error = layer.err().expect("refused").to_string();
+        assert!(error.contains("can never settle"), "{header}: {error}");
+    }
+    // A header of the upstream's own is fine.
+    RuleSet::from_toml(
+        "[[rules]]\nname = \"r\"\nkey = \"global\"\npolicy = \"10/s\"\n\
+         settle = { header = \"x-usage-tokens\" }\n",
+    )
+    .unwrap();
+}

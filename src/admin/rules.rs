@@ -132,6 +132,13 @@ pub(crate) async fn publish(
         #[cfg(feature = "redis")]
         Source::Redis { client, key } => to_redis(client, key, &text, source).await,
         Source::File(path) => {
+            // A confirmed empty set is written out: the watch never applies
+            // an empty file (a save caught half way).
+            let text = if text.trim().is_empty() {
+                crate::rules::explicitly_empty(path).to_owned()
+            } else {
+                text
+            };
             rules_file::write(path, &text).await.map_err(|error| {
                 tracing::warn!(%error, path = %path.display(), "admin: writing the rules file failed");
                 Problem::new(

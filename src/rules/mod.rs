@@ -73,9 +73,9 @@ pub use engine::{ActiveRules, Call, Rules};
 
 #[cfg(feature = "redis")]
 pub use redis_source::{PublishError, publish};
-#[cfg(feature = "admin")]
-pub(crate) use watch::Source;
 pub use watch::{Rejected, Watch, WatchStatus};
+#[cfg(feature = "admin")]
+pub(crate) use watch::{Source, explicitly_empty};
 
 /// The longest `block` a rule may set: a day. (A typo of `15d` for `15m`
 /// would otherwise lock every breaching caller out for two weeks.)

@@ -166,8 +166,11 @@ impl Rules {
     /// TOML): it is read at once and then every `every`, and when its text
     /// changed and validates, put in force ([`replace`](Self::replace);
     /// counts of every rule whose name is kept carry over). A text that
-    /// does not validate, or a file that cannot be read, leaves the rules
-    /// in force, logged and in [`Watch::status`]. Needs a tokio runtime.
+    /// does not validate, a file that cannot be read, and an empty (or
+    /// blank) file leave the rules in force, logged and in
+    /// [`Watch::status`]: a save that truncates the file first must not
+    /// lift every limit; a file lifts them when it says so (`rules = []`,
+    /// or `{"rules": []}` in JSON). Needs a tokio runtime.
     pub fn watch_file(&self, path: impl Into<PathBuf>, every: Duration) -> Watch {
         let path = path.into();
         let rules = self.clone();
@@ -202,6 +205,19 @@ impl Rules {
                 if seen.as_deref() == Some(&*text) {
                     continue;
                 }
+                if text.trim().is_empty() {
+                    // A truncating save caught half way, say: read again
+                    // on the next turn.
+                    let error = format!(
+                        "{}: the file is empty; the rules in force stay (to lift every \
+                         limit, write `{}`)",
+                        path.display(),
+                        explicitly_empty(&path)
+                    );
+                    tracing::warn!(%error, "rules: an empty rules file is not applied");
+                    record(&status_in, |s| s.error = Some(error));
+                    continue;
+                }
                 let parsed = RuleSet::parse_as(&path, &text);
                 apply(
                     &rules,
@@ -219,6 +235,20 @@ impl Rules {
             status,
             source,
         }
+    }
+}
+
+/// The text of a rule set of no rules, written out, for the file `path`:
+/// a watched file that is empty (or blank) is never applied, since a save
+/// that truncates the file first would lift every limit for a moment.
+pub(crate) fn explicitly_empty(path: &std::path::Path) -> &'static str {
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"))
+    {
+        "{\"rules\": []}"
+    } else {
+        "rules = []"
     }
 }
 

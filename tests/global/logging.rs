@@ -38,3 +38,38 @@ fn sha1_hex(text: &str) -> String {
     // Computed here independently, with the same crate's SHA-1.
     sha1_smol::Sha1::from(text.as_bytes()).digest().to_string()
 }
+
+/// A rule settling from the body under a layer with no body meter says
+/// so once, at start: its body would settle nothing, silently.
+#[tokio::test]
+async fn a_rule_settling_from_a_body_nobody_meters_is_warned_of_once() {
+    use tower_redis_ratelimit::rules::{RuleSet, Rules, RulesLayer};
+    let _alone = crate::alone().await;
+    let logs = crate::support::logs::Logs::capture(tracing::Level::WARN);
+    let rules = Rules::new(
+        MemoryStore::new(),
+        RuleSet::from_toml(
+            "[[rules]]\nname = \"tokens\"\nkey = \"global\"\npolicy = \"1000/min\"\n\
+             algorithm = \"gcra\"\ncost = 10\nsettle = { body = true }\n",
+        )
+        .unwrap(),
+    );
+    let layer = RulesLayer::new(rules.clone());
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "ok" }))
+        .layer(layer);
+    for _ in 0..3 {
+        app.clone()
+            .oneshot(request("/", "203.0.113.77"))
+            .await
+            .unwrap();
+    }
+    let text = logs.text();
+    assert_eq!(text.matches("no body meter").count(), 1, "{text}");
+    // With a meter, nothing is said.
+    let logs = crate::support::logs::Logs::capture(tracing::Level::WARN);
+    let _metered = axum::Router::<()>::new()
+        .route("/", axum::routing::get(|| async { "ok" }))
+        .layer(RulesLayer::new(rules).with_meter(|_| Some(1)));
+    assert!(!logs.text().contains("no body meter"), "{}", logs.text());
+}

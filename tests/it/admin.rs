@@ -1234,6 +1234,18 @@ async fn an_empty_rule_set_is_published_only_when_confirmed() {
         std::fs::read_to_string(&path).unwrap(),
         "# every limit lifted\n"
     );
+    // A confirmed empty text is written out as no rules: the watch never
+    // applies an empty file (a truncating save caught half way).
+    let (status, _, published) = send(
+        &router,
+        Method::PUT,
+        "/api/rules",
+        Some(TOKEN),
+        r#"{"text": "", "confirm_empty": true}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{published}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "rules = []");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -858,6 +858,51 @@ async fn a_watched_file_is_followed_and_a_bad_one_keeps_the_old_rules() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A save that truncates a watched file (an editor, `>` in a shell) leaves
+/// it empty for a moment: the rules in force stay, and the status says
+/// why; an explicitly empty set (`rules = []`) lifts them.
+#[tokio::test]
+async fn an_emptied_rules_file_keeps_the_rules_until_it_says_rules_are_none() {
+    let dir = std::env::temp_dir().join(format!("rules-empty-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("rules.toml");
+    std::fs::write(
+        &path,
+        "[[rules]]\nname = \"api\"\nkey = \"ip\"\npolicy = \"1/h\"\n",
+    )
+    .unwrap();
+    let rules = Rules::new(MemoryStore::new(), RuleSet::from_file(&path).unwrap());
+    let watch = rules.watch_file(&path, Duration::from_millis(20));
+    for emptied in ["", "\n  \n"] {
+        std::fs::write(&path, emptied).unwrap();
+        let written = Instant::now();
+        while !watch.status().error.is_some_and(|e| e.contains("empty")) {
+            assert!(
+                written.elapsed() < Duration::from_secs(2),
+                "{:?}",
+                watch.status()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Several turns of the watch later, still in force.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(rules.current().set().rules().len(), 1, "{emptied:?}");
+        assert!(watch.status().error.unwrap().contains("rules = []"));
+    }
+    std::fs::write(&path, "rules = []\n").unwrap();
+    let written = Instant::now();
+    while !rules.current().set().rules().is_empty() {
+        assert!(
+            written.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            watch.status()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(watch.status().error, None);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[tokio::test]
 async fn the_engine_limits_work_that_is_not_a_request() {
     let server = RedisServer::start();

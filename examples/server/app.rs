@@ -7,6 +7,7 @@ use tower_redis_ratelimit::rules::RulesLayer;
 use tower_redis_ratelimit::rules::{RuleSet, Rules, Watch};
 use tower_redis_ratelimit::{Limiter, Policy, RateLimitLayer, Store, key};
 
+use crate::bodies::{self, Bodies};
 use crate::settings::{BadSetting, ClientKey, RulesSource, Settings};
 use crate::store::rules_client;
 
@@ -129,7 +130,15 @@ pub(crate) async fn rules_router<St: Store>(
     }
     let limited = Router::new()
         .route("/login", axum::routing::post(login))
-        .route("/completions", axum::routing::post(completion))
+        // The one route that reads a body: read whole under the bounds
+        // (once the request is admitted: a denied one is never read).
+        .route(
+            "/completions",
+            axum::routing::post(completion).layer(axum::middleware::from_fn_with_state(
+                Bodies::new(settings.bodies),
+                bodies::bounded,
+            )),
+        )
         .fallback(hello)
         .layer(layer);
     Ok((with_health(limited), Operated::Rules(rules, watch)))

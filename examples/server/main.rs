@@ -21,7 +21,8 @@
 //! when the header `x-password` is `demo` and 401 otherwise (to show a rule
 //! counting failed logins only), `POST /completions` answers its body back
 //! with its words counted in `x-usage-tokens` (to show a rule settling
-//! its cost from that header), and `/health` is never limited. A rule set
+//! its cost from that header; the body is bounded by `BODY_LIMIT`,
+//! `BODY_MEMORY` and `BODY_TIMEOUT`), and `/health` is never limited. A rule set
 //! that does not validate stops the start (exit 2); at runtime it is
 //! rejected and logged, and the rules in force stay. Publish a rule set to
 //! Redis with `tower_redis_ratelimit::rules::publish` (it validates first),
@@ -48,6 +49,7 @@ use std::process::ExitCode;
 #[cfg(feature = "admin")]
 mod admin;
 mod app;
+mod bodies;
 mod connections;
 mod serve;
 mod settings;

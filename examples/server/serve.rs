@@ -14,10 +14,14 @@ use tower::ServiceExt;
 use crate::connections::{Caps, Connections};
 
 /// The most a connection buffers: a request's head (answered `431 Request
-/// Header Fields Too Large` past it) and the answers waiting to be written.
-/// hyper's default, about 400 KiB, would let the caps' 10,000 connections
-/// hold 4 GB.
+/// Header Fields Too Large` past it: [`MAX_HEAD`]) and the answers waiting
+/// to be written. hyper's default, about 400 KiB, would let the caps'
+/// 10,000 connections hold 4 GB.
 const MAX_BUFFER: usize = 32 * 1024;
+
+/// The most bytes a request's head may take. The buffer's bound alone let
+/// 48 KiB through (a read may fill more than the room it was asked for).
+const MAX_HEAD: usize = 32 * 1024;
 
 /// What bounds the connections of a listener.
 #[derive(Clone, Copy)]
@@ -45,7 +49,8 @@ pub(crate) async fn serve(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
-        .max_buf_size(MAX_BUFFER);
+        .max_buf_size(MAX_BUFFER)
+        .max_header_size(MAX_HEAD);
     let graceful = GracefulShutdown::new();
     let connections = Connections::new(limits.caps);
     let mut backoff = AcceptBackoff::default();

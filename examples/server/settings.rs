@@ -10,6 +10,7 @@ use tower_redis_ratelimit::policy::Execution;
 use tower_redis_ratelimit::response::HeaderStyle;
 use tower_redis_ratelimit::{Algorithm, FailMode, MemoryStore, Policy, Rate, key};
 
+use crate::bodies::{BodyBounds, DEFAULT_BODY_LIMIT, DEFAULT_BODY_MEMORY, DEFAULT_BODY_TIMEOUT};
 use crate::connections::{self, Caps};
 use crate::serve::ConnectionLimits;
 
@@ -37,6 +38,9 @@ pub(crate) struct Settings {
     /// `ADMIN_BIND`, `ADMIN_TOKEN` and `ADMIN_HOST_NAMES`: the operator's
     /// router on a listener of its own.
     pub(crate) admin: Option<AdminSettings>,
+    /// `BODY_LIMIT`, `BODY_MEMORY` and `BODY_TIMEOUT`: the bounds of the
+    /// bodies the routes of the rules read.
+    pub(crate) bodies: BodyBounds,
 }
 
 /// Where the admin router listens, the token it requires, and the names
@@ -229,6 +233,7 @@ impl Settings {
         };
 
         let admin = admin_settings(&bind)?;
+        let bodies = body_bounds(rules.is_some())?;
 
         Ok(Self {
             bind,
@@ -245,6 +250,7 @@ impl Settings {
             headers,
             headers_text,
             admin,
+            bodies,
         })
     }
 }
@@ -404,6 +410,74 @@ pub(crate) fn duration(name: &'static str) -> Result<Option<Duration>, BadSettin
                     BadSetting::new(
                         name,
                         format!("{text:?} is not a duration such as `500ms`, `10s` or `1m`"),
+                    )
+                })
+        })
+        .transpose()
+}
+
+/// `BODY_LIMIT`, `BODY_MEMORY` and `BODY_TIMEOUT`: only routes of the
+/// rules read a body (`POST /completions`), so without `RULES` they are
+/// refused.
+fn body_bounds(rules: bool) -> Result<BodyBounds, BadSetting> {
+    let limit = byte_size("BODY_LIMIT")?;
+    let memory = byte_size("BODY_MEMORY")?;
+    let timeout = duration("BODY_TIMEOUT")?;
+    if !rules {
+        for (name, set) in [
+            ("BODY_LIMIT", limit.is_some()),
+            ("BODY_MEMORY", memory.is_some()),
+            ("BODY_TIMEOUT", timeout.is_some()),
+        ] {
+            if set {
+                return Err(BadSetting::new(
+                    name,
+                    "only the routes of the rules (RULES) read a request body",
+                ));
+            }
+        }
+    }
+    let bounds = BodyBounds {
+        limit: limit.unwrap_or(DEFAULT_BODY_LIMIT),
+        memory: memory.unwrap_or(DEFAULT_BODY_MEMORY),
+        timeout: timeout.unwrap_or(DEFAULT_BODY_TIMEOUT),
+    };
+    if bounds.memory < bounds.limit {
+        return Err(BadSetting::new(
+            "BODY_MEMORY",
+            format!(
+                "{} bytes cannot hold one body of BODY_LIMIT ({} bytes)",
+                bounds.memory, bounds.limit
+            ),
+        ));
+    }
+    // A body's room is counted in one step of at most 4 GiB.
+    if u32::try_from(bounds.limit).is_err() {
+        return Err(BadSetting::new("BODY_LIMIT", "at most 4GiB"));
+    }
+    Ok(bounds)
+}
+
+/// The size in bytes in environment variable `name`: a count of bytes, or
+/// of `KiB`, `MiB` or `GiB` (at least 1 byte); `None` if unset or empty.
+fn byte_size(name: &'static str) -> Result<Option<usize>, BadSetting> {
+    var(name)?
+        .map(|text| {
+            let trimmed = text.trim();
+            let (number, unit) = [("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30)]
+                .into_iter()
+                .find_map(|(suffix, unit)| Some((trimmed.strip_suffix(suffix)?, unit)))
+                .unwrap_or((trimmed, 1));
+            number
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .and_then(|n| n.checked_mul(unit))
+                .filter(|&bytes| bytes > 0)
+                .ok_or_else(|| {
+                    BadSetting::new(
+                        name,
+                        format!("{text:?} is not a size such as `65536`, `64KiB` or `16MiB`"),
                     )
                 })
         })

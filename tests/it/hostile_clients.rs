@@ -360,28 +360,3 @@ fn sighup_is_logged_and_the_server_keeps_serving() {
     assert!(server.is_running(), "SIGHUP did not stop the server");
     assert_eq!(server.get("/health", &[]).0, 200);
 }
-
-/// A request's head is bounded in bytes: 32 KiB without its end is answered
-/// `431` at once (not held until the header timeout), while a whole head of
-/// 20 KiB is served.
-#[test]
-fn a_request_head_is_at_most_32_kib() {
-    let server = Server::start(&[("HEADER_TIMEOUT", "10m")]);
-    let big = "x".repeat(20 * 1024);
-    assert_eq!(server.get("/health", &[("x-big", &big)]).0, 200);
-
-    let mut stream = TcpStream::connect(&server.addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    // Exactly the buffer, so the server reads all of it (what it leaves
-    // unread would turn its close into a reset).
-    let mut head = b"GET /health HTTP/1.1\r\nHost: t\r\nx-big: ".to_vec();
-    head.resize(32 * 1024, b'x');
-    stream.write_all(&head).unwrap();
-    let mut answer = String::new();
-    stream
-        .read_to_string(&mut answer)
-        .expect("answered before the test's 5 s timeout");
-    assert!(answer.starts_with("HTTP/1.1 431 "), "{answer}");
-}

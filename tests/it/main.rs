@@ -39,6 +39,7 @@ mod network_faults;
 mod operating;
 mod redis_cluster;
 mod redis_store;
+mod request_bodies;
 mod rule_counts;
 mod rules;
 mod rules_faults;

@@ -8,8 +8,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// A source of wall-clock time, as a [`Duration`] since the Unix epoch.
 ///
 /// [`MemoryStore`](crate::MemoryStore) decides on this clock;
-/// [`RedisStore`](crate::RedisStore) stamps transaction-mode entries with it
+/// [`RedisStore`][crate::RedisStore] stamps transaction-mode entries with it
 /// after correcting it to Redis's own clock. Tests inject a [`ManualClock`].
+#[cfg_attr(not(feature = "redis"), doc = links_without!("redis"))]
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// The current time since the Unix epoch.
     fn now(&self) -> Duration;

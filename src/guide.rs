@@ -1,65 +1,34 @@
 #![doc = include_str!("docs/guide/index.md")]
 
-pub mod policies {
-    #![doc = include_str!("docs/guide/policies.md")]
+/// A page of the guide, from its markdown; built without a feature, its
+/// links to the feature's items lead to docs.rs (`links_without!`).
+macro_rules! page {
+    ($name:ident) => {
+        pub mod $name {
+            #![doc = include_str!(concat!("docs/guide/", stringify!($name), ".md"))]
+            #![cfg_attr(not(feature = "redis"), doc = links_without!("redis"))]
+            #![cfg_attr(not(feature = "cluster"), doc = links_without!("cluster"))]
+            #![cfg_attr(not(feature = "sentinel"), doc = links_without!("sentinel"))]
+            #![cfg_attr(not(feature = "tls"), doc = links_without!("tls"))]
+            #![cfg_attr(not(feature = "admin"), doc = links_without!("admin"))]
+            #![cfg_attr(not(feature = "metrics"), doc = links_without!("metrics"))]
+        }
+    };
 }
 
-pub mod keys {
-    #![doc = include_str!("docs/guide/keys.md")]
-}
-
-pub mod responses {
-    #![doc = include_str!("docs/guide/responses.md")]
-}
-
-pub mod stacking {
-    #![doc = include_str!("docs/guide/stacking.md")]
-}
-
-pub mod rules {
-    #![doc = include_str!("docs/guide/rules.md")]
-}
-
-pub mod budgets {
-    #![doc = include_str!("docs/guide/budgets.md")]
-}
-
-pub mod calendar {
-    #![doc = include_str!("docs/guide/calendar.md")]
-}
-
-pub mod engine {
-    #![doc = include_str!("docs/guide/engine.md")]
-}
-
-pub mod testing {
-    #![doc = include_str!("docs/guide/testing.md")]
-}
-
-pub mod redis {
-    #![doc = include_str!("docs/guide/redis.md")]
-}
-
-pub mod supported {
-    #![doc = include_str!("docs/guide/supported.md")]
-}
-
-pub mod production {
-    #![doc = include_str!("docs/guide/production.md")]
-}
-
-pub mod memory {
-    #![doc = include_str!("docs/guide/memory.md")]
-}
-
-pub mod cancellation {
-    #![doc = include_str!("docs/guide/cancellation.md")]
-}
-
-pub mod operating {
-    #![doc = include_str!("docs/guide/operating.md")]
-}
-
-pub mod deployments {
-    #![doc = include_str!("docs/guide/deployments.md")]
-}
+page!(policies);
+page!(keys);
+page!(responses);
+page!(stacking);
+page!(rules);
+page!(budgets);
+page!(calendar);
+page!(engine);
+page!(testing);
+page!(redis);
+page!(supported);
+page!(production);
+page!(memory);
+page!(cancellation);
+page!(operating);
+page!(deployments);

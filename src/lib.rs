@@ -1,5 +1,49 @@
 #![doc = include_str!("docs/crate.md")]
+#![cfg_attr(not(feature = "redis"), doc = links_without!("redis"))]
 #![cfg_attr(docsrs, feature(doc_cfg))]
+
+/// The link definitions of the items of a feature, for docs that link to
+/// them (`[text][crate::RedisStore]`) built without it: they lead to the
+/// item on docs.rs instead of nowhere. Built with the feature, the links
+/// resolve to the items themselves.
+macro_rules! links_without {
+    ("redis") => {
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/src/docs/links-without-redis.md"
+        ))
+    };
+    ("admin") => {
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/src/docs/links-without-admin.md"
+        ))
+    };
+    ("cluster") => {
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/src/docs/links-without-cluster.md"
+        ))
+    };
+    ("sentinel") => {
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/src/docs/links-without-sentinel.md"
+        ))
+    };
+    ("tls") => {
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/src/docs/links-without-tls.md"
+        ))
+    };
+    ("metrics") => {
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/src/docs/links-without-metrics.md"
+        ))
+    };
+}
 
 #[cfg(feature = "admin")]
 pub mod admin;

@@ -239,7 +239,7 @@ impl Limiter {
     /// The keys this limiter denied most over this minute and the last,
     /// most first, each with its denials: by every process that watches
     /// them (this call, or an admin router) and shares the store, when it
-    /// keeps them ([`RedisStore`](crate::RedisStore) does), else by this
+    /// keeps them ([`RedisStore`][crate::RedisStore] does), else by this
     /// process. Counted from bounded memory: 32 keys per limiter and
     /// minute in each process (a key taking more than 1/32 of a process's
     /// denials in a minute is always among them) and 128 per minute in
@@ -256,6 +256,7 @@ impl Limiter {
     /// Denials are counted from the first call on (or from when an admin
     /// router was built on this limiter or its rules): a limiter nobody
     /// watches counts nothing and sends the store nothing more.
+    #[cfg_attr(not(feature = "redis"), doc = links_without!("redis"))]
     pub async fn most_denied(&self) -> Result<Vec<(String, u64)>, StoreError> {
         self.watch_denials();
         let pending = self.inner.denials.take_unshared();

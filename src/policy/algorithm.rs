@@ -12,7 +12,7 @@ use super::PolicyError;
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 
 /// How requests are counted. Every algorithm runs in
-/// [`MemoryStore`](crate::MemoryStore) and [`RedisStore`](crate::RedisStore)
+/// [`MemoryStore`](crate::MemoryStore) and [`RedisStore`][crate::RedisStore]
 /// with the same semantics.
 ///
 /// | algorithm | state per key | exact? | choose it for |
@@ -22,6 +22,7 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 /// | [`SlidingWindow`](Self::SlidingWindow) | two counters per rate | approximate (see below) | very high limits |
 /// | [`Gcra`](Self::Gcra) | one timestamp per rate | yes, as a token bucket | smooth rates with bursts |
 /// | [`Concurrency`](Self::Concurrency) | one lease per request in flight | yes | at most N requests in flight |
+#[cfg_attr(not(feature = "redis"), doc = links_without!("redis"))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum Algorithm {
@@ -216,9 +217,10 @@ impl FromStr for Algorithm {
     }
 }
 
-/// How [`RedisStore`](crate::RedisStore) runs the sliding log. Other stores
+/// How [`RedisStore`][crate::RedisStore] runs the sliding log. Other stores
 /// ignore it: their decisions are the same either way. Only the sliding log
 /// takes one ([`Policy::with_execution`](crate::policy::Policy::with_execution) refuses it for another algorithm).
+#[cfg_attr(not(feature = "redis"), doc = links_without!("redis"))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum Execution {

@@ -41,6 +41,7 @@
 //! assert_eq!(names(&http::Method::GET, "/login", None).len(), 1);
 //! # Ok::<(), tower_redis_ratelimit::rules::RulesError>(())
 //! ```
+#![cfg_attr(not(feature = "redis"), doc = links_without!("redis"))]
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;

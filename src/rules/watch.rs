@@ -11,6 +11,7 @@ use super::{RuleSet, Rules, RulesError};
 
 /// A running watch of a rule source ([`Rules::watch_file`],
 /// [`Rules::follow_redis`]): it stops when dropped.
+#[cfg_attr(not(feature = "redis"), doc = links_without!("redis"))]
 #[derive(Debug)]
 pub struct Watch {
     pub(super) task: Option<tokio::task::JoinHandle<()>>,

@@ -193,8 +193,9 @@ pub enum Command {
 #[non_exhaustive]
 pub enum StoreError {
     /// The backend failed: an error reply, or the connection failed. The
-    /// source is the backend's own error (a [`RedisError`](::redis::RedisError) for
+    /// source is the backend's own error (a [`RedisError`][::redis::RedisError] for
     /// [`RedisStore`]).
+    #[cfg_attr(not(feature = "redis"), doc = links_without!("redis"))]
     #[error("{backend}: {source}")]
     Backend {
         /// Which backend (`"redis"`).

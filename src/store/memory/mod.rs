@@ -35,7 +35,7 @@ pub(crate) const DEFAULT_MAX_KEYS: usize = 100_000;
 
 /// Rate limits held in this process: for one process, for tests, and as a
 /// fallback. Every [`Algorithm`] with the same semantics as
-/// [`RedisStore`](crate::RedisStore), decided on an injectable [`Clock`].
+/// [`RedisStore`][crate::RedisStore], decided on an injectable [`Clock`].
 ///
 /// Memory is bounded: keys longer than
 /// [`MAX_RAW_KEY_LEN`](crate::store::MAX_RAW_KEY_LEN) bytes are held as a
@@ -62,6 +62,7 @@ pub(crate) const DEFAULT_MAX_KEYS: usize = 100_000;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();
 /// ```
+#[cfg_attr(not(feature = "redis"), doc = links_without!("redis"))]
 #[derive(Debug, Clone)]
 pub struct MemoryStore {
     inner: Arc<Inner>,

@@ -32,11 +32,12 @@ use crate::store::StoreError;
 ///
 /// With the `tls` feature, `rediss://` URLs connect over TLS (rustls):
 /// the server's certificate is checked against the system's roots, or only
-/// against [`root_certificate`](Self::root_certificate); a server whose
+/// against [`root_certificate`][crate::store::RedisStoreBuilder::root_certificate]; a server whose
 /// certificate does not match its host name, or is signed by no trusted
-/// root, is refused. [`client_certificate`](Self::client_certificate)
+/// root, is refused. [`client_certificate`][crate::store::RedisStoreBuilder::client_certificate]
 /// presents a certificate to a Redis that asks for one (mutual TLS,
 /// `tls-auth-clients yes`).
+#[cfg_attr(not(feature = "tls"), doc = links_without!("tls"))]
 #[derive(Clone)]
 #[must_use]
 pub struct RedisStoreBuilder {
@@ -154,7 +155,7 @@ impl RedisStoreBuilder {
     /// - `rediss://…`: TLS (`tls` feature);
     /// - `redis+sentinel://[user:password@]host[:port][,host[:port]…]/service[/db]`
     ///   (`sentinel` feature): the primary of `service`, as the Sentinels
-    ///   at those addresses name it; see [`connect_sentinel`](Self::connect_sentinel).
+    ///   at those addresses name it; see [`connect_sentinel`][crate::store::RedisStoreBuilder::connect_sentinel].
     ///   `rediss+sentinel://` speaks TLS to the Sentinels and to Redis.
     ///
     /// # Errors
@@ -162,6 +163,7 @@ impl RedisStoreBuilder {
     /// is not `rediss://`, a refused connection, a failed TLS handshake (a
     /// certificate that does not match), failed authentication, or no
     /// answer within [`RedisStore::CONNECT_TIMEOUT`].
+    #[cfg_attr(not(feature = "sentinel"), doc = links_without!("sentinel"))]
     pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
         #[cfg(feature = "tls")]
         if url.starts_with("rediss") {

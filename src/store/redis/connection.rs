@@ -84,8 +84,9 @@ impl TrackedManager {
     }
 
     /// A manager for the Redis a [`redis::Client`] you built points to: e.g.
-    /// one from [`Client::build_with_tls`](redis::Client::build_with_tls)
+    /// one from [`Client::build_with_tls`][redis::Client::build_with_tls]
     /// with your own root or client certificates (`tls` feature).
+    #[cfg_attr(not(feature = "tls"), doc = links_without!("tls"))]
     #[must_use]
     pub fn from_client(client: redis::Client) -> Self {
         Self {

@@ -21,8 +21,9 @@ use super::settings::{HeaderStyle, Rendering};
 use super::settlement::{BodyPart, Meter, MeterFn, settle_response};
 use crate::key::{self, ClientIp, KeyError, KeyExtractor};
 use crate::limiter::LimitError;
-use crate::limiter::Unsettled;
-use crate::rules::{Admission, Call, KeyPart, Rule, Rules, RulesCheck, SettleFrom, Tier, TierFrom};
+use crate::rules::{
+    Admission, Call, KeyPart, Rule, Rules, RulesCheck, SettleFrom, Tier, TierFrom, ToSettle,
+};
 
 /// The key part of a header a request does not carry.
 const MISSING: &str = "hex:";
@@ -309,11 +310,7 @@ impl Settings {
     /// Settle the checks of rules whose real cost `response` gives (now,
     /// or when its body ends: the meters), and strip every matching rule's
     /// stripped header, read by all before any strips it.
-    fn settle<B>(
-        &self,
-        settling: Vec<(Arc<SettleFrom>, Option<Unsettled>)>,
-        response: &mut Response<B>,
-    ) -> Vec<Meter> {
+    fn settle<B>(&self, settling: Vec<ToSettle>, response: &mut Response<B>) -> Vec<Meter> {
         let settlements = settling.into_iter().map(|(from, unsettled)| {
             self.warn_if_body_unmetered(&from);
             (Arc::new(from.settlement(self.meter.as_ref())), unsettled)

@@ -10,6 +10,10 @@ use crate::decision::Decision;
 use crate::limiter::{DecidedBy, Limiter, Permit, Unsettled};
 use crate::store::bounded_key;
 
+/// Where a matching rule's real cost comes from, and its check to settle
+/// from it (`None`: nothing to settle, the header only stripped).
+pub(crate) type ToSettle = (Arc<SettleFrom>, Option<Unsettled>);
+
 /// One rule's part in an admission.
 #[derive(Debug)]
 pub(super) struct Checked {
@@ -143,10 +147,7 @@ impl Admission {
     /// every matching rule that settles, with its check to settle when the
     /// response counts (`None`: nothing of this rule's to settle, but its
     /// header is stripped all the same).
-    pub(crate) fn conclude(
-        self,
-        status: Option<u16>,
-    ) -> (Vec<Permit>, Vec<(Arc<SettleFrom>, Option<Unsettled>)>) {
+    pub(crate) fn conclude(self, status: Option<u16>) -> (Vec<Permit>, Vec<ToSettle>) {
         let mut permits = Vec::new();
         let mut settling: Vec<_> = self
             .unchecked

@@ -69,6 +69,7 @@ use validate::RuleSetSpec;
 
 pub use crate::http::{RuleLimit, RulesLayer};
 pub use admission::Admission;
+pub(crate) use admission::ToSettle;
 pub use check::RulesCheck;
 pub use engine::{ActiveRules, Call, Rules};
 

@@ -9,6 +9,7 @@ use http::Method;
 
 use super::admission::Admission;
 use super::check::{Planned, RulesCheck};
+use super::index::PathIndex;
 use super::{Counting, Rule, RuleSet};
 use crate::limiter::{CircuitBreaker, FailMode, Limiter};
 use crate::policy::{Algorithm, Policy};
@@ -70,6 +71,8 @@ struct Inner {
 pub struct ActiveRules {
     set: RuleSet,
     limiters: Vec<RuleLimiters>,
+    /// Which rules may match a path.
+    index: PathIndex,
 }
 
 struct RuleLimiters {
@@ -239,7 +242,12 @@ impl ActiveRules {
                 }
             })
             .collect();
-        Self { set, limiters }
+        let index = PathIndex::new(set.rules());
+        Self {
+            set,
+            limiters,
+            index,
+        }
     }
 
     /// The rule set.
@@ -287,7 +295,8 @@ impl ActiveRules {
         let mut skip = |rule: &Rule| {
             unchecked.extend(rule.shared_settle().filter(|from| from.strips_header()));
         };
-        for (i, rule) in self.set.rules().iter().enumerate() {
+        for i in self.index.candidates(path) {
+            let rule = &self.set.rules()[i];
             if !rule.matches(method, path) {
                 continue;
             }

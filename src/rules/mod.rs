@@ -57,6 +57,7 @@ use crate::policy::Policy;
 mod admission;
 mod check;
 mod engine;
+mod index;
 mod json;
 #[cfg(feature = "redis")]
 mod redis_source;

@@ -295,3 +295,64 @@ fn keys_combine_built_in_extractors() {
     );
     assert!(parse_key("ip+").is_err());
 }
+
+/// The path index finds, for every path, exactly the rules a scan of the
+/// whole set matches, in the set's order: over literal prefixes sharing
+/// segments, parameters and rests at every place, gRPC methods and
+/// services, trailing slashes, and rules of every path.
+#[test]
+fn the_path_index_finds_what_a_scan_of_every_rule_matches() {
+    let targets = [
+        "path = \"/tenants/1/{*rest}\"",
+        "path = \"/tenants/{id}/items\"",
+        "path = \"/tenants/12/items\"",
+        "path = \"/tenants/1\"",
+        "path = \"/tenants/\"",
+        "path = \"/{*rest}\"",
+        "path = \"/\"",
+        "path = \"/{id}\"",
+        "path = \"/login\"",
+        "grpc = \"/pkg.Svc/Get\"",
+        "grpc = \"/pkg.Svc/*\"",
+        "grpc = \"/pkg.Other/Get\"",
+        "",
+    ];
+    let mut text = String::new();
+    for (i, target) in targets.iter().enumerate() {
+        text +=
+            &format!("[[rules]]\nname = \"r{i}\"\nkey = \"global\"\npolicy = \"1/s\"\n{target}\n");
+    }
+    let set = RuleSet::from_toml(&text).unwrap();
+    let index = super::index::PathIndex::new(set.rules());
+    for path in [
+        "/",
+        "",
+        "/tenants",
+        "/tenants/",
+        "/tenants/1",
+        "/tenants/1/",
+        "/tenants/1/a/b",
+        "/tenants/12/items",
+        "/tenants/13/items",
+        "/tenants//items",
+        "/login",
+        "/login/",
+        "/pkg.Svc/Get",
+        "/pkg.Svc/Put",
+        "/pkg.Other/Get",
+        "/pkg.Other",
+        "//",
+        "/x/y/z",
+        "no-slash",
+    ] {
+        let scanned: Vec<usize> = (0..set.rules().len())
+            .filter(|&i| set.rules()[i].matches(&http::Method::GET, path))
+            .collect();
+        let indexed: Vec<usize> = index
+            .candidates(path)
+            .into_iter()
+            .filter(|&i| set.rules()[i].matches(&http::Method::GET, path))
+            .collect();
+        assert_eq!(indexed, scanned, "{path:?}");
+    }
+}

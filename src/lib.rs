@@ -1,5 +1,5 @@
 #![doc = include_str!("docs/crate.md")]
-#![cfg_attr(not(feature = "redis"), doc = links_without!("redis"))]
+#![cfg_attr(not(feature = "redis"), doc = include_str!("docs/links-without-redis.md"))]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 /// The link definitions of the items of a feature, for docs that link to

@@ -12,6 +12,7 @@ macro_rules! page {
             #![cfg_attr(not(feature = "tls"), doc = links_without!("tls"))]
             #![cfg_attr(not(feature = "admin"), doc = links_without!("admin"))]
             #![cfg_attr(not(feature = "metrics"), doc = links_without!("metrics"))]
+            #![cfg_attr(not(feature = "envoy"), doc = links_without!("envoy"))]
         }
     };
 }
@@ -32,3 +33,4 @@ page!(memory);
 page!(cancellation);
 page!(operating);
 page!(deployments);
+page!(envoy);

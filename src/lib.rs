@@ -38,6 +38,12 @@ macro_rules! links_without {
             "/src/docs/links-without-tls.md"
         ))
     };
+    ("envoy") => {
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/src/docs/links-without-envoy.md"
+        ))
+    };
     ("metrics") => {
         include_str!(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -51,6 +57,8 @@ pub mod admin;
 mod algorithm;
 pub mod clock;
 pub mod decision;
+#[cfg(feature = "envoy")]
+pub mod envoy;
 pub mod guide;
 mod http;
 pub mod key;

@@ -113,6 +113,22 @@ impl Admission {
         Some((&c.rule, &c.limiter, c.decision.as_ref()?, c.decided_by))
     }
 
+    /// Every check: its rule, key, decision (`None`: admitted without
+    /// limit) and who decided, with the rule's limiter.
+    pub(crate) fn checked(
+        &self,
+    ) -> impl Iterator<Item = (&str, &str, Option<&Decision>, DecidedBy, &Limiter)> {
+        self.checks.iter().map(|c| {
+            (
+                &*c.rule,
+                c.key.as_str(),
+                c.decision.as_ref(),
+                c.decided_by,
+                &c.limiter,
+            )
+        })
+    }
+
     /// Every checked rule's name and decision (`None`: admitted without
     /// limit, as by fail-open).
     pub fn decisions(&self) -> impl Iterator<Item = (&str, Option<&Decision>)> {

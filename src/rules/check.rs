@@ -14,7 +14,7 @@ use crate::decision::Decision;
 use crate::limiter::{DecidedBy, LimitError, Limiter};
 
 /// A matching rule's check, planned: its limiter, key and cost.
-pub(super) struct Planned {
+pub(crate) struct Planned {
     pub(super) rule: Arc<str>,
     pub(super) counting: Counting,
     pub(super) settle: Option<Arc<super::SettleFrom>>,
@@ -22,6 +22,38 @@ pub(super) struct Planned {
     pub(super) limiter: Limiter,
     pub(super) key: String,
     pub(super) cost: u64,
+}
+
+impl Planned {
+    /// `rule`'s check of `key` at `cost` with `limiter` (the front ends'
+    /// own matching, as Envoy's descriptors).
+    pub(crate) fn new(rule: &super::Rule, limiter: Limiter, key: String, cost: u64) -> Self {
+        Self {
+            rule: rule.shared_name(),
+            counting: rule.counting().clone(),
+            settle: rule.shared_settle(),
+            block: rule.block(),
+            limiter,
+            key,
+            cost,
+        }
+    }
+}
+
+impl Planned {
+    /// A check of `key` at `cost` with `limiter`, under no rule (its name
+    /// the limiter's).
+    pub(crate) fn anonymous(limiter: Limiter, key: String, cost: u64) -> Self {
+        Self {
+            rule: Arc::from(limiter.name()),
+            counting: Counting::All,
+            settle: None,
+            block: None,
+            limiter,
+            key,
+            cost,
+        }
+    }
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -53,7 +85,7 @@ impl RulesCheck {
 
     /// Check the `planned` rules; `unchecked` are what the matching rules
     /// that check nothing settle from (their headers are stripped).
-    pub(super) fn run(planned: Vec<Planned>, unchecked: Vec<Arc<super::SettleFrom>>) -> Self {
+    pub(crate) fn run(planned: Vec<Planned>, unchecked: Vec<Arc<super::SettleFrom>>) -> Self {
         let state = if planned.is_empty() {
             State::Ready(Admission::default())
         } else {

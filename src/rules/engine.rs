@@ -9,6 +9,7 @@ use http::Method;
 
 use super::admission::Admission;
 use super::check::{Planned, RulesCheck};
+use super::descriptor::DescriptorIndex;
 use super::index::PathIndex;
 use super::{Counting, Rule, RuleSet};
 use crate::limiter::{CircuitBreaker, FailMode, Limiter};
@@ -73,6 +74,8 @@ pub struct ActiveRules {
     limiters: Vec<RuleLimiters>,
     /// Which rules may match a path.
     index: PathIndex,
+    /// Which descriptor rules a descriptor matches.
+    descriptors: DescriptorIndex,
 }
 
 struct RuleLimiters {
@@ -175,6 +178,14 @@ impl Rules {
         self.inner.template.watch_denials();
     }
 
+    /// A limiter of these rules' store and settings counting under `name`
+    /// with `policy` (a front end's limits beside the rules, as Envoy's
+    /// descriptors' own).
+    #[cfg_attr(not(feature = "envoy"), allow(dead_code))]
+    pub(crate) fn limiter_for(&self, name: &str, policy: Policy) -> Limiter {
+        self.inner.template.for_rule(name, policy)
+    }
+
     /// The rules in force now.
     pub fn current(&self) -> Arc<ActiveRules> {
         match self.inner.current.read() {
@@ -243,10 +254,13 @@ impl ActiveRules {
             })
             .collect();
         let index = PathIndex::new(set.rules());
+        let descriptors =
+            DescriptorIndex::new(set.rules().len(), |i| set.rules().get(i)?.descriptor());
         Self {
             set,
             limiters,
             index,
+            descriptors,
         }
     }
 
@@ -260,6 +274,19 @@ impl ActiveRules {
     pub fn limiter(&self, name: &str, tier: Option<&str>) -> Option<&Limiter> {
         let i = self.set.rules().iter().position(|r| r.name() == name)?;
         Some(self.limiters[i].pick(tier))
+    }
+
+    /// The descriptor rules a descriptor of `domain` with `entries` (key,
+    /// value) matches, with their limiters, in the set's order.
+    pub(crate) fn descriptor_rules<'a>(
+        &'a self,
+        domain: &str,
+        entries: &[(&str, &str)],
+    ) -> impl Iterator<Item = (&'a Rule, &'a Limiter)> + 'a {
+        self.descriptors
+            .rules(domain, entries)
+            .iter()
+            .map(|&i| (&self.set.rules()[i], &self.limiters[i].default))
     }
 
     /// Start the check of a request of `method` to `path` by a caller of

@@ -29,6 +29,10 @@ impl PathIndex {
     pub(super) fn new(rules: &[Rule]) -> Self {
         let mut index = Self::default();
         for (i, rule) in rules.iter().enumerate() {
+            if matches!(rule.target, Target::Descriptor(_)) {
+                // Matches no path.
+                continue;
+            }
             let mut node = &mut index.root;
             for literal in literal_prefix(&rule.target) {
                 node = node.children.entry(literal.into()).or_default();
@@ -69,6 +73,7 @@ fn literal_prefix(target: &Target) -> Vec<&str> {
                 Segment::Param | Segment::Rest => None,
             })
             .collect(),
+        Target::Descriptor(_) => Vec::new(),
         Target::Grpc { service, method } => {
             let mut prefix = vec![service.as_str()];
             prefix.extend(method.as_deref());

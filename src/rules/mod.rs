@@ -56,7 +56,10 @@ use crate::policy::Policy;
 
 mod admission;
 mod check;
+mod descriptor;
 mod engine;
+#[cfg(feature = "envoy")]
+mod envoy_yaml;
 mod index;
 mod json;
 #[cfg(feature = "redis")]
@@ -71,8 +74,12 @@ use validate::RuleSetSpec;
 pub use crate::http::{RuleLimit, RulesLayer};
 pub use admission::Admission;
 pub(crate) use admission::ToSettle;
+pub(crate) use check::Planned;
 pub use check::RulesCheck;
+pub use descriptor::Descriptor;
 pub use engine::{ActiveRules, Call, Rules};
+#[cfg(feature = "envoy")]
+pub(crate) use envoy_yaml::window_of_unit;
 
 #[cfg(feature = "redis")]
 pub use redis_source::{PublishError, publish};
@@ -222,6 +229,20 @@ pub struct Rule {
     block: Option<Duration>,
     local_quota: Option<LocalQuota>,
     settle: Option<Arc<SettleFrom>>,
+    /// A descriptor rule's `shadow`, `unlimited` and `replaces`.
+    envoy: EnvoyFlags,
+}
+
+/// What a descriptor rule may say besides its policy, as Envoy's
+/// reference server's configuration does.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct EnvoyFlags {
+    /// Counted and reported, never refusing.
+    pub(crate) shadow: bool,
+    /// Matched, never counted nor refusing.
+    pub(crate) unlimited: bool,
+    /// The rules this one replaces when both match one request.
+    pub(crate) replaces: Vec<String>,
 }
 
 impl fmt::Debug for Rule {
@@ -245,6 +266,7 @@ impl fmt::Debug for Rule {
             .field("block", &self.block)
             .field("local_quota", &self.local_quota)
             .field("settle", &self.settle)
+            .field("envoy", &self.envoy)
             .finish()
     }
 }
@@ -425,6 +447,20 @@ impl Rule {
 
     pub(crate) fn shared_settle(&self) -> Option<Arc<SettleFrom>> {
         self.settle.clone()
+    }
+
+    /// What the rule matches of a request to Envoy's rate limit service
+    /// (`domain` and `descriptor`), when it is a descriptor rule.
+    pub fn descriptor(&self) -> Option<&Descriptor> {
+        match &self.target {
+            Target::Descriptor(descriptor) => Some(descriptor),
+            _ => None,
+        }
+    }
+
+    /// A descriptor rule's `shadow`, `unlimited` and `replaces`.
+    pub(crate) fn envoy(&self) -> &EnvoyFlags {
+        &self.envoy
     }
 
     /// Whether the rule matches a request of `method` to `path`.

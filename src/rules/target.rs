@@ -15,6 +15,9 @@ pub(super) enum Target {
         service: String,
         method: Option<String>,
     },
+    /// A descriptor of a request to Envoy's rate limit service: it
+    /// matches no HTTP request.
+    Descriptor(super::descriptor::Descriptor),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +40,7 @@ impl Target {
                 };
                 s == service && method.as_deref().is_none_or(|method| method == m)
             }
+            Self::Descriptor(_) => false,
         }
     }
 }

@@ -11,8 +11,11 @@ use http::header::HeaderName;
 use serde::Deserialize;
 
 use super::MAX_BLOCK;
+use super::descriptor::Descriptor;
 use super::target::{Target, parse_grpc, parse_path};
-use super::{Counting, KeyPart, Rule, RuleSet, RulesError, SettleFrom, Statuses, TierFrom};
+use super::{
+    Counting, EnvoyFlags, KeyPart, Rule, RuleSet, RulesError, SettleFrom, Statuses, TierFrom,
+};
 use crate::limiter::LocalQuota;
 use crate::policy::{Algorithm, Policy, parse_duration};
 
@@ -48,6 +51,14 @@ struct RuleSpec {
     block: Option<String>,
     local_quota: Option<String>,
     settle: Option<SettleSpec>,
+    domain: Option<String>,
+    descriptor: Option<Vec<String>>,
+    #[serde(default)]
+    shadow: bool,
+    #[serde(default)]
+    unlimited: bool,
+    #[serde(default)]
+    replaces: Vec<String>,
 }
 
 /// `settle = { header = "x-usage-tokens", strip = true, body = true }`.
@@ -109,12 +120,50 @@ impl Rule {
         // told the first.
         let name = name(spec.name, label)?;
         let methods = spec.methods.map(|m| methods(&m, label)).transpose()?;
-        let target = target(spec.path, spec.grpc, label)?;
-        let key = key(spec.key, label)?;
+        let envoy = EnvoyFlags {
+            shadow: spec.shadow,
+            unlimited: spec.unlimited,
+            replaces: spec.replaces,
+        };
+        let (target, key) = match (spec.domain, spec.descriptor) {
+            (None, None) => {
+                if let Some(field) = envoy.field() {
+                    return Err(fault(
+                        label,
+                        field,
+                        "applies to descriptor rules only (`domain` and `descriptor`)",
+                    ));
+                }
+                (target(spec.path, spec.grpc, label)?, key(spec.key, label)?)
+            }
+            (domain, descriptor) => {
+                let descriptor = descriptor_target(domain, descriptor, label)?;
+                for (field, set) in [
+                    ("path", spec.path.is_some()),
+                    ("grpc", spec.grpc.is_some()),
+                    ("key", spec.key.is_some()),
+                    ("methods", methods.is_some()),
+                ] {
+                    if set {
+                        return Err(fault(
+                            label,
+                            field,
+                            "a descriptor rule matches a descriptor's entries, and its key is their values: leave it out",
+                        ));
+                    }
+                }
+                (descriptor, Vec::new())
+            }
+        };
         let shape = Shape::read(spec.algorithm, spec.execution, spec.cost, label)?;
-        let policy = match &spec.policy {
-            Some(text) => shape.policy("policy", text)?,
-            None => return Err(fault(label, "policy", "is missing (e.g. \"100/min\")")),
+        let policy = match (&spec.policy, envoy.unlimited) {
+            (Some(text), false) => shape.policy("policy", text)?,
+            (None, false) => return Err(fault(label, "policy", "is missing (e.g. \"100/min\")")),
+            (Some(_), true) => {
+                return Err(fault(label, "policy", "an unlimited rule has no policy"));
+            }
+            // Never checked: an unlimited rule answers without its limiter.
+            (None, true) => shape.policy("unlimited", "4294967295/s")?,
         };
         let tiers = tiers(&spec.tiers, &shape)?;
         let counting = counting(spec.count, spec.refund, label)?;
@@ -141,6 +190,7 @@ impl Rule {
             block,
             local_quota,
             settle: settle.map(Arc::new),
+            envoy,
         };
         rule.check_combinations(label)?;
         Ok(rule)
@@ -175,6 +225,25 @@ impl Rule {
                     field,
                     "a concurrency limit counts requests in flight, not responses: its slot is given back when the response ends",
                 ));
+            }
+        }
+        if let Target::Descriptor(_) = &self.target {
+            // Envoy asks before the request and never tells the outcome: a
+            // cost after the response comes as a descriptor sent again at
+            // the stream's end, with its hits_addend.
+            for (field, set) in [
+                ("count", matches!(self.counting, Counting::Only(_))),
+                ("refund", matches!(self.counting, Counting::Except(_))),
+                ("settle", self.settle.is_some()),
+                ("tiers", !self.tiers.is_empty()),
+            ] {
+                if set {
+                    return Err(fault(
+                        label,
+                        field,
+                        "a descriptor rule is asked before the request and never told its response (tiers: use a descriptor entry per plan)",
+                    ));
+                }
             }
         }
         if self.settle.is_some() {
@@ -279,6 +348,40 @@ impl<'a> Shape<'a> {
             policy = policy.with_cost(cost).map_err(|e| fault(label, field, e))?;
         }
         Ok(policy)
+    }
+}
+
+/// A descriptor rule's target: `domain` and `descriptor` together.
+fn descriptor_target(
+    domain: Option<String>,
+    descriptor: Option<Vec<String>>,
+    label: &str,
+) -> Result<Target, RulesError> {
+    let domain = domain.ok_or_else(|| {
+        fault(
+            label,
+            "domain",
+            "is missing: a descriptor rule names the domain of its descriptors",
+        )
+    })?;
+    let entries = descriptor.ok_or_else(|| fault(label, "descriptor", "is missing: a rule with a domain matches a descriptor (`descriptor = [\"remote_address\"]`)"))?;
+    Descriptor::parse(&domain, &entries)
+        .map(Target::Descriptor)
+        .map_err(|problem| fault(label, "descriptor", problem))
+}
+
+impl EnvoyFlags {
+    /// The first flag set, by its field's name.
+    fn field(&self) -> Option<&'static str> {
+        if self.shadow {
+            Some("shadow")
+        } else if self.unlimited {
+            Some("unlimited")
+        } else if !self.replaces.is_empty() {
+            Some("replaces")
+        } else {
+            None
+        }
     }
 }
 

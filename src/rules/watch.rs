@@ -149,16 +149,18 @@ impl RuleSet {
     }
 
     /// Read `text` as the file `path` holds it: JSON if its name ends in
-    /// `.json`, else TOML.
+    /// `.json`, Envoy's reference server's YAML if in `.yaml` or `.yml`
+    /// (feature `envoy`), else TOML.
     pub(crate) fn parse_as(path: &std::path::Path, text: &str) -> Result<Self, RulesError> {
-        if path
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("json"))
-        {
-            Self::from_json(text)
-        } else {
-            Self::from_toml(text)
+        let extension = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+        if extension.eq_ignore_ascii_case("json") {
+            return Self::from_json(text);
         }
+        #[cfg(feature = "envoy")]
+        if extension.eq_ignore_ascii_case("yaml") || extension.eq_ignore_ascii_case("yml") {
+            return Self::from_envoy_yaml([(path.to_str().unwrap_or("the YAML file"), text)]);
+        }
+        Self::from_toml(text)
     }
 }
 

@@ -21,6 +21,8 @@ mod cost_headers;
 mod custom_store;
 mod demotion;
 mod deny_cache;
+#[cfg(feature = "envoy")]
+mod envoy;
 mod example_server;
 mod faults;
 mod fixed_window;

@@ -17,6 +17,8 @@ pub mod browser;
 pub mod cluster;
 pub mod contention;
 pub mod differential;
+#[cfg(feature = "envoy")]
+pub mod envoy;
 pub mod eventually;
 pub mod faults;
 pub mod harness;

@@ -1,0 +1,338 @@
+//! Envoy's global rate limit service, answered by the crate's rules: point
+//! Envoy's `envoy.filters.http.ratelimit` (or Istio, Envoy Gateway,
+//! Contour) at it in place of the reference server.
+//!
+//! ```sh
+//! # The reference server's YAML, unchanged (a file, or a directory of them):
+//! RULES=config.yaml cargo run --example envoy_rls --features envoy
+//! # The crate's own rules (TOML or JSON, descriptor rules), shared through Redis:
+//! RULES=rules.toml REDIS_URL=redis://127.0.0.1:6379 \
+//!   cargo run --example envoy_rls --features envoy
+//! # The operator's admin router and Prometheus metrics on a port of their own:
+//! ADMIN_BIND=127.0.0.1:8082 ADMIN_TOKEN=$(openssl rand -hex 32) RULES=config.yaml \
+//!   cargo run --example envoy_rls --features envoy,admin
+//! ```
+//!
+//! Variables (an empty one counts as unset; a bad value is reported on
+//! stderr naming the variable, and the program exits with status 2):
+//! - `RULES` (required): a rule file (`.yaml`/`.yml`: the reference
+//!   server's YAML; `.json`: JSON; else TOML), re-read every second (a
+//!   file that does not validate, or an empty one, leaves the rules in
+//!   force); or a directory of reference-server YAML files, read at start;
+//!   or `redis`: the rule set published at `RULES_KEY` (default
+//!   `rl:rules`), followed as it changes.
+//! - `REDIS_URL`: unset, counts in this process; set, in Redis.
+//! - `GRPC_BIND` (default `127.0.0.1:8081`): where Envoy reaches the
+//!   service; `grpc.health.v1.Health` answers there too.
+//! - `FAIL_MODE` (`open`, default, or `closed`): when the store fails,
+//!   admit, or answer `UNAVAILABLE` (Envoy's `failure_mode_deny` then
+//!   decides).
+//! - `HEADERS` (`x`, default, `ietf`, `both` or `none`): the rate-limit
+//!   fields Envoy adds to responses.
+//! - `ADMIN_BIND`, `ADMIN_TOKEN` (`--features admin`): the admin router
+//!   (rules in force, key commands, console) and `/metrics`.
+//!
+//! `SIGTERM` or Ctrl-C stops it gracefully: calls in flight finish (at most
+//! 10 s), then it exits 0. Each connection carries at most 128 calls at
+//! once and a call is answered within 5 s (the store's own timeout is far
+//! shorter); a message over 64 KiB is refused.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use tower_redis_ratelimit::envoy::RateLimitService;
+use tower_redis_ratelimit::response::HeaderStyle;
+use tower_redis_ratelimit::rules::{RuleSet, Rules, Watch};
+use tower_redis_ratelimit::{FailMode, MemoryStore, RedisStore, Store};
+
+/// A setting the program cannot run with.
+struct BadSetting(&'static str, String);
+
+fn var(name: &'static str) -> Result<Option<String>, BadSetting> {
+    match std::env::var(name) {
+        Ok(v) if v.is_empty() => Ok(None),
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(_) => Err(BadSetting(name, "not valid UTF-8".to_owned())),
+    }
+}
+
+/// What `RULES` says.
+enum Source {
+    File(std::path::PathBuf),
+    Directory(std::path::PathBuf),
+    Redis(String),
+}
+
+struct Settings {
+    source: Source,
+    redis_url: Option<String>,
+    bind: SocketAddr,
+    fail_mode: FailMode,
+    headers: Option<HeaderStyle>,
+    admin: Option<(String, String)>,
+}
+
+impl Settings {
+    fn from_env() -> Result<Self, BadSetting> {
+        let source = match var("RULES")? {
+            None => {
+                return Err(BadSetting(
+                    "RULES",
+                    "is required: a rule file, a directory of reference-server YAML files, or `redis`"
+                        .to_owned(),
+                ));
+            }
+            Some(text) if text == "redis" => {
+                Source::Redis(var("RULES_KEY")?.unwrap_or_else(|| "rl:rules".to_owned()))
+            }
+            Some(path) if std::path::Path::new(&path).is_dir() => Source::Directory(path.into()),
+            Some(path) => Source::File(path.into()),
+        };
+        let redis_url = var("REDIS_URL")?;
+        if matches!(source, Source::Redis(_)) && redis_url.is_none() {
+            return Err(BadSetting("RULES", "`redis` needs REDIS_URL".to_owned()));
+        }
+        let bind = var("GRPC_BIND")?
+            .unwrap_or_else(|| "127.0.0.1:8081".to_owned())
+            .parse()
+            .map_err(|e| BadSetting("GRPC_BIND", format!("not an address and port: {e}")))?;
+        let fail_mode = match var("FAIL_MODE")?.as_deref() {
+            None | Some("open") => FailMode::Open,
+            Some("closed") => FailMode::Closed,
+            Some(other) => {
+                return Err(BadSetting(
+                    "FAIL_MODE",
+                    format!("unknown fail mode {other:?}: use `open` or `closed`"),
+                ));
+            }
+        };
+        let headers = match var("HEADERS")?.as_deref() {
+            None | Some("x") => Some(HeaderStyle::XRateLimit),
+            Some("ietf") => Some(HeaderStyle::Ietf),
+            Some("both") => Some(HeaderStyle::Both),
+            Some("none") => None,
+            Some(other) => {
+                return Err(BadSetting(
+                    "HEADERS",
+                    format!("unknown style {other:?}: use `x`, `ietf`, `both` or `none`"),
+                ));
+            }
+        };
+        let admin = match (var("ADMIN_BIND")?, var("ADMIN_TOKEN")?) {
+            (None, None) => None,
+            (Some(bind), Some(token)) if cfg!(feature = "admin") => Some((bind, token)),
+            (Some(_), Some(_)) => {
+                return Err(BadSetting(
+                    "ADMIN_BIND",
+                    "the admin router needs `--features admin`".to_owned(),
+                ));
+            }
+            (Some(_), None) => {
+                return Err(BadSetting("ADMIN_TOKEN", "ADMIN_BIND needs it".to_owned()));
+            }
+            (None, Some(_)) => {
+                return Err(BadSetting("ADMIN_BIND", "ADMIN_TOKEN needs it".to_owned()));
+            }
+        };
+        Ok(Self {
+            source,
+            redis_url,
+            bind,
+            fail_mode,
+            headers,
+            admin,
+        })
+    }
+}
+
+/// Every `.yaml`/`.yml` file of `dir`, as one rule set.
+fn read_directory(dir: &std::path::Path) -> Result<RuleSet, BadSetting> {
+    let bad = |e: String| BadSetting("RULES", e);
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| bad(format!("{}: {e}", dir.display())))? {
+        let path = entry.map_err(|e| bad(e.to_string()))?.path();
+        if path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"))
+        {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| bad(format!("{}: {e}", path.display())))?;
+            files.push((path.display().to_string(), text));
+        }
+    }
+    files.sort();
+    RuleSet::from_envoy_yaml(files.iter().map(|(n, t)| (n.as_str(), t.as_str())))
+        .map_err(|e| bad(e.to_string()))
+}
+
+/// The rules, in force and followed from their source.
+async fn rules<St: Store>(
+    store: St,
+    settings: &Settings,
+) -> Result<(Rules, Option<Watch>), BadSetting> {
+    let empty = RuleSet::from_toml("").map_err(|e| BadSetting("RULES", e.to_string()))?;
+    let rules = Rules::new(store, empty).with_fail_mode(settings.fail_mode.clone());
+    let watch = match &settings.source {
+        Source::File(path) => {
+            let set = RuleSet::from_file(path).map_err(|e| BadSetting("RULES", e.to_string()))?;
+            rules.replace(set);
+            Some(rules.watch_file(path, Duration::from_secs(1)))
+        }
+        Source::Directory(dir) => {
+            rules.replace(read_directory(dir)?);
+            None
+        }
+        Source::Redis(key) => {
+            let url = settings.redis_url.as_deref().unwrap_or_default();
+            let client = tower_redis_ratelimit::redis::Client::open(url)
+                .map_err(|e| BadSetting("REDIS_URL", e.to_string()))?;
+            let watch = rules
+                .follow_redis(client, key.clone(), Duration::from_secs(1))
+                .await
+                .map_err(|e| BadSetting("RULES", e.to_string()))?;
+            Some(watch)
+        }
+    };
+    Ok((rules, watch))
+}
+
+async fn setup() -> Result<(Settings, Rules, Option<Watch>), BadSetting> {
+    let settings = Settings::from_env()?;
+    let (rules, watch) = match &settings.redis_url {
+        None => rules(MemoryStore::new(), &settings).await?,
+        Some(url) => {
+            let store = RedisStore::connect(url)
+                .await
+                .map_err(|e| BadSetting("REDIS_URL", e.to_string()))?;
+            rules(store, &settings).await?
+        }
+    };
+    Ok((settings, rules, watch))
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let (settings, rules, watch) = match setup().await {
+        Ok(ready) => ready,
+        Err(BadSetting(variable, problem)) => {
+            eprintln!("{variable}: {problem}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut service = RateLimitService::new(rules.clone());
+    service = match settings.headers {
+        Some(style) => service.with_headers(style),
+        None => service.without_headers(),
+    };
+    let listener = match tokio::net::TcpListener::bind(settings.bind).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            eprintln!("GRPC_BIND: cannot listen on {}: {e}", settings.bind);
+            return ExitCode::from(2);
+        }
+    };
+    let addr = listener.local_addr().map_or(settings.bind, |a| a);
+    #[cfg(feature = "admin")]
+    if let Some((bind, token)) = &settings.admin {
+        match admin(bind, token, &rules, watch.as_ref()).await {
+            Ok(()) => {}
+            Err(BadSetting(variable, problem)) => {
+                eprintln!("{variable}: {problem}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<tower_redis_ratelimit::envoy::envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RateLimitService>>()
+        .await;
+    tracing::info!(
+        rules = rules.current().set().rules().len(),
+        "rate limit service listening on {addr}"
+    );
+    let served = tonic::transport::Server::builder()
+        .concurrency_limit_per_connection(128)
+        .max_concurrent_streams(Some(128))
+        .timeout(Duration::from_secs(5))
+        .tcp_keepalive(Some(Duration::from_secs(60)))
+        .add_service(health_service)
+        .add_service(service.into_server())
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener),
+            shutdown(),
+        )
+        .await;
+    drop(watch);
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "the gRPC server failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The admin router and `/metrics` on `bind`, behind `token`.
+#[cfg(feature = "admin")]
+async fn admin(
+    bind: &str,
+    token: &str,
+    rules: &Rules,
+    watch: Option<&Watch>,
+) -> Result<(), BadSetting> {
+    use tower_redis_ratelimit::admin::Admin;
+    let metrics = tower_redis_ratelimit::admin::prometheus_builder()
+        .install_recorder()
+        .map_err(|e| {
+            BadSetting(
+                "ADMIN_BIND",
+                format!("cannot install the metrics recorder: {e}"),
+            )
+        })?;
+    let listener = tokio::net::TcpListener::bind(bind)
+        .await
+        .map_err(|e| BadSetting("ADMIN_BIND", format!("cannot listen on {bind:?}: {e}")))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| BadSetting("ADMIN_BIND", e.to_string()))?;
+    let mut admin = Admin::new(token.to_owned(), addr)
+        .map_err(|e| BadSetting("ADMIN_TOKEN", e.to_string()))?
+        .with_metrics(metrics)
+        .with_rules(rules);
+    if let Some(watch) = watch {
+        admin = admin.with_watch(watch);
+    }
+    let router = admin.into_router();
+    tracing::info!("admin router on http://{addr} (bearer token required)");
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, router).await {
+            tracing::error!(%error, "the admin router stopped");
+        }
+    });
+    Ok(())
+}
+
+/// `SIGTERM` or Ctrl-C.
+async fn shutdown() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutting down: finishing the calls in flight");
+}

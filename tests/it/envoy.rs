@@ -1,0 +1,571 @@
+//! Envoy's rate limit service (`envoy::RateLimitService`), over gRPC
+//! against a real Redis: the reference server's YAML answered as it
+//! answers (limits, nested and wildcard descriptors, unlimited, shadow,
+//! replaces, unknown domains), the crate's own descriptor rules, the
+//! protocol's costs and overrides, bad input, faults; and through a real
+//! Envoy with the guide's bootstrap and the ready program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use tower_redis_ratelimit::envoy::RateLimitService;
+use tower_redis_ratelimit::envoy::envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    RateLimitDescriptor, rate_limit_descriptor,
+};
+use tower_redis_ratelimit::envoy::envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use tower_redis_ratelimit::envoy::envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use tower_redis_ratelimit::envoy::envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tower_redis_ratelimit::envoy::envoy_types::pb::envoy::service::ratelimit::v3::{
+    RateLimitRequest, RateLimitResponse,
+};
+use tower_redis_ratelimit::envoy::envoy_types::pb::google::protobuf::UInt64Value;
+use tower_redis_ratelimit::rules::{RuleSet, Rules};
+use tower_redis_ratelimit::{FailMode, RedisStore};
+
+use crate::support::RedisServer;
+use crate::support::harness::away_from_a_boundary;
+
+type Client = RateLimitServiceClient<tonic::transport::Channel>;
+
+/// The service over `rules`, on a port of its own, and a client of it.
+async fn serve(rules: Rules) -> Client {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RateLimitService::new(rules).into_server())
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    RateLimitServiceClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap()
+}
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(key, value)| rate_limit_descriptor::Entry {
+                key: (*key).to_owned(),
+                value: (*value).to_owned(),
+            })
+            .collect(),
+        ..RateLimitDescriptor::default()
+    }
+}
+
+fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+async fn ask(client: &mut Client, request: RateLimitRequest) -> RateLimitResponse {
+    client
+        .should_rate_limit(request)
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+fn over(response: &RateLimitResponse) -> bool {
+    response.overall_code == Code::OverLimit as i32
+}
+
+fn header<'a>(response: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
+    response
+        .response_headers_to_add
+        .iter()
+        .find(|h| h.key == name)
+        .map(|h| h.value.as_str())
+}
+
+const REFERENCE: &str = r#"
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: minute
+      requests_per_unit: 3
+  - key: key1
+    value: value1
+    descriptors:
+      - key: subkey1
+        rate_limit:
+          unit: minute
+          requests_per_unit: 2
+  - key: path
+    value: /api/*
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1
+  - key: path
+    value: /health
+    rate_limit:
+      unlimited: true
+  - key: trial
+    shadow_mode: true
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1
+  - key: plan
+    value: gold
+    rate_limit:
+      name: gold
+      unit: minute
+      requests_per_unit: 100
+      replaces:
+        - name: standard
+  - key: plan
+    rate_limit:
+      name: standard
+      unit: minute
+      requests_per_unit: 1
+"#;
+
+async fn reference_service(server: &RedisServer) -> Client {
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let set = RuleSet::from_envoy_yaml([("config.yaml", REFERENCE)]).unwrap();
+    serve(Rules::new(store, set)).await
+}
+
+#[tokio::test]
+async fn the_reference_yaml_limits_as_the_reference_server_does() {
+    let server = RedisServer::start();
+    let mut client = reference_service(&server).await;
+    away_from_a_boundary(Duration::from_secs(60), Duration::from_secs(5)).await;
+    let by_address = || request("edge", vec![descriptor(&[("remote_address", "10.0.0.1")])]);
+    for remaining in [2, 1, 0] {
+        let response = ask(&mut client, by_address()).await;
+        assert!(!over(&response), "{response:?}");
+        let status = &response.statuses[0];
+        assert_eq!(status.code, Code::Ok as i32);
+        assert_eq!(status.limit_remaining, remaining);
+        let limit = status.current_limit.as_ref().unwrap();
+        assert_eq!(
+            (limit.requests_per_unit, limit.unit),
+            (3, Unit::Minute as i32)
+        );
+        let reset = status.duration_until_reset.unwrap();
+        assert!((0..=60).contains(&reset.seconds), "{reset:?}");
+        assert_eq!(header(&response, "x-ratelimit-limit"), Some("3"));
+        assert_eq!(
+            header(&response, "x-ratelimit-remaining"),
+            Some(remaining.to_string().as_str())
+        );
+    }
+    let denied = ask(&mut client, by_address()).await;
+    assert!(over(&denied));
+    assert_eq!(denied.statuses[0].code, Code::OverLimit as i32);
+    assert_eq!(denied.statuses[0].limit_remaining, 0);
+    let retry: u64 = header(&denied, "retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    // Another address has its own count.
+    let other = ask(
+        &mut client,
+        request("edge", vec![descriptor(&[("remote_address", "10.0.0.2")])]),
+    )
+    .await;
+    assert!(!over(&other));
+}
+
+#[tokio::test]
+async fn nested_wildcard_unlimited_shadow_and_replaced_limits() {
+    let server = RedisServer::start();
+    let mut client = reference_service(&server).await;
+    away_from_a_boundary(Duration::from_secs(60), Duration::from_secs(5)).await;
+    let shared = client.clone();
+    let admitted = |entries: Vec<(&'static str, &'static str)>| {
+        let mut client = shared.clone();
+        async move {
+            let response = ask(&mut client, request("edge", vec![descriptor(&entries)])).await;
+            (!over(&response), response)
+        }
+    };
+    // Nested: the limit of [key1=value1, subkey1]; key1=value1 alone has none.
+    for _ in 0..2 {
+        assert!(admitted(vec![("key1", "value1"), ("subkey1", "x")]).await.0);
+    }
+    assert!(!admitted(vec![("key1", "value1"), ("subkey1", "x")]).await.0);
+    let (ok, alone) = admitted(vec![("key1", "value1")]).await;
+    assert!(ok && alone.statuses[0].current_limit.is_none(), "{alone:?}");
+    // A wildcard value: each value its own count.
+    assert!(admitted(vec![("path", "/api/a")]).await.0);
+    assert!(!admitted(vec![("path", "/api/a")]).await.0);
+    assert!(admitted(vec![("path", "/api/b")]).await.0);
+    // Unlimited: never counted.
+    for _ in 0..5 {
+        let (ok, response) = admitted(vec![("path", "/health")]).await;
+        assert!(ok);
+        assert_eq!(response.statuses[0].limit_remaining, u32::MAX);
+    }
+    // Shadow: counted, reported, never refusing.
+    for _ in 0..3 {
+        let (ok, response) = admitted(vec![("trial", "t1")]).await;
+        assert!(
+            ok && response.statuses[0].code == Code::Ok as i32,
+            "{response:?}"
+        );
+    }
+    // Replaces: with gold in the request, standard is not applied.
+    let both = || {
+        request(
+            "edge",
+            vec![
+                descriptor(&[("plan", "gold")]),
+                descriptor(&[("plan", "free")]),
+            ],
+        )
+    };
+    for _ in 0..3 {
+        assert!(!over(&ask(&mut client, both()).await));
+    }
+    assert!(admitted(vec![("plan", "free")]).await.0);
+    assert!(
+        !admitted(vec![("plan", "free")]).await.0,
+        "standard applies alone"
+    );
+    // An unknown domain or descriptor: no limit.
+    let unknown = ask(
+        &mut client,
+        request("elsewhere", vec![descriptor(&[("remote_address", "x")])]),
+    )
+    .await;
+    assert!(!over(&unknown) && unknown.statuses[0].current_limit.is_none());
+}
+
+#[tokio::test]
+async fn descriptor_rules_check_every_rate_and_descriptor_all_or_nothing() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let rules = Rules::new(
+        store,
+        RuleSet::from_toml(
+            r#"
+            [[rules]]
+            name = "burst-and-day"
+            domain = "api"
+            descriptor = ["user"]
+            policy = "2/10s, 3/1d"
+            algorithm = "gcra"
+
+            [[rules]]
+            name = "per-route"
+            domain = "api"
+            descriptor = ["route=/export"]
+            policy = "100/min"
+            "#,
+        )
+        .unwrap(),
+    );
+    let route_limiter = rules.current().limiter("per-route", None).unwrap().clone();
+    let mut client = serve(rules).await;
+    let both = || {
+        request(
+            "api",
+            vec![
+                descriptor(&[("user", "u1")]),
+                descriptor(&[("route", "/export")]),
+            ],
+        )
+    };
+    assert!(!over(&ask(&mut client, both()).await));
+    assert!(!over(&ask(&mut client, both()).await));
+    // The burst of two is spent: denied, and the route's count untouched.
+    let denied = ask(&mut client, both()).await;
+    assert!(over(&denied));
+    assert_eq!(denied.statuses[0].code, Code::OverLimit as i32);
+    let peek = route_limiter.peek("/export").await.unwrap();
+    assert_eq!(
+        peek.remaining(),
+        100 - 2 - 1,
+        "a denied request spent the route's quota"
+    );
+    // The day's 3 bites after the burst refills.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(!over(&ask(&mut client, both()).await));
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let day = ask(&mut client, both()).await;
+    assert!(over(&day), "{day:?}");
+    let limit = day.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!((limit.requests_per_unit, limit.unit), (3, Unit::Day as i32));
+}
+
+#[tokio::test]
+async fn costs_peeks_overrides_and_hostile_costs() {
+    let server = RedisServer::start();
+    let mut client = reference_service(&server).await;
+    away_from_a_boundary(Duration::from_secs(60), Duration::from_secs(5)).await;
+    // The request's hits_addend: 2 of the address's 3.
+    let mut two = request("edge", vec![descriptor(&[("remote_address", "a")])]);
+    two.hits_addend = 2;
+    assert_eq!(
+        ask(&mut client, two.clone()).await.statuses[0].limit_remaining,
+        1
+    );
+    assert!(over(&ask(&mut client, two).await), "2 more than the 1 left");
+    // A descriptor's own hits_addend of 0: a peek.
+    let mut peek = descriptor(&[("remote_address", "a")]);
+    peek.hits_addend = Some(UInt64Value { value: 0 });
+    for _ in 0..3 {
+        let response = ask(&mut client, request("edge", vec![peek.clone()])).await;
+        assert!(!over(&response));
+        assert_eq!(response.statuses[0].limit_remaining, 1);
+    }
+    // A cost no window can hold: refused, and nothing counted.
+    let mut hostile = request("edge", vec![descriptor(&[("remote_address", "b")])]);
+    hostile.hits_addend = u32::MAX;
+    assert!(over(&ask(&mut client, hostile).await));
+    let fresh = ask(
+        &mut client,
+        request("edge", vec![descriptor(&[("remote_address", "b")])]),
+    )
+    .await;
+    assert_eq!(fresh.statuses[0].limit_remaining, 2);
+    // A descriptor's own limit.
+    let mut own = descriptor(&[("anything", "x")]);
+    own.limit = Some(rate_limit_descriptor::RateLimitOverride {
+        requests_per_unit: 1,
+        unit: Unit::Minute as i32,
+    });
+    assert!(!over(
+        &ask(&mut client, request("edge", vec![own.clone()])).await
+    ));
+    assert!(over(&ask(&mut client, request("edge", vec![own])).await));
+}
+
+#[tokio::test]
+async fn bad_requests_get_a_clear_status_and_hold_nothing() {
+    let server = RedisServer::start();
+    let mut client = reference_service(&server).await;
+    let code = |result: Result<tonic::Response<RateLimitResponse>, tonic::Status>| {
+        result.map(|_| ()).unwrap_err().code()
+    };
+    let one = || vec![descriptor(&[("remote_address", "x")])];
+    assert_eq!(
+        code(client.should_rate_limit(request("", one())).await),
+        tonic::Code::InvalidArgument
+    );
+    assert_eq!(
+        code(client.should_rate_limit(request("edge", Vec::new())).await),
+        tonic::Code::InvalidArgument
+    );
+    let many = (0..1000)
+        .map(|i| descriptor(&[("k", &*i.to_string())]))
+        .collect();
+    assert_eq!(
+        code(client.should_rate_limit(request("edge", many)).await),
+        tonic::Code::InvalidArgument
+    );
+    let huge = "v".repeat(1024 * 1024);
+    let status = code(
+        client
+            .should_rate_limit(request(
+                "edge",
+                vec![descriptor(&[("remote_address", &huge)])],
+            ))
+            .await,
+    );
+    assert!(
+        matches!(
+            status,
+            tonic::Code::ResourceExhausted | tonic::Code::OutOfRange
+        ),
+        "{status:?}"
+    );
+    // Still serving.
+    assert!(!over(&ask(&mut client, request("edge", one())).await));
+}
+
+#[tokio::test]
+async fn a_store_down_fails_open_or_closed_as_the_rules_say() {
+    let mut server = RedisServer::start();
+    let open = || async {
+        RedisStore::connect(&server.url())
+            .await
+            .unwrap()
+            .with_timeout(Duration::from_millis(200))
+    };
+    let set = || RuleSet::from_envoy_yaml([("c.yaml", REFERENCE)]).unwrap();
+    let mut failing_open =
+        serve(Rules::new(open().await, set()).with_fail_mode(FailMode::Open)).await;
+    let mut failing_closed =
+        serve(Rules::new(open().await, set()).with_fail_mode(FailMode::Closed)).await;
+    server.kill();
+    let by_address = || request("edge", vec![descriptor(&[("remote_address", "z")])]);
+    assert!(!over(&ask(&mut failing_open, by_address()).await));
+    let closed = failing_closed.should_rate_limit(by_address()).await;
+    assert_eq!(closed.unwrap_err().code(), tonic::Code::Unavailable);
+}
+
+#[tokio::test]
+async fn two_services_on_one_redis_share_one_count_exactly() {
+    let server = RedisServer::start();
+    let mut a = reference_service(&server).await;
+    let mut b = reference_service(&server).await;
+    away_from_a_boundary(Duration::from_secs(60), Duration::from_secs(5)).await;
+    let by_address = || request("edge", vec![descriptor(&[("remote_address", "shared")])]);
+    let mut admitted = 0;
+    for i in 0..10 {
+        let client = if i % 2 == 0 { &mut a } else { &mut b };
+        if !over(&ask(client, by_address()).await) {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 3);
+}
+
+mod through_envoy {
+    //! A real Envoy (the guide's bootstrap), the ready program
+    //! (`examples/envoy_rls.rs`) and an upstream.
+
+    use std::time::{Duration, Instant};
+
+    use crate::support::envoy::Envoy;
+    use crate::support::{RedisServer, free_port};
+
+    /// The guide's bootstrap, with the test's ports.
+    fn bootstrap(listener: u16, upstream: u16, service: u16) -> String {
+        let guide = include_str!("../../src/docs/guide/envoy.md");
+        let start = guide.find("static_resources:").unwrap();
+        let end = start + guide[start..].find("```").unwrap();
+        guide[start..end]
+            .replace("port_value: 10000", &format!("port_value: {listener}"))
+            .replace("port_value: 8080", &format!("port_value: {upstream}"))
+            .replace("port_value: 8081", &format!("port_value: {service}"))
+    }
+
+    /// The ready program, serving `rules` from `REDIS_URL` on `port`.
+    struct Program(std::process::Child);
+
+    impl Program {
+        fn start(rules: &std::path::Path, redis: &str, port: u16) -> Self {
+            let exe = std::env::current_exe().unwrap();
+            let binary = exe
+                .parent()
+                .unwrap()
+                .parent()
+                .unwrap()
+                .join("examples/envoy_rls");
+            assert!(
+                binary.exists(),
+                "{} is missing: `cargo test --all-features` builds it",
+                binary.display()
+            );
+            let child = std::process::Command::new(binary)
+                .env_clear()
+                .env("RULES", rules)
+                .env("REDIS_URL", redis)
+                .env("GRPC_BIND", format!("127.0.0.1:{port}"))
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+                assert!(Instant::now() < deadline, "the program did not listen");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Self(child)
+        }
+    }
+
+    impl Drop for Program {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// An upstream answering `hello` on a port of its own.
+    fn upstream(runtime: &tokio::runtime::Runtime) -> u16 {
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let app = axum::Router::new().fallback(|| async { "hello" });
+        runtime.spawn(async move { axum::serve(listener, app).await });
+        port
+    }
+
+    /// `GET /` through Envoy on `port`: the status and the headers.
+    fn get(port: u16, api_key: &str) -> (u16, Vec<(String, String)>) {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        write!(
+            stream,
+            "GET / HTTP/1.1\r\nHost: t\r\nx-api-key: {api_key}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        let head = answer.split("\r\n\r\n").next().unwrap();
+        let mut lines = head.lines();
+        let status = lines.next().unwrap()[9..12].parse().unwrap();
+        let headers = lines
+            .filter_map(|l| l.split_once(": "))
+            .map(|(n, v)| (n.to_ascii_lowercase(), v.to_owned()))
+            .collect();
+        (status, headers)
+    }
+
+    #[test]
+    fn envoy_answers_429_after_the_limit_with_the_fields_and_two_envoys_share_it() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let redis = RedisServer::start();
+        let dir = std::env::temp_dir().join(format!("envoy-rules-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let rules = dir.join("config.yaml");
+        // The guide's rules.
+        let guide = include_str!("../../src/docs/guide/envoy.md");
+        let start = guide.find("domain: edge").unwrap();
+        let end = start + guide[start..].find("```").unwrap();
+        std::fs::write(&rules, &guide[start..end]).unwrap();
+
+        let app = upstream(&runtime);
+        let (service_a, service_b) = (free_port(), free_port());
+        let _a = Program::start(&rules, &redis.url(), service_a);
+        let _b = Program::start(&rules, &redis.url(), service_b);
+        let (edge_a, edge_b) = (free_port(), free_port());
+        let _envoy_a = Envoy::start(&bootstrap(edge_a, app, service_a), edge_a);
+        let _envoy_b = Envoy::start(&bootstrap(edge_b, app, service_b), edge_b);
+        runtime.block_on(crate::support::harness::away_from_a_boundary(
+            Duration::from_secs(60),
+            Duration::from_secs(10),
+        ));
+        // 5 a minute per address, across both Envoys; 10 a second per key.
+        let mut statuses = Vec::new();
+        for i in 0..8 {
+            let port = if i % 2 == 0 { edge_a } else { edge_b };
+            statuses.push(get(port, &format!("key-{i}")));
+        }
+        let admitted = statuses.iter().filter(|(s, _)| *s == 200).count();
+        assert_eq!(admitted, 5, "{statuses:?}");
+        let (status, headers) = &statuses[7];
+        assert_eq!(*status, 429, "{headers:?}");
+        let field = |name: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(field("x-ratelimit-limit").as_deref(), Some("5"));
+        assert_eq!(field("x-ratelimit-remaining").as_deref(), Some("0"));
+        assert!(field("retry-after").is_some(), "{headers:?}");
+        // An admitted answer carries the fields too.
+        let (status, headers) = &statuses[0];
+        assert_eq!(*status, 200);
+        assert!(
+            headers
+                .iter()
+                .any(|(n, v)| n == "x-ratelimit-remaining" && v == "4"),
+            "{headers:?}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -178,6 +178,7 @@ impl RateLimitService {
                 negative: descriptor.is_negative_hits,
                 limits: Vec::new(),
                 unlimited: false,
+                refused: Vec::new(),
             };
             if let Some(limit) = &descriptor.limit {
                 let limiter = self
@@ -198,6 +199,10 @@ impl RateLimitService {
                         plan.unlimited = true;
                         continue;
                     }
+                    if rule.envoy().refuse {
+                        plan.refused.push(rule);
+                        continue;
+                    }
                     plan.limits.push(Limit {
                         rule: Some(rule),
                         limiter: limiter.clone(),
@@ -210,6 +215,7 @@ impl RateLimitService {
         for plan in &mut plans {
             plan.limits
                 .retain(|l| l.rule.is_none_or(|rule| !replaced.contains(rule.name())));
+            plan.refused.retain(|rule| !replaced.contains(rule.name()));
         }
         let outcomes = decide(&plans).await?;
         Ok(self.respond(&plans, &outcomes))
@@ -230,6 +236,8 @@ impl RateLimitService {
                 (denied, std::cmp::Reverse(remaining))
             });
             let status = match decided {
+                Some(outcome) if !outcome.denies() && !plan.refused.is_empty() => refused(),
+                None if !plan.refused.is_empty() => refused(),
                 Some(outcome) => status_of(outcome),
                 None if plan.unlimited => DescriptorStatus {
                     code: Code::Ok as i32,
@@ -341,6 +349,8 @@ struct DescriptorPlan<'a> {
     limits: Vec<Limit<'a>>,
     /// An `unlimited` rule matched it.
     unlimited: bool,
+    /// The rules refusing every request it matches.
+    refused: Vec<&'a Rule>,
 }
 
 struct Limit<'a> {
@@ -428,8 +438,9 @@ async fn decide(plans: &[DescriptorPlan<'_>]) -> Result<Outcomes, tonic::Status>
             }
         }
     }
-    let mut denied = too_costly;
-    if !too_costly && !planned.is_empty() {
+    let mut denied = too_costly || plans.iter().any(|plan| !plan.refused.is_empty());
+    // A request refused already counts nowhere.
+    if !denied && !planned.is_empty() {
         let admission = RulesCheck::run(planned, Vec::new())
             .await
             .map_err(|error| tonic::Status::unavailable(format!("rate limit store: {error}")))?;
@@ -498,6 +509,19 @@ async fn decide(plans: &[DescriptorPlan<'_>]) -> Result<Outcomes, tonic::Status>
         });
     }
     Ok(Outcomes { all, denied })
+}
+
+/// The status of a descriptor a rule refuses whatever its count (the
+/// reference server's `requests_per_unit: 0`).
+fn refused() -> DescriptorStatus {
+    DescriptorStatus {
+        code: Code::OverLimit as i32,
+        current_limit: Some(RateLimit {
+            requests_per_unit: 0,
+            ..RateLimit::default()
+        }),
+        ..DescriptorStatus::default()
+    }
 }
 
 /// A descriptor's status from the outcome that decided it.

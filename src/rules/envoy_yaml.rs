@@ -82,8 +82,9 @@ impl RuleSet {
     /// one rule set: every `rate_limit` becomes a descriptor rule, counted
     /// in fixed windows, named by its `name` or else by its place
     /// (`domain.key_value.key`). `files` are each file's name (for the
-    /// errors) and text. `shadow_mode`, `unlimited` and `replaces` keep
-    /// their meaning; `detailed_metric`, `value_to_metric` and `metadata`
+    /// errors) and text. `shadow_mode`, `unlimited`, `replaces` and
+    /// `requests_per_unit: 0` (every request over the limit) keep their
+    /// meaning; `detailed_metric`, `value_to_metric` and `metadata`
     /// are accepted and have no effect; `quota_mode` and `share_threshold`
     /// are refused (not supported).
     pub fn from_envoy_yaml<'a>(
@@ -200,15 +201,14 @@ fn rule(domain: &str, path: &[String], limit: &Limit, shadow: bool) -> Result<Va
         let unit = unit.ok_or_else(|| format!("{}: invalid rate limit unit ''", at()))?;
         let window = window_of_unit(unit)
             .ok_or_else(|| format!("{}: invalid rate limit unit '{unit}'", at()))?;
-        let requests = limit.requests_per_unit.unwrap_or(0);
-        if requests == 0 {
-            return Err(format!(
-                "{}: requests_per_unit is 0 (or missing): no request could ever be admitted",
-                at()
-            ));
+        match limit.requests_per_unit.unwrap_or(0) {
+            // Every request over the limit, as the reference server.
+            0 => rule["refuse"] = json!(true),
+            requests => {
+                rule["policy"] = json!(format!("{requests}/{window}"));
+                rule["algorithm"] = json!("fixed-window");
+            }
         }
-        rule["policy"] = json!(format!("{requests}/{window}"));
-        rule["algorithm"] = json!("fixed-window");
     }
     if shadow {
         rule["shadow"] = json!(true);

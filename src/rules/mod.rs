@@ -241,6 +241,9 @@ pub(crate) struct EnvoyFlags {
     pub(crate) shadow: bool,
     /// Matched, never counted nor refusing.
     pub(crate) unlimited: bool,
+    /// Matched, every request over the limit (the reference server's
+    /// `requests_per_unit: 0`).
+    pub(crate) refuse: bool,
     /// The rules this one replaces when both match one request.
     pub(crate) replaces: Vec<String>,
 }

@@ -58,6 +58,8 @@ struct RuleSpec {
     #[serde(default)]
     unlimited: bool,
     #[serde(default)]
+    refuse: bool,
+    #[serde(default)]
     replaces: Vec<String>,
 }
 
@@ -123,8 +125,16 @@ impl Rule {
         let envoy = EnvoyFlags {
             shadow: spec.shadow,
             unlimited: spec.unlimited,
+            refuse: spec.refuse,
             replaces: spec.replaces,
         };
+        if envoy.unlimited && envoy.refuse {
+            return Err(fault(
+                label,
+                "refuse",
+                "a rule is unlimited or refuses all, not both",
+            ));
+        }
         let (target, key) = match (spec.domain, spec.descriptor) {
             (None, None) => {
                 if let Some(field) = envoy.field() {
@@ -156,14 +166,19 @@ impl Rule {
             }
         };
         let shape = Shape::read(spec.algorithm, spec.execution, spec.cost, label)?;
-        let policy = match (&spec.policy, envoy.unlimited) {
-            (Some(text), false) => shape.policy("policy", text)?,
-            (None, false) => return Err(fault(label, "policy", "is missing (e.g. \"100/min\")")),
-            (Some(_), true) => {
-                return Err(fault(label, "policy", "an unlimited rule has no policy"));
+        let checked = !envoy.unlimited && !envoy.refuse;
+        let policy = match (&spec.policy, checked) {
+            (Some(text), true) => shape.policy("policy", text)?,
+            (None, true) => return Err(fault(label, "policy", "is missing (e.g. \"100/min\")")),
+            (Some(_), false) => {
+                return Err(fault(
+                    label,
+                    "policy",
+                    "an unlimited or refusing rule has no policy",
+                ));
             }
-            // Never checked: an unlimited rule answers without its limiter.
-            (None, true) => shape.policy("unlimited", "4294967295/s")?,
+            // Never checked: such a rule answers without its limiter.
+            (None, false) => shape.policy("unlimited", "4294967295/s")?,
         };
         let tiers = tiers(&spec.tiers, &shape)?;
         let counting = counting(spec.count, spec.refund, label)?;
@@ -377,6 +392,8 @@ impl EnvoyFlags {
             Some("shadow")
         } else if self.unlimited {
             Some("unlimited")
+        } else if self.refuse {
+            Some("refuse")
         } else if !self.replaces.is_empty() {
             Some("replaces")
         } else {

@@ -569,3 +569,266 @@ mod through_envoy {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// The reference server's own example configuration (`examples/ratelimit/
+/// config/example.yaml` of envoyproxy/ratelimit, without its two
+/// `quota_mode` services) and the cases of its integration tests
+/// (`basic.yaml`, `another.yaml`): the same answers.
+mod reference_cases {
+    use super::*;
+
+    const EXAMPLE: &str = r#"
+domain: rl
+descriptors:
+  - key: category
+    value: account
+    rate_limit:
+      replaces:
+        - name: bkthomps
+        - name: fake_name
+      unit: minute
+      requests_per_unit: 4
+  - key: source_cluster
+    value: proxy
+    descriptors:
+      - key: destination_cluster
+        value: bkthomps
+        rate_limit:
+          replaces:
+            - name: bkthomps
+          unit: minute
+          requests_per_unit: 2
+      - key: destination_cluster
+        value: mock
+        rate_limit:
+          unit: minute
+          requests_per_unit: 1
+      - key: destination_cluster
+        value: override
+        rate_limit:
+          replaces:
+            - name: banned_limit
+          unit: minute
+          requests_per_unit: 2
+      - key: destination_cluster
+        value: fake
+        rate_limit:
+          name: fake_name
+          unit: minute
+          requests_per_unit: 2
+  - key: foo
+    rate_limit:
+      unit: minute
+      requests_per_unit: 2
+    descriptors:
+      - key: bar
+        rate_limit:
+          unit: minute
+          requests_per_unit: 3
+      - key: bar
+        value: bkthomps
+        rate_limit:
+          name: bkthomps
+          unit: minute
+          requests_per_unit: 1
+      - key: bar
+        value: banned
+        rate_limit:
+          name: banned_limit
+          unit: minute
+          requests_per_unit: 0
+      - key: baz
+        rate_limit:
+          unit: second
+          requests_per_unit: 1
+      - key: baz
+        value: shady
+        rate_limit:
+          unit: minute
+          requests_per_unit: 3
+        shadow_mode: true
+      - key: bay
+        rate_limit:
+          unlimited: true
+  - key: unspec
+    detailed_metric: true
+    rate_limit:
+      unit: minute
+      requests_per_unit: 2
+"#;
+
+    const BASIC: &str = "domain: basic\ndescriptors:\n  - key: key1\n    rate_limit:\n      unit: second\n      requests_per_unit: 50\n";
+    const ANOTHER: &str = "domain: another\ndescriptors:\n  - key: key2\n    rate_limit:\n      unit: minute\n      requests_per_unit: 20\n  - key: key3\n    rate_limit:\n      unit: hour\n      requests_per_unit: 10\n";
+
+    async fn service(server: &RedisServer) -> Client {
+        let store = RedisStore::connect(&server.url()).await.unwrap();
+        let set = RuleSet::from_envoy_yaml([
+            ("example.yaml", EXAMPLE),
+            ("basic.yaml", BASIC),
+            ("another.yaml", ANOTHER),
+        ])
+        .unwrap();
+        serve(Rules::new(store, set)).await
+    }
+
+    #[tokio::test]
+    async fn the_integration_tests_cases() {
+        let server = RedisServer::start();
+        let mut client = service(&server).await;
+        away_from_a_boundary(Duration::from_secs(60), Duration::from_secs(10)).await;
+        // An unknown domain: OK, no limit, nothing remaining.
+        let unknown = ask(
+            &mut client,
+            request("foo", vec![descriptor(&[("hello", "world")])]),
+        )
+        .await;
+        assert!(!over(&unknown));
+        assert_eq!(unknown.statuses[0].current_limit, None);
+        assert_eq!(unknown.statuses[0].limit_remaining, 0);
+        // 50 a second: 49 left.
+        let basic = ask(
+            &mut client,
+            request("basic", vec![descriptor(&[("key1", "foo")])]),
+        )
+        .await;
+        assert_eq!(basic.statuses[0].limit_remaining, 49);
+        let limit = basic.statuses[0].current_limit.as_ref().unwrap();
+        assert_eq!(
+            (limit.requests_per_unit, limit.unit),
+            (50, Unit::Second as i32)
+        );
+        // 20 a minute: over from the 21st.
+        for i in 0..25u32 {
+            let response = ask(
+                &mut client,
+                request("another", vec![descriptor(&[("key2", "r1")])]),
+            )
+            .await;
+            assert_eq!(over(&response), i >= 20, "{i}");
+            assert_eq!(
+                response.statuses[0].limit_remaining,
+                20u32.saturating_sub(i + 1)
+            );
+        }
+        // Two keys: key3's 10 an hour bites, and key2's count stops (the
+        // reference's StopCacheKeyIncrementWhenOverlimit: 10 left).
+        for i in 0..15u32 {
+            let response = ask(
+                &mut client,
+                request(
+                    "another",
+                    vec![descriptor(&[("key2", "r2")]), descriptor(&[("key3", "r2")])],
+                ),
+            )
+            .await;
+            assert_eq!(over(&response), i >= 10, "{i}");
+            if i < 10 {
+                assert_eq!(response.statuses[0].limit_remaining, 20 - (i + 1));
+                assert_eq!(response.statuses[1].limit_remaining, 10 - (i + 1));
+            } else {
+                assert_eq!(response.statuses[1].code, Code::OverLimit as i32);
+            }
+        }
+        let key2 = ask(
+            &mut client,
+            request("another", vec![descriptor(&[("key2", "r2")])]),
+        )
+        .await;
+        assert_eq!(key2.statuses[0].limit_remaining, 20 - 10 - 1);
+    }
+
+    #[tokio::test]
+    async fn the_example_configuration() {
+        let server = RedisServer::start();
+        let mut client = service(&server).await;
+        away_from_a_boundary(Duration::from_secs(60), Duration::from_secs(10)).await;
+        let mut ask_rl = |descriptors: Vec<RateLimitDescriptor>| {
+            let mut client = client.clone();
+            async move { ask(&mut client, request("rl", descriptors)).await }
+        };
+        // foo alone: 2 a minute; foo + bar (any value): 3; foo + bar=bkthomps: 1.
+        assert!(!over(&ask_rl(vec![descriptor(&[("foo", "f")])]).await));
+        assert!(!over(&ask_rl(vec![descriptor(&[("foo", "f")])]).await));
+        assert!(over(&ask_rl(vec![descriptor(&[("foo", "f")])]).await));
+        let bar = || vec![descriptor(&[("foo", "f"), ("bar", "b")])];
+        for _ in 0..3 {
+            assert!(!over(&ask_rl(bar()).await));
+        }
+        assert!(over(&ask_rl(bar()).await));
+        // bar=banned: 0 a minute, always over; replaced by override.
+        let banned = || descriptor(&[("foo", "f"), ("bar", "banned")]);
+        let refused = ask_rl(vec![banned()]).await;
+        assert!(over(&refused));
+        assert_eq!(refused.statuses[0].code, Code::OverLimit as i32);
+        let overriding = descriptor(&[
+            ("source_cluster", "proxy"),
+            ("destination_cluster", "override"),
+        ]);
+        assert!(!over(&ask_rl(vec![banned(), overriding]).await));
+        // bay: unlimited; baz=shady: shadow (3 a minute, never refusing).
+        for _ in 0..5 {
+            assert!(!over(
+                &ask_rl(vec![descriptor(&[("foo", "f"), ("bay", "x")])]).await
+            ));
+            assert!(!over(
+                &ask_rl(vec![descriptor(&[("foo", "f"), ("baz", "shady")])]).await
+            ));
+        }
+        // bkthomps (1 a minute) is replaced by category=account (4).
+        let bkthomps = || descriptor(&[("foo", "f2"), ("bar", "bkthomps")]);
+        assert!(!over(&ask_rl(vec![bkthomps()]).await));
+        assert!(over(&ask_rl(vec![bkthomps()]).await));
+        let account = || descriptor(&[("category", "account")]);
+        for _ in 0..3 {
+            assert!(!over(&ask_rl(vec![bkthomps(), account()]).await));
+        }
+        // A deeper request than the configuration: no limit.
+        let deep = ask_rl(vec![descriptor(&[("unspec", "u"), ("more", "m")])]).await;
+        assert!(!over(&deep) && deep.statuses[0].current_limit.is_none());
+    }
+}
+
+#[test]
+fn reference_yaml_that_cannot_work_is_refused_naming_the_place() {
+    for (yaml, says) in [
+        ("descriptors: []\n", "empty domain"),
+        ("domain: d\ndescriptors:\n  - value: v\n", "empty key"),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: fortnight, requests_per_unit: 1 }\n",
+            "invalid rate limit unit 'fortnight'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, unlimited: true }\n",
+            "should not specify rate limit unit when unlimited",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n  - key: k\n",
+            "duplicate descriptor composite key 'd.k'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limt: { unit: second }\n",
+            "rate_limt",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    quota_mode: true\n    rate_limit: { unit: second, requests_per_unit: 1 }\n",
+            "quota_mode is not supported",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { name: n, unit: second, requests_per_unit: 1, replaces: [{ name: n }] }\n",
+            "replaces should not contain name of same descriptor",
+        ),
+    ] {
+        let error = RuleSet::from_envoy_yaml([("bad.yaml", yaml)])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains(says), "{yaml}: {error}");
+        assert!(error.contains("bad.yaml"), "{yaml}: {error}");
+    }
+    let twice = RuleSet::from_envoy_yaml([
+        ("a.yaml", "domain: d\ndescriptors: []\n"),
+        ("b.yaml", "domain: d\ndescriptors: []\n"),
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(twice.contains("duplicate domain 'd'"), "{twice}");
+}

@@ -740,9 +740,9 @@ descriptors:
     #[tokio::test]
     async fn the_example_configuration() {
         let server = RedisServer::start();
-        let mut client = service(&server).await;
+        let client = service(&server).await;
         away_from_a_boundary(Duration::from_secs(60), Duration::from_secs(10)).await;
-        let mut ask_rl = |descriptors: Vec<RateLimitDescriptor>| {
+        let ask_rl = |descriptors: Vec<RateLimitDescriptor>| {
             let mut client = client.clone();
             async move { ask(&mut client, request("rl", descriptors)).await }
         };

@@ -191,6 +191,7 @@ impl RateLimitService {
                     rule: None,
                     limiter,
                     shadow: false,
+                    charge: false,
                 });
             } else {
                 for (rule, limiter) in active.descriptor_rules(&request.domain, &entries) {
@@ -207,6 +208,10 @@ impl RateLimitService {
                         rule: Some(rule),
                         limiter: limiter.clone(),
                         shadow: rule.envoy().shadow,
+                        // The descriptor Envoy sends again when the stream
+                        // is done, with the cost the response reported.
+                        charge: descriptor.hits_addend.as_ref().is_some_and(|h| h.value > 0)
+                            && rule.settle().is_some_and(|s| s.from_hits_addend()),
                     });
                 }
             }
@@ -358,6 +363,9 @@ struct Limit<'a> {
     rule: Option<&'a Rule>,
     limiter: Limiter,
     shadow: bool,
+    /// Charged the cost after the response (a penalty past the max if
+    /// need be), never refusing.
+    charge: bool,
 }
 
 /// One check's outcome.
@@ -413,7 +421,7 @@ async fn decide(plans: &[DescriptorPlan<'_>]) -> Result<Outcomes, tonic::Status>
     for (i, plan) in plans.iter().enumerate() {
         for limit in &plan.limits {
             let policy = limit.limiter.policy();
-            if plan.negative || plan.cost == 0 || limit.shadow {
+            if plan.negative || plan.cost == 0 || limit.shadow || limit.charge {
                 side.push((i, limit));
             } else if plan.cost > policy.max_cost() {
                 // More than a whole window holds: never admitted.
@@ -471,6 +479,12 @@ async fn decide(plans: &[DescriptorPlan<'_>]) -> Result<Outcomes, tonic::Status>
                 .await
                 .map(Some)
                 .map_err(|e| e.to_string())
+        } else if limit.charge {
+            limiter
+                .penalty(&plan.key, plan.cost)
+                .await
+                .map(Some)
+                .map_err(|e| e.to_string())
         } else if plan.cost == 0 {
             limiter
                 .peek(&plan.key)
@@ -498,14 +512,16 @@ async fn decide(plans: &[DescriptorPlan<'_>]) -> Result<Outcomes, tonic::Status>
                 "envoy: a shadow rule would deny; not refused"
             );
         }
-        denied |= plan.cost == 0 && !plan.negative && !limit.shadow && refuses;
+        let peek = plan.cost == 0 && !plan.negative && !limit.charge;
+        denied |= peek && !limit.shadow && refuses;
         all.push(Outcome {
             descriptor: i,
             limiter: limit.limiter.clone(),
             decision,
             decided_by: DecidedBy::Store,
-            shadow: limit.shadow,
-            peek: plan.cost == 0 && !plan.negative,
+            // A charge never refuses: it is reported as a shadow's is.
+            shadow: limit.shadow || limit.charge,
+            peek,
         });
     }
     Ok(Outcomes { all, denied })

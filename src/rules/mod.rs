@@ -180,6 +180,7 @@ pub struct SettleFrom {
     header: Option<HeaderName>,
     strip: bool,
     body: bool,
+    hits_addend: bool,
 }
 
 impl SettleFrom {
@@ -196,6 +197,13 @@ impl SettleFrom {
     /// Whether the layer's body meter counts the cost.
     pub fn meters_body(&self) -> bool {
         self.body
+    }
+
+    /// Whether a descriptor rule is charged the `hits_addend` a
+    /// descriptor carries (Envoy's `apply_on_stream_done`), after the
+    /// response: `settle = { hits_addend = true }`.
+    pub fn from_hits_addend(&self) -> bool {
+        self.hits_addend
     }
 
     /// The settlement of a response under this rule, with the layer's

@@ -72,6 +72,8 @@ struct SettleSpec {
     strip: bool,
     #[serde(default)]
     body: bool,
+    #[serde(default)]
+    hits_addend: bool,
 }
 
 impl RuleSet {
@@ -246,20 +248,35 @@ impl Rule {
             // Envoy asks before the request and never tells the outcome: a
             // cost after the response comes as a descriptor sent again at
             // the stream's end, with its hits_addend.
+            let settle = self.settle.as_deref();
             for (field, set) in [
                 ("count", matches!(self.counting, Counting::Only(_))),
                 ("refund", matches!(self.counting, Counting::Except(_))),
-                ("settle", self.settle.is_some()),
+                (
+                    "settle",
+                    settle.is_some_and(|s| s.header.is_some() || s.body || !s.hits_addend),
+                ),
                 ("tiers", !self.tiers.is_empty()),
             ] {
                 if set {
                     return Err(fault(
                         label,
                         field,
-                        "a descriptor rule is asked before the request and never told its response (tiers: use a descriptor entry per plan)",
+                        "a descriptor rule is asked before the request and never told its response \
+                         (tiers: a descriptor entry per plan; a cost after the response: \
+                         settle = { hits_addend = true })",
                     ));
                 }
             }
+        }
+        if self.settle.as_deref().is_some_and(|s| s.hits_addend)
+            && !matches!(self.target, Target::Descriptor(_))
+        {
+            return Err(fault(
+                label,
+                "settle.hits_addend",
+                "a descriptor's hits_addend is Envoy's: only a descriptor rule settles from it",
+            ));
         }
         if self.settle.is_some() {
             if concurrency {
@@ -437,6 +454,7 @@ fn settle(spec: SettleSpec, label: &str) -> Result<SettleFrom, RulesError> {
         header,
         strip: spec.strip,
         body: spec.body,
+        hits_addend: spec.hits_addend,
     })
 }
 

@@ -336,6 +336,39 @@ async fn costs_peeks_overrides_and_hostile_costs() {
     assert!(over(&ask(&mut client, request("edge", vec![own])).await));
 }
 
+/// A settling rule: a descriptor with a `hits_addend` of 0 asks whether
+/// any budget is left, one with its own addend (the stream is done) is
+/// charged it, past the max if need be.
+#[tokio::test]
+async fn a_descriptors_own_hits_addend_charges_a_settling_rule() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let rules = Rules::new(
+        store,
+        RuleSet::from_toml(
+            "[[rules]]\nname = \"tokens\"\ndomain = \"edge\"\ndescriptor = [\"api_key\"]\n\
+             policy = \"100/1h\"\nalgorithm = \"gcra\"\nsettle = { hits_addend = true }\n",
+        )
+        .unwrap(),
+    );
+    let mut client = serve(rules).await;
+    let with_addend = |n: u64| {
+        let mut d = descriptor(&[("api_key", "k")]);
+        d.hits_addend = Some(UInt64Value { value: n });
+        request("edge", vec![d])
+    };
+    let mut admitted = Vec::new();
+    for _ in 0..5 {
+        let asked = ask(&mut client, with_addend(0)).await;
+        admitted.push(!over(&asked));
+        if !over(&asked) {
+            let charged = ask(&mut client, with_addend(30)).await;
+            assert!(!over(&charged), "a charge is never refused: {charged:?}");
+        }
+    }
+    assert_eq!(admitted, [true, true, true, true, false]);
+}
+
 #[tokio::test]
 async fn bad_requests_get_a_clear_status_and_hold_nothing() {
     let server = RedisServer::start();
@@ -512,6 +545,64 @@ mod through_envoy {
             .map(|(n, v)| (n.to_ascii_lowercase(), v.to_owned()))
             .collect();
         (status, headers)
+    }
+
+    /// The guide's block of `yaml` or `toml` that holds `marker`.
+    fn guide_block(marker: &str) -> String {
+        let guide = include_str!("../../src/docs/guide/envoy.md");
+        let at = guide.find(marker).unwrap();
+        let start = guide[..at].rfind("```").unwrap();
+        let start = start + guide[start..].find('\n').unwrap() + 1;
+        let end = at + guide[at..].find("```").unwrap();
+        guide[start..end].to_owned()
+    }
+
+    /// An upstream that reports `tokens` used in `x-usage-tokens`.
+    fn metered_upstream(runtime: &tokio::runtime::Runtime, tokens: u64) -> u16 {
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let app = axum::Router::new().fallback(move || async move {
+            ([("x-usage-tokens", tokens.to_string())], "the answer")
+        });
+        runtime.spawn(async move { axum::serve(listener, app).await });
+        port
+    }
+
+    #[test]
+    fn tokens_are_charged_when_the_stream_is_done() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let redis = RedisServer::start();
+        let dir = std::env::temp_dir().join(format!("envoy-tokens-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // The guide's rule, with a budget of 100 tokens an hour.
+        let rules = dir.join("rules.toml");
+        let rule = guide_block("name = \"tokens\"").replace("100000/1h", "100/1h");
+        std::fs::write(&rules, rule).unwrap();
+        let app = metered_upstream(&runtime, 30);
+        let service = free_port();
+        let _program = Program::start(&rules, &redis.url(), service);
+        let edge = free_port();
+        // The guide's bootstrap with the guide's route for tokens.
+        let bootstrap = bootstrap(edge, app, service);
+        let start = bootstrap.find("              routes:").unwrap();
+        let end = bootstrap.find("          http_filters:").unwrap();
+        let route = guide_block("apply_on_stream_done: true");
+        let bootstrap = format!("{}{route}{}", &bootstrap[..start], &bootstrap[end..]);
+        let _envoy = Envoy::start(&bootstrap, edge);
+        // 30 tokens an answer: 100, 70, 40, 10 left before each; the
+        // fourth goes 20 into debt, and the fifth is refused.
+        let mut statuses = Vec::new();
+        for _ in 0..5 {
+            statuses.push(get(edge, "tenant-1").0);
+            // The charge is sent once the stream is done.
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        assert_eq!(statuses, [200, 200, 200, 200, 429]);
+        // Another key has its own budget.
+        assert_eq!(get(edge, "tenant-2").0, 200);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

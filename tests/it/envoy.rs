@@ -475,6 +475,15 @@ mod through_envoy {
 
     impl Program {
         fn start(rules: &std::path::Path, redis: &str, port: u16) -> Self {
+            Self::start_with(rules, redis, port, &[])
+        }
+
+        fn start_with(
+            rules: &std::path::Path,
+            redis: &str,
+            port: u16,
+            vars: &[(&str, &str)],
+        ) -> Self {
             let exe = std::env::current_exe().unwrap();
             let binary = exe
                 .parent()
@@ -492,6 +501,7 @@ mod through_envoy {
                 .env("RULES", rules)
                 .env("REDIS_URL", redis)
                 .env("GRPC_BIND", format!("127.0.0.1:{port}"))
+                .envs(vars.iter().copied())
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null())
                 .spawn()
@@ -545,6 +555,153 @@ mod through_envoy {
             .map(|(n, v)| (n.to_ascii_lowercase(), v.to_owned()))
             .collect();
         (status, headers)
+    }
+
+    /// The program's exit status and stderr with `vars`, when it refuses
+    /// to start.
+    fn refused(vars: &[(&str, &str)]) -> (Option<i32>, String) {
+        let exe = std::env::current_exe().unwrap();
+        let binary = exe
+            .parent()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .join("examples/envoy_rls");
+        let mut command = std::process::Command::new(binary);
+        command.env_clear().env("GRPC_BIND", "127.0.0.1:0");
+        crate::example_server::refused_by(command, vars)
+    }
+
+    #[test]
+    fn the_program_refuses_bad_settings_with_status_2_naming_them() {
+        let dir = std::env::temp_dir().join(format!("envoy-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bad = dir.join("bad.yaml");
+        std::fs::write(
+            &bad,
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: fortnight, requests_per_unit: 1 }\n",
+        )
+        .unwrap();
+        let good = dir.join("good.yaml");
+        std::fs::write(&good, "domain: d\ndescriptors: []\n").unwrap();
+        let (bad, good) = (bad.to_str().unwrap(), good.to_str().unwrap());
+        for (vars, variable, says) in [
+            (vec![], "RULES", "is required"),
+            (
+                vec![("RULES", bad)],
+                "RULES",
+                "invalid rate limit unit 'fortnight'",
+            ),
+            (
+                vec![("RULES", good), ("GRPC_BIND", "nowhere")],
+                "GRPC_BIND",
+                "not an address",
+            ),
+            (
+                vec![("RULES", good), ("HEADERS", "loud")],
+                "HEADERS",
+                "unknown style",
+            ),
+            (
+                vec![("RULES", good), ("FAIL_MODE", "maybe")],
+                "FAIL_MODE",
+                "unknown fail mode",
+            ),
+            (vec![("RULES", "redis")], "RULES", "needs REDIS_URL"),
+            (
+                vec![("RULES", good), ("ADMIN_BIND", "127.0.0.1:0")],
+                "ADMIN_TOKEN",
+                "ADMIN_BIND needs it",
+            ),
+        ] {
+            let (code, stderr) = refused(&vars);
+            assert_eq!(code, Some(2), "{vars:?}: {stderr}");
+            assert!(
+                stderr.starts_with(variable) && stderr.contains(says),
+                "{vars:?}: {stderr}"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_program_reports_health_and_stops_gracefully_on_sigterm() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let redis = RedisServer::start();
+        let dir = std::env::temp_dir().join(format!("envoy-health-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let rules = dir.join("config.yaml");
+        std::fs::write(&rules, "domain: d\ndescriptors: []\n").unwrap();
+        let port = free_port();
+        let mut program = Program::start(&rules, &redis.url(), port);
+        let serving = runtime.block_on(async {
+            let channel =
+                tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{port}"))
+                    .unwrap()
+                    .connect()
+                    .await
+                    .unwrap();
+            let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+            health
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: "envoy.service.ratelimit.v3.RateLimitService".to_owned(),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .status
+        });
+        assert_eq!(
+            serving,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+        );
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &program.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = program.0.try_wait().unwrap() {
+                break status;
+            }
+            assert!(started.elapsed() < Duration::from_secs(10), "still running");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "{status}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Envoy's `failure_mode_deny`, both ways, when the service cannot
+    /// answer (here: its store is down and it fails closed).
+    #[test]
+    fn envoy_failure_mode_deny_decides_when_the_service_fails() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let mut redis = RedisServer::start();
+        let dir = std::env::temp_dir().join(format!("envoy-fail-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let rules = dir.join("config.yaml");
+        let guide = include_str!("../../src/docs/guide/envoy.md");
+        let start = guide.find("domain: edge").unwrap();
+        let end = start + guide[start..].find("```").unwrap();
+        std::fs::write(&rules, &guide[start..end]).unwrap();
+        let app = upstream(&runtime);
+        let service = free_port();
+        let _program =
+            Program::start_with(&rules, &redis.url(), service, &[("FAIL_MODE", "closed")]);
+        let (open, closed) = (free_port(), free_port());
+        let _lenient = Envoy::start(&bootstrap(open, app, service), open);
+        let strict = bootstrap(closed, app, service)
+            .replace("failure_mode_deny: false", "failure_mode_deny: true");
+        let _strict = Envoy::start(&strict, closed);
+        assert_eq!(get(open, "k").0, 200);
+        assert_eq!(get(closed, "k").0, 200);
+        redis.kill();
+        // The service answers UNAVAILABLE: Envoy lets it through, or not.
+        assert_eq!(get(open, "k").0, 200);
+        let refused = get(closed, "k").0;
+        assert!(refused >= 500, "{refused}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// The guide's block of `yaml` or `toml` that holds `marker`.

@@ -1,0 +1,561 @@
+//! Envoy's rate limit service, measured in one run: decisions per second
+//! and latency of `ShouldRateLimit` over gRPC (the service on one core,
+//! 50 calls in flight) with 1 and 4 descriptors, in memory and through
+//! Redis, beside the crate's HTTP layer making the same decisions; Redis
+//! commands and CPU per descriptor beside the reference server's scheme
+//! for the same fixed window (`INCRBY` + `EXPIRE` per descriptor,
+//! pipelined), and for GCRA; requests per second through a real Envoy
+//! with the rate limit filter and without it. Every line
+//! `RESULT <name> <value>`.
+//!
+//! ```sh
+//! cargo bench --features envoy --bench envoy      # starts its own redis-server, and Envoy
+//! ```
+//!
+//! Settings (environment): `BENCH_SECONDS` (each measurement, default 5),
+//! `BENCH_CONCURRENCY` (calls in flight, default 50), `ENVOY` (an envoy
+//! binary; default the one `scripts/test` installs into `target/envoy`;
+//! without one, the Envoy figures are left out).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tower_redis_ratelimit::envoy::RateLimitService;
+use tower_redis_ratelimit::envoy::envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    RateLimitDescriptor, rate_limit_descriptor::Entry,
+};
+use tower_redis_ratelimit::envoy::envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use tower_redis_ratelimit::envoy::envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tower_redis_ratelimit::rules::{RuleSet, Rules, RulesLayer};
+use tower_redis_ratelimit::{MemoryStore, RedisStore, Store};
+
+/// Keys the load spreads over.
+const KEYS: u64 = 10_000;
+
+fn setting(name: &str, default: f64) -> f64 {
+    std::env::var(name)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .map_or(default, |v| v.parse().expect(name))
+}
+
+/// A process of the bench's own, stopped when dropped.
+struct Own(Child);
+
+impl Drop for Own {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_for(port: u16) {
+    let started = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "nothing on port {port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn redis_server() -> (String, Own) {
+    let port = free_port();
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server: install it (`apt-get install redis-server`)");
+    wait_for(port);
+    (format!("redis://127.0.0.1:{port}"), Own(child))
+}
+
+/// Descriptor rules, and the same limits as HTTP rules (the user's on
+/// every path, the other three on `/4`): a fixed window per user and per
+/// route, GCRA per tenant and per client, no key near its limit during a
+/// run.
+const RULES: &str = r#"
+[[rules]]
+name = "user"
+domain = "bench"
+descriptor = ["user"]
+policy = "100000000/1h"
+algorithm = "fixed-window"
+
+[[rules]]
+name = "route"
+domain = "bench"
+descriptor = ["route"]
+policy = "100000000/1h"
+algorithm = "fixed-window"
+
+[[rules]]
+name = "tenant"
+domain = "bench"
+descriptor = ["tenant"]
+policy = "100000000/1h"
+algorithm = "gcra"
+
+[[rules]]
+name = "client"
+domain = "bench"
+descriptor = ["client"]
+policy = "100000000/1h"
+algorithm = "gcra"
+
+[[rules]]
+name = "http-user"
+key = "header:x-user"
+policy = "100000000/1h"
+algorithm = "fixed-window"
+
+[[rules]]
+name = "http-route"
+path = "/4"
+key = "header:x-route"
+policy = "100000000/1h"
+algorithm = "fixed-window"
+
+[[rules]]
+name = "http-tenant"
+path = "/4"
+key = "header:x-tenant"
+policy = "100000000/1h"
+algorithm = "gcra"
+
+[[rules]]
+name = "http-client"
+path = "/4"
+key = "header:x-client"
+policy = "100000000/1h"
+algorithm = "gcra"
+"#;
+
+/// `descriptors` descriptors for call `n` (1: the user's; 4: user, route,
+/// tenant, client).
+fn request(n: u64, descriptors: usize) -> RateLimitRequest {
+    let one = |key: &str, value: String| RateLimitDescriptor {
+        entries: vec![Entry {
+            key: key.to_owned(),
+            value,
+        }],
+        ..RateLimitDescriptor::default()
+    };
+    let k = n % KEYS;
+    let all = [
+        one("user", format!("u{k}")),
+        one("route", format!("/r{}", k % 100)),
+        one("tenant", format!("t{}", k % 1000)),
+        one("client", format!("c{k}")),
+    ];
+    RateLimitRequest {
+        domain: "bench".to_owned(),
+        descriptors: all.into_iter().take(descriptors).collect(),
+        hits_addend: 0,
+    }
+}
+
+/// Run `call` from `concurrency` tasks for `seconds`: calls per second,
+/// and the p50 and p99 latency in µs.
+async fn load<F, Fut>(seconds: Duration, concurrency: usize, call: F) -> (f64, f64, f64)
+where
+    F: Fn(u64) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let counter = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (call, counter, stop) = (call.clone(), Arc::clone(&counter), Arc::clone(&stop));
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let n = counter.fetch_add(1, Ordering::Relaxed);
+                    let at = Instant::now();
+                    call(n).await;
+                    latencies.push(at.elapsed().as_micros() as u32);
+                }
+                latencies
+            })
+        })
+        .collect();
+    tokio::time::sleep(seconds).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap());
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    all.sort_unstable();
+    let at = |q: f64| f64::from(all[((all.len() - 1) as f64 * q) as usize]);
+    (all.len() as f64 / elapsed, at(0.5), at(0.99))
+}
+
+/// Serve `rules` on one core: the gRPC service and an HTTP app under the
+/// rules layer, on their own thread and current-thread runtime.
+fn serve_on_one_core<St: Store>(store: St) -> (SocketAddr, SocketAddr) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let rules = Rules::new(store, RuleSet::from_toml(RULES).unwrap());
+            let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send((grpc.local_addr().unwrap(), http.local_addr().unwrap()))
+                .unwrap();
+            let app = axum::Router::new()
+                .fallback(|| async { "ok" })
+                .layer(RulesLayer::new(rules.clone()));
+            tokio::spawn(async move { axum::serve(http, app).await });
+            tonic::transport::Server::builder()
+                .add_service(RateLimitService::new(rules).into_server())
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(grpc))
+                .await
+                .unwrap();
+        });
+    });
+    rx.recv().unwrap()
+}
+
+/// One HTTP/1.1 keep-alive connection per task, reading whole answers.
+struct Http {
+    stream: tokio::net::TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Http {
+    async fn connect(addr: SocketAddr) -> Self {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        Self {
+            stream,
+            buf: Vec::with_capacity(4096),
+        }
+    }
+
+    /// `GET path` with `headers`; the status.
+    async fn get(&mut self, path: &str, headers: &str) -> u16 {
+        let request = format!("GET {path} HTTP/1.1\r\nHost: b\r\n{headers}\r\n");
+        self.stream.write_all(request.as_bytes()).await.unwrap();
+        self.buf.clear();
+        loop {
+            let mut chunk = [0u8; 4096];
+            let n = self.stream.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "closed");
+            self.buf.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&self.buf);
+            let Some(end) = text.find("\r\n\r\n") else {
+                continue;
+            };
+            let length: usize = text[..end]
+                .lines()
+                .find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse().ok())?
+                })
+                .unwrap_or(0);
+            if self.buf.len() >= end + 4 + length {
+                return text[9..12].parse().unwrap();
+            }
+        }
+    }
+}
+
+fn http_headers(n: u64, descriptors: usize) -> String {
+    let k = n % KEYS;
+    let all = [
+        format!("x-user: u{k}\r\n"),
+        format!("x-route: /r{}\r\n", k % 100),
+        format!("x-tenant: t{}\r\n", k % 1000),
+        format!("x-client: c{k}\r\n"),
+    ];
+    all.into_iter().take(descriptors).collect()
+}
+
+async fn decisions(
+    name: &str,
+    grpc: SocketAddr,
+    http: SocketAddr,
+    seconds: Duration,
+    concurrency: usize,
+) {
+    let client = RateLimitServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    for descriptors in [1, 4] {
+        let (rate, p50, p99) = load(seconds, concurrency, {
+            let client = client.clone();
+            move |n| {
+                let mut client = client.clone();
+                async move {
+                    client
+                        .should_rate_limit(request(n, descriptors))
+                        .await
+                        .unwrap();
+                }
+            }
+        })
+        .await;
+        println!("RESULT envoy/{name}/grpc/{descriptors}/per_second {rate:.0}");
+        println!("RESULT envoy/{name}/grpc/{descriptors}/p50_us {p50:.0}");
+        println!("RESULT envoy/{name}/grpc/{descriptors}/p99_us {p99:.0}");
+        // The HTTP layer, one keep-alive connection per task.
+        let connections: Vec<_> =
+            futures_util::future::join_all((0..concurrency).map(|_| Http::connect(http)))
+                .await
+                .into_iter()
+                .map(|c| Arc::new(tokio::sync::Mutex::new(c)))
+                .collect();
+        let next = Arc::new(AtomicU64::new(0));
+        let (rate, p50, p99) = load(seconds, concurrency, move |n| {
+            let connection = Arc::clone(
+                &connections[next.fetch_add(1, Ordering::Relaxed) as usize % connections.len()],
+            );
+            async move {
+                // The user's rule matches every path, the other three `/4`.
+                let path = if descriptors == 4 { "/4" } else { "/1" };
+                let status = connection
+                    .lock()
+                    .await
+                    .get(path, &http_headers(n, descriptors))
+                    .await;
+                assert_eq!(status, 200);
+            }
+        })
+        .await;
+        println!("RESULT envoy/{name}/http/{descriptors}/per_second {rate:.0}");
+        println!("RESULT envoy/{name}/http/{descriptors}/p50_us {p50:.0}");
+        println!("RESULT envoy/{name}/http/{descriptors}/p99_us {p99:.0}");
+    }
+}
+
+/// Redis's CPU µs (user + system) and commands so far.
+async fn redis_work(connection: &mut redis::aio::MultiplexedConnection) -> (f64, f64) {
+    let info: String = redis::cmd("INFO")
+        .arg("all")
+        .query_async(connection)
+        .await
+        .unwrap();
+    let field = |name: &str| -> f64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map_or(0.0, |v| v.trim().parse().unwrap_or(0.0))
+    };
+    let cpu = (field("used_cpu_user:") + field("used_cpu_sys:")) * 1e6;
+    let commands: f64 = info
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<f64>()
+                .ok()
+        })
+        .sum();
+    (cpu, commands)
+}
+
+/// Redis CPU and commands per descriptor: this service's fixed window and
+/// GCRA (1 descriptor a call), and the reference server's scheme replayed
+/// (`INCRBY key 1` + `EXPIRE key 3600`, pipelined, per descriptor).
+async fn redis_per_descriptor(url: &str, grpc: SocketAddr, seconds: Duration, concurrency: usize) {
+    let client = redis::Client::open(url).unwrap();
+    let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+    let service = RateLimitServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    for (name, key) in [("fixed-window", "user"), ("gcra", "tenant")] {
+        let before = redis_work(&mut admin).await;
+        let (rate, _, _) = load(seconds, concurrency, {
+            let service = service.clone();
+            move |n| {
+                let mut service = service.clone();
+                async move {
+                    let mut one = request(n, 4);
+                    one.descriptors.retain(|d| d.entries[0].key == key);
+                    service.should_rate_limit(one).await.unwrap();
+                }
+            }
+        })
+        .await;
+        let after = redis_work(&mut admin).await;
+        let decided = rate * seconds.as_secs_f64();
+        println!(
+            "RESULT envoy/redis/{name}/cpu_us_per_descriptor {:.2}",
+            (after.0 - before.0) / decided
+        );
+        println!(
+            "RESULT envoy/redis/{name}/commands_per_descriptor {:.2}",
+            (after.1 - before.1 - 1.0) / decided
+        );
+    }
+    let connection = client.get_multiplexed_async_connection().await.unwrap();
+    let before = redis_work(&mut admin).await;
+    let (rate, _, _) = load(seconds, concurrency, move |n| {
+        let mut connection = connection.clone();
+        async move {
+            let window = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs()
+                / 3600
+                * 3600;
+            let key = format!("bench_user_u{}_{window}", n % KEYS);
+            let _: (u64, u64) = redis::pipe()
+                .cmd("INCRBY")
+                .arg(&key)
+                .arg(1)
+                .cmd("EXPIRE")
+                .arg(&key)
+                .arg(3600)
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+        }
+    })
+    .await;
+    let after = redis_work(&mut admin).await;
+    let decided = rate * seconds.as_secs_f64();
+    println!(
+        "RESULT envoy/redis/reference-scheme/cpu_us_per_descriptor {:.2}",
+        (after.0 - before.0) / decided
+    );
+    println!(
+        "RESULT envoy/redis/reference-scheme/commands_per_descriptor {:.2}",
+        (after.1 - before.1 - 1.0) / decided
+    );
+}
+
+/// Requests per second through Envoy with the rate limit filter (asking
+/// the service, on Redis) and without it.
+async fn through_envoy(grpc: SocketAddr, seconds: Duration, concurrency: usize) {
+    let envoy = std::env::var("ENVOY")
+        .ok()
+        .filter(|e| !e.is_empty())
+        .unwrap_or_else(|| {
+            concat!(env!("CARGO_MANIFEST_DIR"), "/target/envoy/envoy/_bin/envoy").to_owned()
+        });
+    if !std::path::Path::new(&envoy).exists() {
+        eprintln!("no envoy at {envoy}: the Envoy figures are left out (scripts/test installs it)");
+        return;
+    }
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_port = upstream.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        axum::serve(upstream, axum::Router::new().fallback(|| async { "hello" })).await
+    });
+    let guide = include_str!("../src/docs/guide/envoy.md");
+    let start = guide.find("static_resources:").unwrap();
+    let end = start + guide[start..].find("```").unwrap();
+    for (name, filtered) in [("without-filter", false), ("with-filter", true)] {
+        let port = free_port();
+        let mut bootstrap = guide[start..end]
+            .replace("port_value: 10000", &format!("port_value: {port}"))
+            .replace("port_value: 8080", &format!("port_value: {upstream_port}"))
+            .replace("port_value: 8081", &format!("port_value: {}", grpc.port()))
+            // The bench's own domain and a limit no client reaches.
+            .replace("domain: edge", "domain: bench")
+            .replace("descriptor_key: api_key", "descriptor_key: user");
+        if !filtered {
+            let from = bootstrap
+                .find("          - name: envoy.filters.http.ratelimit")
+                .unwrap();
+            let to = bootstrap
+                .find("          - name: envoy.filters.http.router")
+                .unwrap();
+            bootstrap.replace_range(from..to, "");
+        }
+        let path = std::env::temp_dir().join(format!("bench-envoy-{port}.yaml"));
+        std::fs::write(&path, bootstrap).unwrap();
+        let _envoy = Own(Command::new(&envoy)
+            .args(["-c", path.to_str().unwrap(), "--base-id", &port.to_string()])
+            .args([
+                "--disable-hot-restart",
+                "--log-level",
+                "error",
+                "--concurrency",
+                "1",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap());
+        wait_for(port);
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let connections: Vec<_> =
+            futures_util::future::join_all((0..concurrency).map(|_| Http::connect(addr)))
+                .await
+                .into_iter()
+                .map(|c| Arc::new(tokio::sync::Mutex::new(c)))
+                .collect();
+        let next = Arc::new(AtomicU64::new(0));
+        let (rate, p50, p99) = load(seconds, concurrency, move |n| {
+            let connection = Arc::clone(
+                &connections[next.fetch_add(1, Ordering::Relaxed) as usize % connections.len()],
+            );
+            async move {
+                let headers = format!("x-api-key: u{}\r\n", n % KEYS);
+                let status = connection.lock().await.get("/", &headers).await;
+                assert_eq!(status, 200);
+            }
+        })
+        .await;
+        println!("RESULT envoy/end-to-end/{name}/per_second {rate:.0}");
+        println!("RESULT envoy/end-to-end/{name}/p50_us {p50:.0}");
+        println!("RESULT envoy/end-to-end/{name}/p99_us {p99:.0}");
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+fn main() {
+    let seconds = Duration::from_secs_f64(setting("BENCH_SECONDS", 5.0));
+    let concurrency = setting("BENCH_CONCURRENCY", 50.0) as usize;
+    let (url, _redis) = redis_server();
+    let (memory_grpc, memory_http) = serve_on_one_core(MemoryStore::new());
+    let store = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(RedisStore::connect(&url))
+        .unwrap();
+    let (redis_grpc, redis_http) = serve_on_one_core(store);
+    // The load on the other core.
+    let client = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    client.block_on(async {
+        decisions("memory", memory_grpc, memory_http, seconds, concurrency).await;
+        decisions("redis", redis_grpc, redis_http, seconds, concurrency).await;
+        redis_per_descriptor(&url, redis_grpc, seconds, concurrency).await;
+        through_envoy(redis_grpc, seconds, concurrency).await;
+    });
+}

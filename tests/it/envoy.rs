@@ -704,6 +704,65 @@ mod through_envoy {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A rules file changed under a running service is followed within a
+    /// second; Envoy's own `enable_x_ratelimit_headers` writes its fields
+    /// from the statuses (with the service's own fields off).
+    #[test]
+    fn rules_reloaded_under_envoy_and_envoys_own_headers() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let redis = RedisServer::start();
+        let dir = std::env::temp_dir().join(format!("envoy-reload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let rules = dir.join("config.yaml");
+        let limit = |n: u32| {
+            format!(
+                "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      \
+                 unit: hour\n      requests_per_unit: {n}\n"
+            )
+        };
+        std::fs::write(&rules, limit(2)).unwrap();
+        let app = upstream(&runtime);
+        let service = free_port();
+        let _program = Program::start_with(&rules, &redis.url(), service, &[("HEADERS", "none")]);
+        let edge = free_port();
+        let bootstrap = bootstrap(edge, app, service).replace(
+            "              domain: edge\n",
+            "              domain: edge\n              enable_x_ratelimit_headers: DRAFT_VERSION_03\n",
+        );
+        assert!(bootstrap.contains("enable_x_ratelimit_headers"));
+        let _envoy = Envoy::start(&bootstrap, edge);
+        let (status, headers) = get(edge, "k");
+        assert_eq!(status, 200);
+        let field = |headers: &[(String, String)], name: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+        };
+        // Envoy's draft-03 fields, from the status: the limit, its window, the rule.
+        assert_eq!(
+            field(&headers, "x-ratelimit-limit").as_deref(),
+            Some("2, 2;w=3600;name=\"edge.remote_address\"")
+        );
+        assert_eq!(
+            field(&headers, "x-ratelimit-remaining").as_deref(),
+            Some("1")
+        );
+        assert_eq!(get(edge, "k").0, 200);
+        assert_eq!(get(edge, "k").0, 429);
+        // Raised: the count carries over, the new max applies within a second.
+        std::fs::write(&rules, limit(5)).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while get(edge, "k").0 != 200 {
+            assert!(
+                Instant::now() < deadline,
+                "the raised limit was not followed"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// The guide's block of `yaml` or `toml` that holds `marker`.
     fn guide_block(marker: &str) -> String {
         let guide = include_str!("../../src/docs/guide/envoy.md");

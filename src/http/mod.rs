@@ -21,6 +21,7 @@ pub use future::ResponseFuture;
 pub use layer::RateLimitLayer;
 pub use rules::{RuleLimit, RulesFuture, RulesLayer};
 pub use service::RateLimit;
+#[cfg(feature = "envoy")]
 pub(crate) use settings::Rendering;
 pub use settings::{HeaderStyle, Rejection, Responder};
 pub(crate) use settlement::unusable_cost_header;

@@ -115,6 +115,7 @@ impl Admission {
 
     /// Every check: its rule, key, decision (`None`: admitted without
     /// limit) and who decided, with the rule's limiter.
+    #[cfg(feature = "envoy")]
     pub(crate) fn checked(
         &self,
     ) -> impl Iterator<Item = (&str, &str, Option<&Decision>, DecidedBy, &Limiter)> {

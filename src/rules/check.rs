@@ -24,6 +24,7 @@ pub(crate) struct Planned {
     pub(super) cost: u64,
 }
 
+#[cfg(feature = "envoy")]
 impl Planned {
     /// `rule`'s check of `key` at `cost` with `limiter` (the front ends'
     /// own matching, as Envoy's descriptors).
@@ -40,6 +41,7 @@ impl Planned {
     }
 }
 
+#[cfg(feature = "envoy")]
 impl Planned {
     /// A check of `key` at `cost` with `limiter`, under no rule (its name
     /// the limiter's).

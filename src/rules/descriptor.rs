@@ -3,6 +3,7 @@
 //! [`DescriptorIndex`], which finds a descriptor's rules the way Envoy's
 //! reference server walks its configuration.
 
+#[cfg(feature = "envoy")]
 use std::collections::HashMap;
 
 /// What a descriptor rule matches: a domain, and one matcher per entry of
@@ -90,6 +91,7 @@ impl Descriptor {
     }
 }
 
+#[cfg(feature = "envoy")]
 /// Whether `value` is `parts` joined with any text in place of each `*`.
 fn wildcard_matches(parts: &[String], value: &str) -> bool {
     let [first, middle @ .., last] = parts else {
@@ -120,11 +122,13 @@ fn wildcard_matches(parts: &[String], value: &str) -> bool {
 /// of the node its last entry reaches (none when it runs out of nodes
 /// first, or has more entries than the rules: as Envoy's reference server
 /// decides).
+#[cfg(feature = "envoy")]
 #[derive(Debug, Default)]
 pub(super) struct DescriptorIndex {
     domains: HashMap<String, Node>,
 }
 
+#[cfg(feature = "envoy")]
 #[derive(Debug, Default)]
 struct Node {
     /// The rules ending here, in the set's order.
@@ -136,6 +140,7 @@ struct Node {
     any: HashMap<String, Node>,
 }
 
+#[cfg(feature = "envoy")]
 impl Node {
     fn is_leaf(&self) -> bool {
         self.exact.is_empty() && self.wildcards.is_empty() && self.any.is_empty()
@@ -184,6 +189,7 @@ impl Node {
     }
 }
 
+#[cfg(feature = "envoy")]
 impl DescriptorIndex {
     /// The index of the descriptor rules among `rules` (`descriptor(i)`:
     /// rule `i`'s descriptor, if it is a descriptor rule).
@@ -229,10 +235,12 @@ impl DescriptorIndex {
 mod tests {
     use super::*;
 
+    #[cfg(feature = "envoy")]
     fn parts(pattern: &str) -> Vec<String> {
         pattern.split('*').map(str::to_owned).collect()
     }
 
+    #[cfg(feature = "envoy")]
     #[test]
     fn wildcards_match_any_text_in_place_of_each_star() {
         for (pattern, value, matches) in [
@@ -256,6 +264,7 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "envoy")]
     #[test]
     fn a_descriptor_walks_to_its_rules_as_the_reference_server_does() {
         let d = |entries: &[&str]| {

@@ -9,6 +9,7 @@ use http::Method;
 
 use super::admission::Admission;
 use super::check::{Planned, RulesCheck};
+#[cfg(feature = "envoy")]
 use super::descriptor::DescriptorIndex;
 use super::index::PathIndex;
 use super::{Counting, Rule, RuleSet};
@@ -75,6 +76,7 @@ pub struct ActiveRules {
     /// Which rules may match a path.
     index: PathIndex,
     /// Which descriptor rules a descriptor matches.
+    #[cfg(feature = "envoy")]
     descriptors: DescriptorIndex,
 }
 
@@ -254,12 +256,14 @@ impl ActiveRules {
             })
             .collect();
         let index = PathIndex::new(set.rules());
+        #[cfg(feature = "envoy")]
         let descriptors =
             DescriptorIndex::new(set.rules().len(), |i| set.rules().get(i)?.descriptor());
         Self {
             set,
             limiters,
             index,
+            #[cfg(feature = "envoy")]
             descriptors,
         }
     }
@@ -278,6 +282,7 @@ impl ActiveRules {
 
     /// The descriptor rules a descriptor of `domain` with `entries` (key,
     /// value) matches, with their limiters, in the set's order.
+    #[cfg(feature = "envoy")]
     pub(crate) fn descriptor_rules<'a>(
         &'a self,
         domain: &str,

@@ -74,6 +74,7 @@ use validate::RuleSetSpec;
 pub use crate::http::{RuleLimit, RulesLayer};
 pub use admission::Admission;
 pub(crate) use admission::ToSettle;
+#[cfg(feature = "envoy")]
 pub(crate) use check::Planned;
 pub use check::RulesCheck;
 pub use descriptor::Descriptor;
@@ -470,6 +471,7 @@ impl Rule {
     }
 
     /// A descriptor rule's `shadow`, `unlimited` and `replaces`.
+    #[cfg(feature = "envoy")]
     pub(crate) fn envoy(&self) -> &EnvoyFlags {
         &self.envoy
     }

@@ -29,7 +29,7 @@ impl PathIndex {
     pub(super) fn new(rules: &[Rule]) -> Self {
         let mut index = Self::default();
         for (i, rule) in rules.iter().enumerate() {
-            if matches!(rule.target, Target::Descriptor(_)) {
+            if matches!(rule.target, Target::None) {
                 // Matches no path.
                 continue;
             }
@@ -73,7 +73,7 @@ fn literal_prefix(target: &Target) -> Vec<&str> {
                 Segment::Param | Segment::Rest => None,
             })
             .collect(),
-        Target::Descriptor(_) => Vec::new(),
+        Target::None => Vec::new(),
         Target::Grpc { service, method } => {
             let mut prefix = vec![service.as_str()];
             prefix.extend(method.as_deref());

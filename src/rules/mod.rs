@@ -238,6 +238,9 @@ pub struct Rule {
     block: Option<Duration>,
     local_quota: Option<LocalQuota>,
     settle: Option<Arc<SettleFrom>>,
+    /// What the rule matches of Envoy's descriptors (`domain` and
+    /// `descriptor`).
+    descriptor: Option<Descriptor>,
     /// A descriptor rule's `shadow`, `unlimited` and `replaces`.
     envoy: EnvoyFlags,
 }
@@ -278,6 +281,7 @@ impl fmt::Debug for Rule {
             .field("block", &self.block)
             .field("local_quota", &self.local_quota)
             .field("settle", &self.settle)
+            .field("descriptor", &self.descriptor)
             .field("envoy", &self.envoy)
             .finish()
     }
@@ -462,12 +466,10 @@ impl Rule {
     }
 
     /// What the rule matches of a request to Envoy's rate limit service
-    /// (`domain` and `descriptor`), when it is a descriptor rule.
+    /// (`domain` and `descriptor`), when it is a descriptor rule (with a
+    /// `key`, it serves the HTTP layer too, under the same count).
     pub fn descriptor(&self) -> Option<&Descriptor> {
-        match &self.target {
-            Target::Descriptor(descriptor) => Some(descriptor),
-            _ => None,
-        }
+        self.descriptor.as_ref()
     }
 
     /// A descriptor rule's `shadow`, `unlimited` and `replaces`.

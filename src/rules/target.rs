@@ -15,9 +15,8 @@ pub(super) enum Target {
         service: String,
         method: Option<String>,
     },
-    /// A descriptor of a request to Envoy's rate limit service: it
-    /// matches no HTTP request.
-    Descriptor(super::descriptor::Descriptor),
+    /// No HTTP request: a rule for Envoy's descriptors alone.
+    None,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,7 +39,7 @@ impl Target {
                 };
                 s == service && method.as_deref().is_none_or(|method| method == m)
             }
-            Self::Descriptor(_) => false,
+            Self::None => false,
         }
     }
 }

@@ -137,35 +137,39 @@ impl Rule {
                 "a rule is unlimited or refuses all, not both",
             ));
         }
-        let (target, key) = match (spec.domain, spec.descriptor) {
-            (None, None) => {
-                if let Some(field) = envoy.field() {
-                    return Err(fault(
-                        label,
-                        field,
-                        "applies to descriptor rules only (`domain` and `descriptor`)",
-                    ));
-                }
-                (target(spec.path, spec.grpc, label)?, key(spec.key, label)?)
-            }
-            (domain, descriptor) => {
-                let descriptor = descriptor_target(domain, descriptor, label)?;
+        let descriptor = match (spec.domain, spec.descriptor) {
+            (None, None) => None,
+            (domain, entries) => Some(descriptor_of(domain, entries, label)?),
+        };
+        if descriptor.is_none()
+            && let Some(field) = envoy.field()
+        {
+            return Err(fault(
+                label,
+                field,
+                "applies to descriptor rules only (`domain` and `descriptor`)",
+            ));
+        }
+        let (target, key) = match (&descriptor, spec.key) {
+            // For Envoy alone: nothing of HTTP.
+            (Some(_), None) => {
                 for (field, set) in [
                     ("path", spec.path.is_some()),
                     ("grpc", spec.grpc.is_some()),
-                    ("key", spec.key.is_some()),
                     ("methods", methods.is_some()),
                 ] {
                     if set {
                         return Err(fault(
                             label,
                             field,
-                            "a descriptor rule matches a descriptor's entries, and its key is their values: leave it out",
+                            "a descriptor rule without a `key` serves Envoy alone, and matches \
+                             no HTTP request: give it a `key` to serve the HTTP layer too",
                         ));
                     }
                 }
-                (descriptor, Vec::new())
+                (Target::None, Vec::new())
             }
+            (_, key_text) => (target(spec.path, spec.grpc, label)?, key(key_text, label)?),
         };
         let shape = Shape::read(spec.algorithm, spec.execution, spec.cost, label)?;
         let checked = !envoy.unlimited && !envoy.refuse;
@@ -207,6 +211,7 @@ impl Rule {
             block,
             local_quota,
             settle: settle.map(Arc::new),
+            descriptor,
             envoy,
         };
         rule.check_combinations(label)?;
@@ -244,7 +249,7 @@ impl Rule {
                 ));
             }
         }
-        if let Target::Descriptor(_) = &self.target {
+        if self.descriptor.is_some() {
             // Envoy asks before the request and never tells the outcome: a
             // cost after the response comes as a descriptor sent again at
             // the stream's end, with its hits_addend.
@@ -269,9 +274,7 @@ impl Rule {
                 }
             }
         }
-        if self.settle.as_deref().is_some_and(|s| s.hits_addend)
-            && !matches!(self.target, Target::Descriptor(_))
-        {
+        if self.settle.as_deref().is_some_and(|s| s.hits_addend) && self.descriptor.is_none() {
             return Err(fault(
                 label,
                 "settle.hits_addend",
@@ -383,12 +386,12 @@ impl<'a> Shape<'a> {
     }
 }
 
-/// A descriptor rule's target: `domain` and `descriptor` together.
-fn descriptor_target(
+/// A descriptor rule's `domain` and `descriptor`, together.
+fn descriptor_of(
     domain: Option<String>,
-    descriptor: Option<Vec<String>>,
+    entries: Option<Vec<String>>,
     label: &str,
-) -> Result<Target, RulesError> {
+) -> Result<Descriptor, RulesError> {
     let domain = domain.ok_or_else(|| {
         fault(
             label,
@@ -396,10 +399,14 @@ fn descriptor_target(
             "is missing: a descriptor rule names the domain of its descriptors",
         )
     })?;
-    let entries = descriptor.ok_or_else(|| fault(label, "descriptor", "is missing: a rule with a domain matches a descriptor (`descriptor = [\"remote_address\"]`)"))?;
-    Descriptor::parse(&domain, &entries)
-        .map(Target::Descriptor)
-        .map_err(|problem| fault(label, "descriptor", problem))
+    let entries = entries.ok_or_else(|| {
+        fault(
+            label,
+            "descriptor",
+            "is missing: a rule with a domain matches a descriptor (`descriptor = [\"remote_address\"]`)",
+        )
+    })?;
+    Descriptor::parse(&domain, &entries).map_err(|problem| fault(label, "descriptor", problem))
 }
 
 impl EnvoyFlags {

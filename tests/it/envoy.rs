@@ -369,6 +369,50 @@ async fn a_descriptors_own_hits_addend_charges_a_settling_rule() {
     assert_eq!(admitted, [true, true, true, true, false]);
 }
 
+/// One rule for both front ends: with a `key` and a `descriptor`, a
+/// request through the HTTP layer from 10.0.0.1 and Envoy's descriptor
+/// `remote_address=10.0.0.1` spend one count.
+#[tokio::test]
+async fn a_rule_with_a_key_and_a_descriptor_counts_http_and_envoy_alike() {
+    use tower::ServiceExt;
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let rules = Rules::new(
+        store,
+        RuleSet::from_toml(
+            r#"
+            [[rules]]
+            name = "per-client"
+            key = "ip"
+            domain = "edge"
+            descriptor = ["remote_address"]
+            policy = "3/1h"
+            "#,
+        )
+        .unwrap(),
+    );
+    let mut client = serve(rules.clone()).await;
+    let app = axum::Router::new()
+        .fallback(|| async { "ok" })
+        .layer(tower_redis_ratelimit::rules::RulesLayer::new(rules));
+    let http = |app: axum::Router| async move {
+        app.oneshot(crate::support::http::request("/", "10.0.0.1"))
+            .await
+            .unwrap()
+            .status()
+    };
+    let envoy = || request("edge", vec![descriptor(&[("remote_address", "10.0.0.1")])]);
+    assert_eq!(http(app.clone()).await, http::StatusCode::OK);
+    assert!(!over(&ask(&mut client, envoy()).await));
+    assert_eq!(http(app.clone()).await, http::StatusCode::OK);
+    // The three spent, whichever front end spent them.
+    assert!(over(&ask(&mut client, envoy()).await));
+    assert_eq!(http(app.clone()).await, http::StatusCode::TOO_MANY_REQUESTS);
+    // Another client: its own count.
+    let other = request("edge", vec![descriptor(&[("remote_address", "10.0.0.2")])]);
+    assert!(!over(&ask(&mut client, other).await));
+}
+
 #[tokio::test]
 async fn bad_requests_get_a_clear_status_and_hold_nothing() {
     let server = RedisServer::start();
@@ -1138,4 +1182,67 @@ fn reference_yaml_that_cannot_work_is_refused_naming_the_place() {
     .unwrap_err()
     .to_string();
     assert!(twice.contains("duplicate domain 'd'"), "{twice}");
+}
+
+#[test]
+fn descriptor_rules_that_cannot_work_are_refused_naming_the_field() {
+    let rule = |fields: &str| {
+        RuleSet::from_toml(&format!(
+            "[[rules]]\nname = \"r\"\npolicy = \"10/s\"\n{fields}\n"
+        ))
+    };
+    for (fields, field, says) in [
+        ("descriptor = [\"k\"]", "domain", "is missing"),
+        ("domain = \"d\"", "descriptor", "is missing"),
+        (
+            "domain = \"d\"\ndescriptor = []",
+            "descriptor",
+            "at least one entry",
+        ),
+        (
+            "domain = \"d\"\ndescriptor = [\"=v\"]",
+            "descriptor",
+            "no key",
+        ),
+        (
+            "domain = \"d\"\ndescriptor = [\"k\"]\npath = \"/x\"",
+            "path",
+            "give it a `key`",
+        ),
+        (
+            "key = \"ip\"\nshadow = true",
+            "shadow",
+            "descriptor rules only",
+        ),
+        (
+            "key = \"ip\"\nsettle = { hits_addend = true }",
+            "settle.hits_addend",
+            "only a descriptor rule",
+        ),
+        (
+            "domain = \"d\"\ndescriptor = [\"k\"]\nsettle = { header = \"x-used\" }",
+            "settle",
+            "never told its response",
+        ),
+        (
+            "domain = \"d\"\ndescriptor = [\"k\"]\ncount = [\"4xx\"]",
+            "count",
+            "never told its response",
+        ),
+        (
+            "domain = \"d\"\ndescriptor = [\"k\"]\nunlimited = true",
+            "policy",
+            "no policy",
+        ),
+    ] {
+        let error = rule(fields).unwrap_err();
+        assert_eq!(error.field(), field, "{fields}: {error}");
+        assert!(error.to_string().contains(says), "{fields}: {error}");
+    }
+    // Unlimited without a policy, and a rule for both front ends, are fine.
+    RuleSet::from_toml(
+        "[[rules]]\nname = \"r\"\ndomain = \"d\"\ndescriptor = [\"k\"]\nunlimited = true\n",
+    )
+    .unwrap();
+    rule("key = \"ip\"\ndomain = \"d\"\ndescriptor = [\"remote_address\"]").unwrap();
 }

@@ -288,6 +288,34 @@ impl Http {
     }
 }
 
+/// [`load`] of `GET`s to `addr`, each task on a keep-alive connection of
+/// its own; `request(n)` gives call `n`'s path and header lines.
+async fn http_load(
+    addr: SocketAddr,
+    seconds: Duration,
+    concurrency: usize,
+    request: impl Fn(u64) -> (&'static str, String) + Clone + Send + Sync + 'static,
+) -> (f64, f64, f64) {
+    let connections: Vec<_> =
+        futures_util::future::join_all((0..concurrency).map(|_| Http::connect(addr)))
+            .await
+            .into_iter()
+            .map(|c| Arc::new(tokio::sync::Mutex::new(c)))
+            .collect();
+    let next = Arc::new(AtomicU64::new(0));
+    load(seconds, concurrency, move |n| {
+        let connection = Arc::clone(
+            &connections[next.fetch_add(1, Ordering::Relaxed) as usize % connections.len()],
+        );
+        let (path, headers) = request(n);
+        async move {
+            let status = connection.lock().await.get(path, &headers).await;
+            assert_eq!(status, 200);
+        }
+    })
+    .await
+}
+
 fn http_headers(n: u64, descriptors: usize) -> String {
     let k = n % KEYS;
     let all = [
@@ -326,28 +354,11 @@ async fn decisions(
         println!("RESULT envoy/{name}/grpc/{descriptors}/per_second {rate:.0}");
         println!("RESULT envoy/{name}/grpc/{descriptors}/p50_us {p50:.0}");
         println!("RESULT envoy/{name}/grpc/{descriptors}/p99_us {p99:.0}");
-        // The HTTP layer, one keep-alive connection per task.
-        let connections: Vec<_> =
-            futures_util::future::join_all((0..concurrency).map(|_| Http::connect(http)))
-                .await
-                .into_iter()
-                .map(|c| Arc::new(tokio::sync::Mutex::new(c)))
-                .collect();
-        let next = Arc::new(AtomicU64::new(0));
-        let (rate, p50, p99) = load(seconds, concurrency, move |n| {
-            let connection = Arc::clone(
-                &connections[next.fetch_add(1, Ordering::Relaxed) as usize % connections.len()],
-            );
-            async move {
-                // The user's rule matches every path, the other three `/4`.
-                let path = if descriptors == 4 { "/4" } else { "/1" };
-                let status = connection
-                    .lock()
-                    .await
-                    .get(path, &http_headers(n, descriptors))
-                    .await;
-                assert_eq!(status, 200);
-            }
+        // The HTTP layer. The user's rule matches every path, the other
+        // three `/4`.
+        let path = if descriptors == 4 { "/4" } else { "/1" };
+        let (rate, p50, p99) = http_load(http, seconds, concurrency, move |n| {
+            (path, http_headers(n, descriptors))
         })
         .await;
         println!("RESULT envoy/{name}/http/{descriptors}/per_second {rate:.0}");
@@ -511,22 +522,8 @@ async fn through_envoy(grpc: SocketAddr, seconds: Duration, concurrency: usize) 
             .unwrap());
         wait_for(port);
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let connections: Vec<_> =
-            futures_util::future::join_all((0..concurrency).map(|_| Http::connect(addr)))
-                .await
-                .into_iter()
-                .map(|c| Arc::new(tokio::sync::Mutex::new(c)))
-                .collect();
-        let next = Arc::new(AtomicU64::new(0));
-        let (rate, p50, p99) = load(seconds, concurrency, move |n| {
-            let connection = Arc::clone(
-                &connections[next.fetch_add(1, Ordering::Relaxed) as usize % connections.len()],
-            );
-            async move {
-                let headers = format!("x-api-key: u{}\r\n", n % KEYS);
-                let status = connection.lock().await.get("/", &headers).await;
-                assert_eq!(status, 200);
-            }
+        let (rate, p50, p99) = http_load(addr, seconds, concurrency, |n| {
+            ("/", format!("x-api-key: u{}\r\n", n % KEYS))
         })
         .await;
         println!("RESULT envoy/end-to-end/{name}/per_second {rate:.0}");

@@ -24,10 +24,8 @@ pub(crate) struct Planned {
     pub(super) cost: u64,
 }
 
-#[cfg(feature = "envoy")]
 impl Planned {
-    /// `rule`'s check of `key` at `cost` with `limiter` (the front ends'
-    /// own matching, as Envoy's descriptors).
+    /// `rule`'s check of `key` at `cost` with `limiter`.
     pub(crate) fn new(rule: &super::Rule, limiter: Limiter, key: String, cost: u64) -> Self {
         Self {
             rule: rule.shared_name(),

@@ -360,15 +360,7 @@ impl ActiveRules {
                 }
                 Some(cost) => cost.min(policy.max_cost()),
             };
-            planned.push(Planned {
-                rule: rule.shared_name(),
-                counting: rule.counting().clone(),
-                settle: rule.shared_settle(),
-                block: rule.block(),
-                limiter,
-                key,
-                cost,
-            });
+            planned.push(Planned::new(rule, limiter, key, cost));
         }
         Ok(RulesCheck::run(planned, unchecked))
     }

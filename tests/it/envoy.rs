@@ -505,10 +505,7 @@ mod through_envoy {
 
     /// The guide's bootstrap, with the test's ports.
     fn bootstrap(listener: u16, upstream: u16, service: u16) -> String {
-        let guide = include_str!("../../src/docs/guide/envoy.md");
-        let start = guide.find("static_resources:").unwrap();
-        let end = start + guide[start..].find("```").unwrap();
-        guide[start..end]
+        guide_block("static_resources:")
             .replace("port_value: 10000", &format!("port_value: {listener}"))
             .replace("port_value: 8080", &format!("port_value: {upstream}"))
             .replace("port_value: 8081", &format!("port_value: {service}"))
@@ -725,10 +722,7 @@ mod through_envoy {
         let dir = std::env::temp_dir().join(format!("envoy-fail-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let rules = dir.join("config.yaml");
-        let guide = include_str!("../../src/docs/guide/envoy.md");
-        let start = guide.find("domain: edge").unwrap();
-        let end = start + guide[start..].find("```").unwrap();
-        std::fs::write(&rules, &guide[start..end]).unwrap();
+        std::fs::write(&rules, guide_block("domain: edge")).unwrap();
         let app = upstream(&runtime);
         let service = free_port();
         let _program =
@@ -873,10 +867,7 @@ mod through_envoy {
         std::fs::create_dir_all(&dir).unwrap();
         let rules = dir.join("config.yaml");
         // The guide's rules.
-        let guide = include_str!("../../src/docs/guide/envoy.md");
-        let start = guide.find("domain: edge").unwrap();
-        let end = start + guide[start..].find("```").unwrap();
-        std::fs::write(&rules, &guide[start..end]).unwrap();
+        std::fs::write(&rules, guide_block("domain: edge")).unwrap();
 
         let app = upstream(&runtime);
         let (service_a, service_b) = (free_port(), free_port());

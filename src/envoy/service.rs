@@ -173,7 +173,6 @@ impl RateLimitService {
                 .as_ref()
                 .map_or(request_cost, |hits| hits.value);
             let mut plan = DescriptorPlan {
-                key: key_of(descriptor),
                 cost,
                 negative: descriptor.is_negative_hits,
                 limits: Vec::new(),
@@ -186,15 +185,15 @@ impl RateLimitService {
                     .map_err(|e| {
                         tonic::Status::invalid_argument(format!("descriptor limit: {e}"))
                     })?;
-                plan.key = format!("{}.{}", request.domain, plan.key);
                 plan.limits.push(Limit {
                     rule: None,
+                    key: format!("{}.{}", request.domain, key_of(descriptor, None)),
                     limiter,
                     shadow: false,
                     charge: false,
                 });
             } else {
-                for (rule, limiter) in active.descriptor_rules(&request.domain, &entries) {
+                for (rule, limiters) in active.descriptor_rules(&request.domain, &entries) {
                     replaced.extend(rule.envoy().replaces.iter().map(String::as_str));
                     if rule.envoy().unlimited {
                         plan.unlimited = true;
@@ -204,9 +203,16 @@ impl RateLimitService {
                         plan.refused.push(rule);
                         continue;
                     }
+                    // The tier is the value of the rule's `tier_entry`, which
+                    // is not part of the key: a rule's tiers share a count.
+                    let tier_entry = rule.envoy().tier_entry.as_deref();
+                    let tier = tier_entry
+                        .and_then(|name| entries.iter().find(|(k, _)| *k == name))
+                        .map(|(_, value)| *value);
                     plan.limits.push(Limit {
                         rule: Some(rule),
-                        limiter: limiter.clone(),
+                        key: key_of(descriptor, tier_entry),
+                        limiter: limiters.pick(tier).clone(),
                         shadow: rule.envoy().shadow,
                         // The descriptor Envoy sends again when the stream
                         // is done, with the cost the response reported.
@@ -334,12 +340,13 @@ fn check_shape(request: &RateLimitRequest) -> Result<(), tonic::Status> {
     Ok(())
 }
 
-/// The key of a descriptor's count: its entries' values, joined (a long
-/// one is held by its hash, as every key).
-fn key_of(descriptor: &RateLimitDescriptor) -> String {
+/// The key of a descriptor's count: its entries' values but the tier's,
+/// joined (a long one is held by its hash, as every key).
+fn key_of(descriptor: &RateLimitDescriptor, tier_entry: Option<&str>) -> String {
     let values: Vec<String> = descriptor
         .entries
         .iter()
+        .filter(|entry| Some(entry.key.as_str()) != tier_entry)
         .map(|entry| entry.value.clone())
         .collect();
     key::joined(&values)
@@ -347,7 +354,6 @@ fn key_of(descriptor: &RateLimitDescriptor) -> String {
 
 /// What one descriptor is checked against.
 struct DescriptorPlan<'a> {
-    key: String,
     cost: u64,
     /// `is_negative_hits`: the cost is given back, not taken.
     negative: bool,
@@ -361,6 +367,8 @@ struct DescriptorPlan<'a> {
 struct Limit<'a> {
     /// `None`: the descriptor's own `limit`.
     rule: Option<&'a Rule>,
+    /// The key of the count.
+    key: String,
     limiter: Limiter,
     shadow: bool,
     /// Charged the cost after the response (a penalty past the max if
@@ -429,19 +437,19 @@ async fn decide(plans: &[DescriptorPlan<'_>]) -> Result<Outcomes, tonic::Status>
                 all.push(Outcome {
                     descriptor: i,
                     limiter: limit.limiter.clone(),
-                    decision: limit.limiter.peek(&plan.key).await.ok(),
+                    decision: limit.limiter.peek(&limit.key).await.ok(),
                     decided_by: DecidedBy::Store,
                     shadow: false,
                     peek: false,
                 });
             } else {
                 let name = limit.rule.map_or(OVERRIDE_NAME, Rule::name);
-                planned_at.push((i, name, plan.key.clone()));
+                planned_at.push((i, name, limit.key.clone()));
                 planned.push(match limit.rule {
                     Some(rule) => {
-                        Planned::new(rule, limit.limiter.clone(), plan.key.clone(), plan.cost)
+                        Planned::new(rule, limit.limiter.clone(), limit.key.clone(), plan.cost)
                     }
-                    None => Planned::anonymous(limit.limiter.clone(), plan.key.clone(), plan.cost),
+                    None => Planned::anonymous(limit.limiter.clone(), limit.key.clone(), plan.cost),
                 });
             }
         }
@@ -475,25 +483,25 @@ async fn decide(plans: &[DescriptorPlan<'_>]) -> Result<Outcomes, tonic::Status>
         let limiter = &limit.limiter;
         let decided: Result<Option<Decision>, String> = if plan.negative {
             limiter
-                .reward(&plan.key, plan.cost)
+                .reward(&limit.key, plan.cost)
                 .await
                 .map(Some)
                 .map_err(|e| e.to_string())
         } else if limit.charge {
             limiter
-                .penalty(&plan.key, plan.cost)
+                .penalty(&limit.key, plan.cost)
                 .await
                 .map(Some)
                 .map_err(|e| e.to_string())
         } else if plan.cost == 0 {
             limiter
-                .peek(&plan.key)
+                .peek(&limit.key)
                 .await
                 .map(Some)
                 .map_err(|e| e.to_string())
         } else {
             limiter
-                .check_n(&plan.key, plan.cost)
+                .check_n(&limit.key, plan.cost)
                 .await
                 .map(|verdict| verdict.into_parts().0)
                 .map_err(|e| e.to_string())

@@ -80,6 +80,11 @@ impl Descriptor {
         &self.domain
     }
 
+    /// Whether an entry of this key is matched.
+    pub(super) fn has_key(&self, key: &str) -> bool {
+        self.entries.iter().any(|entry| entry.key == key)
+    }
+
     /// The entries as written (`key`, `key=value`, `key=pre*`).
     pub fn entries(&self) -> impl Iterator<Item = String> + '_ {
         self.entries.iter().map(|entry| match &entry.value {

@@ -80,7 +80,8 @@ pub struct ActiveRules {
     descriptors: DescriptorIndex,
 }
 
-struct RuleLimiters {
+/// A rule's limiters: its default policy's, and each tier's.
+pub(crate) struct RuleLimiters {
     default: Limiter,
     tiers: HashMap<String, Limiter>,
 }
@@ -287,11 +288,11 @@ impl ActiveRules {
         &'a self,
         domain: &str,
         entries: &[(&str, &str)],
-    ) -> impl Iterator<Item = (&'a Rule, &'a Limiter)> + 'a {
+    ) -> impl Iterator<Item = (&'a Rule, &'a RuleLimiters)> + 'a {
         self.descriptors
             .rules(domain, entries)
             .iter()
-            .map(|&i| (&self.set.rules()[i], &self.limiters[i].default))
+            .map(|&i| (&self.set.rules()[i], &self.limiters[i]))
     }
 
     /// Start the check of a request of `method` to `path` by a caller of
@@ -367,7 +368,8 @@ impl ActiveRules {
 }
 
 impl RuleLimiters {
-    fn pick(&self, tier: Option<&str>) -> &Limiter {
+    /// The limiter of callers of `tier` (the default for an unknown one).
+    pub(crate) fn pick(&self, tier: Option<&str>) -> &Limiter {
         tier.and_then(|t| self.tiers.get(t))
             .unwrap_or(&self.default)
     }

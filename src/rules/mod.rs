@@ -258,6 +258,8 @@ pub(crate) struct EnvoyFlags {
     pub(crate) refuse: bool,
     /// The rules this one replaces when both match one request.
     pub(crate) replaces: Vec<String>,
+    /// The entry of the descriptor whose value picks the tier's policy.
+    pub(crate) tier_entry: Option<String>,
 }
 
 impl fmt::Debug for Rule {

@@ -61,6 +61,7 @@ struct RuleSpec {
     refuse: bool,
     #[serde(default)]
     replaces: Vec<String>,
+    tier_entry: Option<String>,
 }
 
 /// `settle = { header = "x-usage-tokens", strip = true, body = true }`.
@@ -129,6 +130,7 @@ impl Rule {
             unlimited: spec.unlimited,
             refuse: spec.refuse,
             replaces: spec.replaces,
+            tier_entry: spec.tier_entry,
         };
         if envoy.unlimited && envoy.refuse {
             return Err(fault(
@@ -261,17 +263,38 @@ impl Rule {
                     "settle",
                     settle.is_some_and(|s| s.header.is_some() || s.body || !s.hits_addend),
                 ),
-                ("tiers", !self.tiers.is_empty()),
+                (
+                    "tiers",
+                    !self.tiers.is_empty() && self.envoy.tier_entry.is_none(),
+                ),
             ] {
                 if set {
                     return Err(fault(
                         label,
                         field,
                         "a descriptor rule is asked before the request and never told its response \
-                         (tiers: a descriptor entry per plan; a cost after the response: \
-                         settle = { hits_addend = true })",
+                         (tiers: `tier_entry` names the entry whose value is the plan; a cost after \
+                         the response: settle = { hits_addend = true })",
                     ));
                 }
+            }
+        }
+        if let (Some(descriptor), Some(entry)) = (&self.descriptor, &self.envoy.tier_entry) {
+            if !descriptor.has_key(entry) {
+                return Err(fault(
+                    label,
+                    "tier_entry",
+                    format!(
+                        "{entry:?} is no entry of the rule's descriptor: the tier is read from one"
+                    ),
+                ));
+            }
+            if self.tiers.is_empty() {
+                return Err(fault(
+                    label,
+                    "tier_entry",
+                    "names the entry whose value picks a tier of `tiers`, and the rule has none",
+                ));
             }
         }
         if self.settle.as_deref().is_some_and(|s| s.hits_addend) && self.descriptor.is_none() {
@@ -420,6 +443,8 @@ impl EnvoyFlags {
             Some("refuse")
         } else if !self.replaces.is_empty() {
             Some("replaces")
+        } else if self.tier_entry.is_some() {
+            Some("tier_entry")
         } else {
             None
         }

@@ -413,6 +413,52 @@ async fn a_rule_with_a_key_and_a_descriptor_counts_http_and_envoy_alike() {
     assert!(!over(&ask(&mut client, other).await));
 }
 
+/// Tiers from a descriptor's entry: the plan's policy, one count across
+/// plans (a caller moved to `pro` keeps what it used).
+#[tokio::test]
+async fn a_descriptor_entry_picks_the_tier_and_tiers_share_the_count() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let rules = Rules::new(
+        store,
+        RuleSet::from_toml(
+            r#"
+            [[rules]]
+            name = "plans"
+            domain = "api"
+            descriptor = ["api_key", "plan"]
+            tier_entry = "plan"
+            policy = "1/1h"
+            tiers = { pro = "3/1h" }
+            algorithm = "gcra"
+            "#,
+        )
+        .unwrap(),
+    );
+    let mut client = serve(rules).await;
+    let call = |key: &'static str, plan: &'static str| {
+        request("api", vec![descriptor(&[("api_key", key), ("plan", plan)])])
+    };
+    assert!(!over(&ask(&mut client, call("k1", "free")).await));
+    assert!(over(&ask(&mut client, call("k1", "free")).await));
+    let pro = ask(&mut client, call("k2", "pro")).await;
+    assert_eq!(
+        pro.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        3
+    );
+    assert!(!over(&ask(&mut client, call("k2", "pro")).await));
+    assert!(!over(&ask(&mut client, call("k2", "pro")).await));
+    assert!(over(&ask(&mut client, call("k2", "pro")).await));
+    // k1 upgraded: its one used counts against pro's three.
+    assert!(!over(&ask(&mut client, call("k1", "pro")).await));
+    assert!(!over(&ask(&mut client, call("k1", "pro")).await));
+    assert!(over(&ask(&mut client, call("k1", "pro")).await));
+}
+
 #[tokio::test]
 async fn bad_requests_get_a_clear_status_and_hold_nothing() {
     let server = RedisServer::start();

@@ -502,6 +502,56 @@ async fn bad_requests_get_a_clear_status_and_hold_nothing() {
     assert!(!over(&ask(&mut client, request("edge", one())).await));
 }
 
+/// A request whose domain is not UTF-8 (proto strings must be): refused
+/// with a gRPC status, and the service serves on.
+#[tokio::test]
+async fn a_request_that_is_not_utf8_is_refused() {
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct RawRequest {
+        #[prost(bytes = "vec", tag = "1")]
+        domain: Vec<u8>,
+    }
+    let server = RedisServer::start();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let set = RuleSet::from_envoy_yaml([("config.yaml", REFERENCE)]).unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RateLimitService::new(Rules::new(store, set)).into_server())
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    grpc.ready().await.unwrap();
+    let path = http::uri::PathAndQuery::from_static(
+        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+    );
+    let refused = grpc
+        .unary::<_, RawRequest, _>(
+            tonic::Request::new(RawRequest {
+                domain: vec![0xff, 0xfe, b'x'],
+            }),
+            path,
+            tonic_prost::ProstCodec::default(),
+        )
+        .await;
+    let status = refused.map(|_| ()).unwrap_err();
+    assert_ne!(status.code(), tonic::Code::Ok, "{status:?}");
+    let mut client = RateLimitServiceClient::new(channel);
+    assert!(!over(
+        &ask(
+            &mut client,
+            request("edge", vec![descriptor(&[("remote_address", "u")])])
+        )
+        .await
+    ));
+}
+
 #[tokio::test]
 async fn a_store_down_fails_open_or_closed_as_the_rules_say() {
     let mut server = RedisServer::start();

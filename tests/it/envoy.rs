@@ -838,6 +838,64 @@ mod through_envoy {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A nested descriptor (a route's fixed entry, then the caller's key)
+    /// through Envoy, under a rule of two rates and a shadow rule beside it.
+    #[test]
+    fn envoy_nested_descriptor_with_two_rates_and_a_shadow_rule() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let redis = RedisServer::start();
+        let dir = std::env::temp_dir().join(format!("envoy-nested-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let rules = dir.join("rules.toml");
+        std::fs::write(
+            &rules,
+            r#"
+            [[rules]]
+            name = "api-burst-and-hour"
+            domain = "edge"
+            descriptor = ["generic_key=api", "api_key"]
+            policy = "2/10s, 3/1h"
+            algorithm = "gcra"
+
+            [[rules]]
+            name = "api-trial"
+            domain = "edge"
+            descriptor = ["generic_key=api", "api_key"]
+            policy = "1/1h"
+            shadow = true
+            "#,
+        )
+        .unwrap();
+        let app = upstream(&runtime);
+        let service = free_port();
+        let _program = Program::start(&rules, &redis.url(), service);
+        let edge = free_port();
+        let bootstrap = bootstrap(edge, app, service);
+        let start = bootstrap.find("                  rate_limits:").unwrap();
+        let end = bootstrap.find("          http_filters:").unwrap();
+        let nested = "                  rate_limits:\n\
+                      \x20                 - actions:\n\
+                      \x20                   - generic_key: { descriptor_value: api }\n\
+                      \x20                   - request_headers: { header_name: x-api-key, descriptor_key: api_key }\n";
+        let bootstrap = format!("{}{nested}{}", &bootstrap[..start], &bootstrap[end..]);
+        let _envoy = Envoy::start(&bootstrap, edge);
+        // The burst of 2 (the shadow rule's 1 never refuses), then refused
+        // by the burst with its fields.
+        let statuses: Vec<u16> = (0..3).map(|_| get(edge, "k").0).collect();
+        assert_eq!(statuses, [200, 200, 429]);
+        let (status, headers) = get(edge, "k");
+        assert_eq!(status, 429);
+        assert!(
+            headers
+                .iter()
+                .any(|(n, v)| n == "x-ratelimit-limit" && v == "2"),
+            "{headers:?}"
+        );
+        // Another caller's own count.
+        assert_eq!(get(edge, "other").0, 200);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// A rules file changed under a running service is followed within a
     /// second; Envoy's own `enable_x_ratelimit_headers` writes its fields
     /// from the statuses (with the service's own fields off).

@@ -386,11 +386,13 @@ struct Outcome {
     /// A peek (a cost of 0): its decision says what a check of the
     /// policy's cost would leave, and the status the units left now.
     peek: bool,
+    /// Refused whatever the count (a cost no window can hold).
+    refused: bool,
 }
 
 impl Outcome {
     fn denies(&self) -> bool {
-        !self.shadow && self.decision.as_ref().is_some_and(|d| !d.allowed())
+        self.refused || !self.shadow && self.decision.as_ref().is_some_and(|d| !d.allowed())
     }
 
     /// Whether this outcome's fields are shown rather than `other`'s: a
@@ -440,7 +442,8 @@ async fn decide(plans: &[DescriptorPlan<'_>]) -> Result<Outcomes, tonic::Status>
                     decision: limit.limiter.peek(&limit.key).await.ok(),
                     decided_by: DecidedBy::Store,
                     shadow: false,
-                    peek: false,
+                    peek: true,
+                    refused: true,
                 });
             } else {
                 let name = limit.rule.map_or(OVERRIDE_NAME, Rule::name);
@@ -475,6 +478,7 @@ async fn decide(plans: &[DescriptorPlan<'_>]) -> Result<Outcomes, tonic::Status>
                 decided_by,
                 shadow: false,
                 peek: false,
+                refused: false,
             });
         }
     }
@@ -530,6 +534,7 @@ async fn decide(plans: &[DescriptorPlan<'_>]) -> Result<Outcomes, tonic::Status>
             // A charge never refuses: it is reported as a shadow's is.
             shadow: limit.shadow || limit.charge,
             peek,
+            refused: false,
         });
     }
     Ok(Outcomes { all, denied })

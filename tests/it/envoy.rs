@@ -317,7 +317,10 @@ async fn costs_peeks_overrides_and_hostile_costs() {
     // A cost no window can hold: refused, and nothing counted.
     let mut hostile = request("edge", vec![descriptor(&[("remote_address", "b")])]);
     hostile.hits_addend = u32::MAX;
-    assert!(over(&ask(&mut client, hostile).await));
+    let refused = ask(&mut client, hostile).await;
+    assert!(over(&refused));
+    assert_eq!(refused.statuses[0].code, Code::OverLimit as i32);
+    assert_eq!(refused.statuses[0].limit_remaining, 3, "nothing counted");
     let fresh = ask(
         &mut client,
         request("edge", vec![descriptor(&[("remote_address", "b")])]),

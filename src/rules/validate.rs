@@ -171,7 +171,22 @@ impl Rule {
                 }
                 (Target::None, Vec::new())
             }
-            (_, key_text) => (target(spec.path, spec.grpc, label)?, key(key_text, label)?),
+            (descriptor, key_text) => {
+                // The HTTP layer reads none of Envoy's answers: a rule that
+                // serves both would refuse, shadow or tier one way through
+                // Envoy and another through the layer.
+                if descriptor.is_some()
+                    && let Some(field) = envoy.field()
+                {
+                    return Err(fault(
+                        label,
+                        field,
+                        "applies to Envoy alone, and this rule has a `key` for the HTTP layer \
+                         too: write the Envoy rule without a `key`, beside the HTTP one",
+                    ));
+                }
+                (target(spec.path, spec.grpc, label)?, key(key_text, label)?)
+            }
         };
         let shape = Shape::read(spec.algorithm, spec.execution, spec.cost, label)?;
         let checked = !envoy.unlimited && !envoy.refuse;

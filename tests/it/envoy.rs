@@ -1382,8 +1382,25 @@ fn descriptor_rules_that_cannot_work_are_refused_naming_the_field() {
             "policy",
             "no policy",
         ),
-    ] {
-        let error = rule(fields).unwrap_err();
+    ]
+    .map(|(fields, field, says)| (fields.to_owned(), field, says))
+    .into_iter()
+    .chain(
+        // Answers the HTTP layer would not give: refused on a rule for both.
+        [
+            "shadow = true",
+            "refuse = true",
+            "unlimited = true",
+            "replaces = [\"other\"]",
+            "tier_entry = \"plan\"",
+        ]
+        .map(|flag| {
+            let fields = format!("key = \"ip\"\ndomain = \"d\"\ndescriptor = [\"k\"]\n{flag}");
+            let field = flag.split(' ').next().unwrap_or_default();
+            (fields, field, "applies to Envoy alone")
+        }),
+    ) {
+        let error = rule(&fields).unwrap_err();
         assert_eq!(error.field(), field, "{fields}: {error}");
         assert!(error.to_string().contains(says), "{fields}: {error}");
     }

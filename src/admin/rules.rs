@@ -135,7 +135,7 @@ pub(crate) async fn publish(
             // A confirmed empty set is written out: the watch never applies
             // an empty file (a save caught half way).
             let text = if text.trim().is_empty() {
-                crate::rules::explicitly_empty(path).to_owned()
+                crate::rules::Format::of(path).no_rules().to_owned()
             } else {
                 text
             };

@@ -84,9 +84,9 @@ pub(crate) use envoy_yaml::window_of_unit;
 
 #[cfg(feature = "redis")]
 pub use redis_source::{PublishError, publish};
-pub use watch::{Rejected, Watch, WatchStatus};
 #[cfg(feature = "admin")]
-pub(crate) use watch::{Source, explicitly_empty};
+pub(crate) use watch::{Format, Source};
+pub use watch::{Rejected, Watch, WatchStatus};
 
 /// The longest `block` a rule may set: a day. (A typo of `15d` for `15m`
 /// would otherwise lock every breaching caller out for two weeks.)

@@ -152,15 +152,65 @@ impl RuleSet {
     /// `.json`, Envoy's reference server's YAML if in `.yaml` or `.yml`
     /// (feature `envoy`), else TOML.
     pub(crate) fn parse_as(path: &std::path::Path, text: &str) -> Result<Self, RulesError> {
+        match Format::of(path) {
+            Format::Json => Self::from_json(text),
+            #[cfg(feature = "envoy")]
+            Format::EnvoyYaml => {
+                Self::from_envoy_yaml([(path.to_str().unwrap_or("the YAML file"), text)])
+            }
+            Format::Toml => Self::from_toml(text),
+        }
+    }
+}
+
+/// How a rules file is written, told by its name.
+#[derive(Clone, Copy)]
+pub(crate) enum Format {
+    Json,
+    #[cfg(feature = "envoy")]
+    EnvoyYaml,
+    Toml,
+}
+
+impl Format {
+    pub(crate) fn of(path: &std::path::Path) -> Self {
         let extension = path.extension().and_then(|e| e.to_str()).unwrap_or("");
         if extension.eq_ignore_ascii_case("json") {
-            return Self::from_json(text);
+            return Self::Json;
         }
         #[cfg(feature = "envoy")]
         if extension.eq_ignore_ascii_case("yaml") || extension.eq_ignore_ascii_case("yml") {
-            return Self::from_envoy_yaml([(path.to_str().unwrap_or("the YAML file"), text)]);
+            return Self::EnvoyYaml;
         }
-        Self::from_toml(text)
+        Self::Toml
+    }
+
+    /// A rule set of no rules, written out: a watched file lifts every
+    /// limit only when it says so, since a save that truncates the file
+    /// first, or is caught half written, would lift them for a moment.
+    pub(crate) fn no_rules(self) -> &'static str {
+        match self {
+            Self::Json => "{\"rules\": []}",
+            #[cfg(feature = "envoy")]
+            Self::EnvoyYaml => "descriptors: []",
+            Self::Toml => "rules = []",
+        }
+    }
+
+    /// Whether `text` names its list of rules (`rules`, or `descriptors`
+    /// beside the domain in Envoy's YAML), as [`no_rules`](Self::no_rules) does: text of
+    /// comments, or of a header caught before its rules, does not.
+    fn names_its_rules(self, text: &str) -> bool {
+        match self {
+            Self::Json => serde_json::from_str::<serde_json::Value>(text)
+                .is_ok_and(|value| value.get("rules").is_some()),
+            #[cfg(feature = "envoy")]
+            Self::EnvoyYaml => serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text)
+                .is_ok_and(|value| value.get("descriptors").is_some()),
+            Self::Toml => text
+                .parse::<toml::Table>()
+                .is_ok_and(|table| table.contains_key("rules")),
+        }
     }
 }
 
@@ -169,11 +219,12 @@ impl Rules {
     /// TOML): it is read at once and then every `every`, and when its text
     /// changed and validates, put in force ([`replace`](Self::replace);
     /// counts of every rule whose name is kept carry over). A text that
-    /// does not validate, a file that cannot be read, and an empty (or
-    /// blank) file leave the rules in force, logged and in
-    /// [`Watch::status`]: a save that truncates the file first must not
-    /// lift every limit; a file lifts them when it says so (`rules = []`,
-    /// or `{"rules": []}` in JSON). Needs a tokio runtime.
+    /// does not validate, a file that cannot be read, and a file of no
+    /// rules that does not say so (empty, blank, comments only) leave the
+    /// rules in force, logged and in [`Watch::status`]: a save that
+    /// truncates the file first must not lift every limit; a file lifts
+    /// them when it says so (`rules = []`, `{"rules": []}` in JSON,
+    /// `descriptors: []` in Envoy's YAML). Needs a tokio runtime.
     pub fn watch_file(&self, path: impl Into<PathBuf>, every: Duration) -> Watch {
         let path = path.into();
         let rules = self.clone();
@@ -208,28 +259,32 @@ impl Rules {
                 if seen.as_deref() == Some(&*text) {
                     continue;
                 }
-                if text.trim().is_empty() {
-                    // A truncating save caught half way, say: read again
-                    // on the next turn.
-                    let error = format!(
-                        "{}: the file is empty; the rules in force stay (to lift every \
-                         limit, write `{}`)",
-                        path.display(),
-                        explicitly_empty(&path)
-                    );
-                    tracing::warn!(%error, "rules: an empty rules file is not applied");
-                    record(&status_in, |s| s.error = Some(error));
-                    continue;
-                }
+                let format = Format::of(&path);
                 let parsed = RuleSet::parse_as(&path, &text);
-                apply(
-                    &rules,
-                    parsed,
-                    &text,
-                    &status_in,
-                    None,
-                    &path.display().to_string(),
-                );
+                // Empty, blank, or no rules without saying so: a truncating
+                // save caught half way, say. Read again when it changes.
+                let unstated = text.trim().is_empty()
+                    || matches!(&parsed, Ok(set) if set.rules().is_empty()
+                        && !format.names_its_rules(&text));
+                if unstated {
+                    let error = format!(
+                        "{}: the file is empty or names no rules; the rules in force stay \
+                         (to lift every limit, write `{}`)",
+                        path.display(),
+                        format.no_rules()
+                    );
+                    tracing::warn!(%error, "rules: a rules file of no rules is not applied unless it says so");
+                    record(&status_in, |s| s.error = Some(error));
+                } else {
+                    apply(
+                        &rules,
+                        parsed,
+                        &text,
+                        &status_in,
+                        None,
+                        &path.display().to_string(),
+                    );
+                }
                 seen = Some(text);
             }
         });
@@ -238,20 +293,6 @@ impl Rules {
             status,
             source,
         }
-    }
-}
-
-/// The text of a rule set of no rules, written out, for the file `path`:
-/// a watched file that is empty (or blank) is never applied, since a save
-/// that truncates the file first would lift every limit for a moment.
-pub(crate) fn explicitly_empty(path: &std::path::Path) -> &'static str {
-    if path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("json"))
-    {
-        "{\"rules\": []}"
-    } else {
-        "rules = []"
     }
 }
 

@@ -866,17 +866,19 @@ async fn an_emptied_rules_file_keeps_the_rules_until_it_says_rules_are_none() {
     let dir = std::env::temp_dir().join(format!("rules-empty-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("rules.toml");
-    std::fs::write(
-        &path,
-        "[[rules]]\nname = \"api\"\nkey = \"ip\"\npolicy = \"1/h\"\n",
-    )
-    .unwrap();
+    let api = "[[rules]]\nname = \"api\"\nkey = \"ip\"\npolicy = \"1/h\"\n";
+    std::fs::write(&path, api).unwrap();
     let rules = Rules::new(MemoryStore::new(), RuleSet::from_file(&path).unwrap());
     let watch = rules.watch_file(&path, Duration::from_millis(20));
-    for emptied in ["", "\n  \n"] {
+    // Each emptied text, then the rules back (the warning is lifted).
+    for emptied in ["", "\n  \n", "# being written\n", "version = 3\n"] {
         std::fs::write(&path, emptied).unwrap();
         let written = Instant::now();
-        while !watch.status().error.is_some_and(|e| e.contains("empty")) {
+        while !watch
+            .status()
+            .error
+            .is_some_and(|e| e.contains("names no rules"))
+        {
             assert!(
                 written.elapsed() < Duration::from_secs(2),
                 "{:?}",
@@ -888,6 +890,16 @@ async fn an_emptied_rules_file_keeps_the_rules_until_it_says_rules_are_none() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(rules.current().set().rules().len(), 1, "{emptied:?}");
         assert!(watch.status().error.unwrap().contains("rules = []"));
+        std::fs::write(&path, api).unwrap();
+        let written = Instant::now();
+        while watch.status().error.is_some() {
+            assert!(
+                written.elapsed() < Duration::from_secs(2),
+                "the warning stays after the rules came back: {:?}",
+                watch.status()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
     std::fs::write(&path, "rules = []\n").unwrap();
     let written = Instant::now();

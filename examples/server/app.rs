@@ -134,10 +134,13 @@ pub(crate) async fn rules_router<St: Store>(
         // (once the request is admitted: a denied one is never read).
         .route(
             "/completions",
-            axum::routing::post(completion).layer(axum::middleware::from_fn_with_state(
-                Bodies::new(settings.bodies),
-                bodies::bounded,
-            )),
+            axum::routing::post(completion)
+                // The bounds are BODY_LIMIT's, not the extractor's 2 MiB.
+                .layer(axum::extract::DefaultBodyLimit::disable())
+                .layer(axum::middleware::from_fn_with_state(
+                    Bodies::new(settings.bodies),
+                    bodies::bounded,
+                )),
         )
         .fallback(hello)
         .layer(layer);

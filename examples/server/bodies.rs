@@ -116,7 +116,8 @@ pub(crate) async fn bounded(
     })
 }
 
-/// The body whole, and its bytes' share of the memory.
+/// The body whole, and its bytes' share of the memory (never more than
+/// twice the bytes received).
 async fn read(
     bodies: &Bodies,
     mut body: Body,
@@ -125,8 +126,12 @@ async fn read(
     let limit = bodies.bounds.limit;
     let mut bytes: Vec<u8> = Vec::new();
     let mut held: Option<OwnedSemaphorePermit> = None;
-    // Room taken as the body comes (what was declared first, or doubling),
-    // each byte of it counted before it is allocated.
+    // Room taken as the bytes come (doubling, up to what was declared),
+    // each byte of it counted before it is allocated: a head that declares
+    // a large body and sends none of it holds nothing.
+    let ceiling = declared
+        .and_then(|d| usize::try_from(d).ok())
+        .map_or(limit, |d| d.min(limit));
     let mut grow = |bytes: &mut Vec<u8>, needed: usize| -> Result<(), Refused> {
         if needed > limit {
             return Err(Refused::TooLarge);
@@ -134,7 +139,7 @@ async fn read(
         if needed <= bytes.capacity() {
             return Ok(());
         }
-        let room = needed.max(bytes.capacity() * 2).min(limit);
+        let room = needed.max((bytes.capacity() * 2).min(ceiling));
         let more = u32::try_from(room - bytes.capacity()).map_err(|_| Refused::TooLarge)?;
         let permit = Arc::clone(&bodies.memory)
             .try_acquire_many_owned(more)
@@ -147,9 +152,6 @@ async fn read(
             .try_reserve_exact(room - bytes.len())
             .map_err(|_| Refused::Busy)
     };
-    if let Some(declared) = declared.and_then(|d| usize::try_from(d).ok()) {
-        grow(&mut bytes, declared)?;
-    }
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|_| Refused::Broken)?;
         if let Ok(data) = frame.into_data() {

@@ -451,9 +451,19 @@ fn body_bounds(rules: bool) -> Result<BodyBounds, BadSetting> {
             ),
         ));
     }
-    // A body's room is counted in one step of at most 4 GiB.
+    // A body's room is counted in one step of at most u32::MAX bytes, and
+    // all of them in one semaphore.
     if u32::try_from(bounds.limit).is_err() {
-        return Err(BadSetting::new("BODY_LIMIT", "at most 4GiB"));
+        return Err(BadSetting::new(
+            "BODY_LIMIT",
+            format!("at most {} bytes (4GiB less one byte)", u32::MAX),
+        ));
+    }
+    if bounds.memory > tokio::sync::Semaphore::MAX_PERMITS {
+        return Err(BadSetting::new(
+            "BODY_MEMORY",
+            format!("at most {} bytes", tokio::sync::Semaphore::MAX_PERMITS),
+        ));
     }
     Ok(bounds)
 }

@@ -54,7 +54,7 @@ fn post_head(length: Option<usize>) -> String {
         None => "Transfer-Encoding: chunked".to_owned(),
     };
     format!(
-        "POST /completions HTTP/1.1\r\nHost: t\r\nx-api-key: body-test-{key}\r\n{framing}\r\n\r\n"
+        "POST /completions HTTP/1.1\r\nHost: t\r\nConnection: close\r\nx-api-key: body-test-{key}\r\n{framing}\r\n\r\n"
     )
 }
 
@@ -118,9 +118,10 @@ fn a_body_that_stops_arriving_is_timed_out() {
 }
 
 /// Every body held at once shares `BODY_MEMORY`: 200 connections each
-/// sending most of a large body and stopping hold at most that (the
-/// issue's flood took the server from 8 MB to 424 MB), and once it is
-/// taken a new body is answered 503 at once, not held.
+/// sending almost all of a 1 MiB body and stopping hold at most 8 MiB (the
+/// issue's flood took the server from 8 MB to 424 MB): 8 of them at most
+/// are held, the others refused; once 8 are held, a new body is answered
+/// 503 at its first bytes, not held.
 #[test]
 fn bodies_held_at_once_share_a_bound_in_bytes() {
     let server = server(&[
@@ -131,17 +132,43 @@ fn bodies_held_at_once_share_a_bound_in_bytes() {
         ("MAX_CONNECTIONS", "500"),
     ]);
     let before = rss(server.pid());
-    let almost = chunk(&vec![b'a'; 900 * 1024]);
-    let held: Vec<TcpStream> = (0..200)
-        .map(|_| {
-            let mut stream = sent(&server, &post_head(None), b"");
-            // A refused one may be closed while it writes.
-            let _ = stream.write_all(&almost);
-            stream
-        })
-        .collect();
-    // Time for the server to read what was sent.
-    std::thread::sleep(Duration::from_secs(1));
+    // One byte short of a body declared 1 MiB: each held one holds all
+    // but at most a byte of a MiB, so 8 leave under 9 bytes of the memory.
+    let almost = vec![b'a'; 1024 * 1024 - 1];
+    let stalled = || {
+        let mut stream = sent(&server, &post_head(Some(1024 * 1024)), b"");
+        // A refused one may be closed while it writes.
+        let _ = stream.write_all(&almost);
+        stream
+    };
+    let mut held: Vec<TcpStream> = (0..200).map(|_| stalled()).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(Instant::now() < deadline, "the memory was never taken");
+        // Time to read what was sent; then keep the connections still
+        // open (a refused one is answered and closed).
+        std::thread::sleep(Duration::from_millis(300));
+        held.retain(|stream| {
+            stream.set_nonblocking(true).unwrap();
+            let open = matches!(
+                (&*stream).read(&mut [0; 1]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
+            );
+            stream.set_nonblocking(false).unwrap();
+            open
+        });
+        assert!(held.len() <= 8, "{} bodies of a MiB held", held.len());
+        if held.len() < 8 {
+            held.push(stalled());
+            continue;
+        }
+        // 8 held: the first bytes of a new body are refused at once.
+        let started = Instant::now();
+        let mut probe = sent(&server, &post_head(Some(50_000)), &[b'a'; 10]);
+        assert_eq!(status_of(&mut probe), 503);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        break;
+    }
     assert_eq!(server.get("/health", &[]).0, 200);
     let grown = rss(server.pid()).saturating_sub(before);
     // 8 MiB of bodies, and each connection's own buffers and task (about
@@ -150,11 +177,6 @@ fn bodies_held_at_once_share_a_bound_in_bytes() {
         grown < 8 * 1024 * 1024 + 200 * 100 * 1024,
         "resident memory grew by {grown} bytes"
     );
-    // The memory is taken: a new body is refused at once.
-    let started = Instant::now();
-    let mut refused = sent(&server, &post_head(Some(50_000)), b"");
-    assert_eq!(status_of(&mut refused), 503);
-    assert!(started.elapsed() < Duration::from_secs(5));
     drop(held);
     // Given back as their connections close: a body is read again.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -168,19 +190,58 @@ fn bodies_held_at_once_share_a_bound_in_bytes() {
     }
 }
 
+/// A head that declares a large body and sends none of it holds none of
+/// `BODY_MEMORY`: the room is taken as the bytes come.
+#[test]
+fn a_declared_length_holds_no_memory_before_its_bytes() {
+    let server = server(&[
+        ("BODY_LIMIT", "1MiB"),
+        ("BODY_MEMORY", "4MiB"),
+        ("BODY_TIMEOUT", "1m"),
+    ]);
+    let heads: Vec<TcpStream> = (0..20)
+        .map(|_| sent(&server, &post_head(Some(1024 * 1024)), b"x"))
+        .collect();
+    // Time for the server to read the heads and their first byte.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut stream = sent(&server, &post_head(Some(5)), b"token");
+    assert_eq!(status_of(&mut stream), 200);
+    drop(heads);
+}
+
+/// A `BODY_LIMIT` over the extractor's own 2 MiB default is the bound.
+#[test]
+fn a_body_limit_over_2_mib_is_the_bound() {
+    let server = server(&[("BODY_LIMIT", "4MiB")]);
+    let body = vec![b'a'; 3 * 1024 * 1024];
+    let mut stream = sent(&server, &post_head(Some(body.len())), &body);
+    assert_eq!(status_of(&mut stream), 200);
+}
+
 /// A request's head is at most 32 KiB, exactly: 32,768 bytes (to its blank
 /// line) are served, one more is answered 431.
 #[test]
 fn a_request_head_is_at_most_32_kib_exactly() {
     let server = Server::start(&[("HEADER_TIMEOUT", "10m")]);
     for (size, expected) in [(32 * 1024, 200), (32 * 1024 + 1, 431)] {
-        let start = "GET /health HTTP/1.1\r\nHost: t\r\nx-big: ";
+        let start = "GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\nx-big: ";
         let end = "\r\n\r\n";
         let head = format!("{start}{}{end}", "x".repeat(size - start.len() - end.len()));
         assert_eq!(head.len(), size);
         let mut stream = sent(&server, &head, b"");
         assert_eq!(status_of(&mut stream), expected, "a head of {size} bytes");
     }
+    // A head past the bound that never ends is answered at once, not held
+    // until the header timeout (ten minutes here).
+    let started = Instant::now();
+    let mut head = b"GET /health HTTP/1.1\r\nHost: t\r\nx-big: ".to_vec();
+    head.resize(32 * 1024 + 1, b'x');
+    let mut stream = sent(&server, "", &head);
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    assert_eq!(status_of(&mut stream), 431);
+    assert!(started.elapsed() < Duration::from_secs(5));
 }
 
 #[test]
@@ -206,6 +267,20 @@ fn body_settings_that_cannot_apply_exit_2_naming_the_variable() {
             ],
             "BODY_MEMORY",
             "cannot hold one body",
+        ),
+        (
+            vec![
+                ("RULES", RULES),
+                ("BODY_LIMIT", "4GiB"),
+                ("BODY_MEMORY", "8GiB"),
+            ],
+            "BODY_LIMIT",
+            "at most 4294967295 bytes",
+        ),
+        (
+            vec![("RULES", RULES), ("BODY_MEMORY", "3000000000GiB")],
+            "BODY_MEMORY",
+            "at most",
         ),
     ] {
         let (code, stderr) =

@@ -8,46 +8,12 @@
 /// resolve to the items themselves (so with every feature it is unused).
 #[allow(unused_macros)]
 macro_rules! links_without {
-    ("redis") => {
+    ($feature:literal) => {
         include_str!(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/src/docs/links-without-redis.md"
-        ))
-    };
-    ("admin") => {
-        include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/src/docs/links-without-admin.md"
-        ))
-    };
-    ("cluster") => {
-        include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/src/docs/links-without-cluster.md"
-        ))
-    };
-    ("sentinel") => {
-        include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/src/docs/links-without-sentinel.md"
-        ))
-    };
-    ("tls") => {
-        include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/src/docs/links-without-tls.md"
-        ))
-    };
-    ("envoy") => {
-        include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/src/docs/links-without-envoy.md"
-        ))
-    };
-    ("metrics") => {
-        include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/src/docs/links-without-metrics.md"
+            "/src/docs/links-without-",
+            $feature,
+            ".md"
         ))
     };
 }

@@ -152,6 +152,11 @@ impl Settlement {
         cost
     }
 
+    /// Whether a header is stripped.
+    fn strips(&self) -> bool {
+        self.strip && self.header.is_some()
+    }
+
     /// Remove the header from `headers`, when it is stripped.
     fn strip(&self, headers: &mut HeaderMap) {
         if let (true, Some(name)) = (self.strip, &self.header) {
@@ -242,7 +247,7 @@ impl Meter {
         if self.reported.is_some() || !self.settlement.body_can_tell() {
             self.settle_now();
         }
-        self.unsettled.is_some() || self.settlement.strip
+        self.unsettled.is_some() || self.settlement.strips()
     }
 
     /// A data frame went to the client.

@@ -14,6 +14,12 @@ use crate::store::bounded_key;
 /// from it (`None`: nothing to settle, the header only stripped).
 pub(crate) type ToSettle = (Arc<SettleFrom>, Option<Unsettled>);
 
+/// A settlement with nothing counted to settle: its header is stripped
+/// all the same, when it strips one.
+fn strip_only(from: Arc<SettleFrom>) -> Option<ToSettle> {
+    from.strips_header().then_some((from, None))
+}
+
 /// One rule's part in an admission.
 #[derive(Debug)]
 pub(super) struct Checked {
@@ -166,11 +172,7 @@ impl Admission {
     /// header is stripped all the same).
     pub(crate) fn conclude(self, status: Option<u16>) -> (Vec<Permit>, Vec<ToSettle>) {
         let mut permits = Vec::new();
-        let mut settling: Vec<_> = self
-            .unchecked
-            .into_iter()
-            .map(|from| (from, None))
-            .collect();
+        let mut settling: Vec<_> = self.unchecked.into_iter().filter_map(strip_only).collect();
         for c in self.checks {
             if let Some(permit) = c.permit {
                 permits.push(permit);
@@ -179,7 +181,7 @@ impl Admission {
             let counted = c.decision.as_ref().is_some_and(Decision::allowed)
                 && c.decided_by == DecidedBy::Store;
             if !counted || c.cost == 0 {
-                settling.extend(c.settle.filter(|f| f.strips_header()).map(|f| (f, None)));
+                settling.extend(c.settle.and_then(strip_only));
                 continue;
             }
             if c.counting.counts(status) {
@@ -194,12 +196,7 @@ impl Admission {
                 }
                 continue;
             }
-            settling.extend(
-                c.settle
-                    .clone()
-                    .filter(|f| f.strips_header())
-                    .map(|f| (f, None)),
-            );
+            settling.extend(c.settle.clone().and_then(strip_only));
             if !c.refundable() {
                 continue;
             }

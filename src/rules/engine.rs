@@ -325,9 +325,7 @@ impl ActiveRules {
         // The matching rules that check nothing still strip their cost
         // header from the response.
         let mut unchecked = Vec::new();
-        let mut skip = |rule: &Rule| {
-            unchecked.extend(rule.shared_settle().filter(|from| from.strips_header()));
-        };
+        let mut skip = |rule: &Rule| unchecked.extend(rule.shared_settle());
         for i in self.index.candidates(path) {
             let rule = &self.set.rules()[i];
             if !rule.matches(method, path) {

@@ -5,8 +5,8 @@
 //! times the same cases).
 //!
 //! ```sh
-//! cargo bench --bench decisions -- gcra 100000   # runs 100,000 decisions
-//! scripts/instructions-in-process                 # every case, counted
+//! cargo run --release --manifest-path tools/instructions/Cargo.toml -- gcra 100000
+//! scripts/instructions-in-process   # every case, counted
 //! ```
 //!
 //! The cases are those of `benches/in_process.rs`, one thread: 10,000
@@ -48,10 +48,9 @@ const CASES: &[&str] = &[
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    // `cargo bench` (every bench) passes `--bench`: nothing to run then.
     let (Some(case), Some(n)) = (args.first(), args.get(1)) else {
-        eprintln!("usage: decisions <case> <decisions>; cases: {CASES:?}");
-        return;
+        eprintln!("usage: instructions <case> <decisions>; cases: {CASES:?}");
+        std::process::exit(2);
     };
     let n: usize = n.parse().expect("a number of decisions");
     let keys: Vec<String> = (0..KEYS).map(|i| format!("a{i}")).collect();

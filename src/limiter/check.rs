@@ -1,6 +1,7 @@
-//! One check of a [`Limiter`](crate::Limiter): started at once ([`Limiter::begin`](crate::Limiter::begin): the
-//! deny cache, the breaker, an in-process store), finished when the store
-//! answers ([`Limiter::finish`](crate::Limiter::finish)), and [`Check`], the future between.
+//! One check of a [`Limiter`](crate::Limiter) in its store: started at
+//! once (the deny cache, a store deciding in process, the breaker),
+//! finished when the store answers, and [`Check`], the future between.
+//! Every decision's verdict is built by one function, `decided`.
 
 use std::fmt;
 use std::sync::Arc;
@@ -13,17 +14,6 @@ use crate::key::KeyHash;
 use crate::policy::{Algorithm, Policy};
 use crate::store::{BoxFuture, StoreError};
 
-/// A check started by [`Limiter::begin`](crate::Limiter::begin). (Unboxed: a request's verdict
-/// moves once, and boxing it would cost an allocation per request.)
-#[allow(clippy::large_enum_variant)]
-pub(super) enum Begun {
-    /// Answered at once (an in-process store, the deny cache, an open
-    /// circuit).
-    Done(Result<Verdict, LimitError>),
-    /// Waiting for the store.
-    Waiting(Waiting),
-}
-
 /// A check waiting for the store. The future holds the key and hands it
 /// back with the answer.
 pub(super) struct Waiting {
@@ -34,66 +24,51 @@ pub(super) struct Waiting {
 }
 
 impl Limiter {
-    /// The check of `key` (as given) in the store (and the deny cache).
+    /// The check of `key` (as given) under `policy` (the limiter's when
+    /// `None`; only its denials use the deny cache), in order: the deny
+    /// cache, a store deciding in process (it cannot fail: no breaker to
+    /// ask, no latency to measure, no future), the breaker, and a future of
+    /// the store's answer, which holds the key and hands it back.
     pub(super) fn start_in_store(&self, key: String, policy: Option<Arc<Policy>>) -> Check {
-        let mut key = self.store_key(key);
-        match self.begin(&mut key, policy) {
-            Begun::Done(verdict) => Check::done(verdict),
-            Begun::Waiting(waiting) => Check {
-                state: CheckState::Waiting {
-                    limiter: self.clone(),
-                    waiting,
-                },
-            },
-        }
-    }
-
-    /// Start the check of store key `key` under `policy` (the limiter's
-    /// when `None`; only its denials use the deny cache). A check that must
-    /// wait takes the key and hands it back with the answer.
-    pub(super) fn begin(&self, key: &mut String, policy: Option<Arc<Policy>>) -> Begun {
+        let key = self.store_key(key);
         if policy.is_none()
-            && let Some(denied) = self.cached(key)
+            && let Some(denied) = self.cached(&key)
         {
             tracing::debug!(
-                key = %KeyHash::stored(key),
+                key = %KeyHash::stored(&key),
                 retry_after_ms = denied.retry_after().as_millis() as u64,
                 "rate limit: denied (deny cache)"
             );
             let verdict = Ok(Verdict::without_permit(Some(denied), DecidedBy::DenyCache));
-            return Begun::Done(self.counted(self.raw_key(key), verdict));
+            return Check::done(self.counted(self.raw_key(&key), verdict));
         }
         // Borrowed, not cloned: an `Arc` clone per check is a write to a
         // counter every thread shares.
         let policy = policy.as_ref().unwrap_or(&self.inner.policy);
+        if let Some(decision) = self.inner.store.check_in_process(&key, policy) {
+            return Check::done(self.decided(self.raw_key(&key), policy, decision, None));
+        }
         let ticket = match self.inner.breaker.as_deref().map(Breaker::gate) {
             Some(Gate::Skip) => {
                 crate::metrics::breaker_open(self.name(), true);
-                return Begun::Done(self.finish(
-                    key,
-                    policy,
-                    Err(StoreError::CircuitOpen),
-                    None,
-                    None,
-                ));
+                let outcome = Err(StoreError::CircuitOpen);
+                return Check::done(self.finish(&key, policy, outcome, None, None));
             }
             Some(Gate::Ask(ticket)) => Some(ticket),
             None => None,
         };
-        // The clock is read for the store latency metric only (an
-        // in-process decision is not aged).
-        let sent = cfg!(feature = "metrics").then(Instant::now);
-        if let Some(decision) = self.inner.store.check_in_process(key, policy) {
-            return Begun::Done(self.finish(key, policy, Ok(decision), sent, ticket));
+        let future = Arc::clone(&self.inner.store).check_owned(key, Arc::clone(policy));
+        Check {
+            state: CheckState::Waiting {
+                limiter: self.clone(),
+                waiting: Waiting {
+                    future,
+                    sent: Instant::now(),
+                    ticket,
+                    policy: Arc::clone(policy),
+                },
+            },
         }
-        let future =
-            Arc::clone(&self.inner.store).check_owned(std::mem::take(key), Arc::clone(policy));
-        Begun::Waiting(Waiting {
-            future,
-            sent: sent.unwrap_or_else(Instant::now),
-            ticket,
-            policy: Arc::clone(policy),
-        })
     }
 
     /// The verdict of the check of store key `key` under `policy`, from
@@ -109,7 +84,7 @@ impl Limiter {
         ticket: Option<Ticket>,
     ) -> Result<Verdict, LimitError> {
         let name = self.name();
-        let verdict = match outcome {
+        match outcome {
             Err(error) => {
                 // While the circuit is open nothing was asked: no news for
                 // the breaker.
@@ -117,81 +92,59 @@ impl Limiter {
                     crate::metrics::store_latency(name, sent);
                     self.store_answered(ticket, false);
                 }
-                self.fail(key, policy, error)
+                let verdict = self.fail(key, policy, error);
+                self.counted(self.raw_key(key), verdict)
             }
             Ok(decision) => {
                 crate::metrics::store_latency(name, sent);
                 self.store_answered(ticket, true);
-                Ok(self.stored(key, policy, decision, sent))
+                self.decided(self.raw_key(key), policy, decision, sent)
             }
-        };
-        self.counted(self.raw_key(key), verdict)
-    }
-
-    /// The check of `key` (as held) in `memory`, this limiter's store,
-    /// under the limiter's policy: what [`begin`](Self::begin) and
-    /// [`finish`](Self::finish) do for a store that decides in process,
-    /// without the breaker (a `MemoryStore` never fails) or the deny cache
-    /// (it holds no denial final).
-    ///
-    /// The usual check (`{name}:{key}` held as it is, admitted, holding no
-    /// slot) builds no store key and no permit, and is not counted unless
-    /// the metrics count admissions.
-    pub(super) fn decide_in_memory(
-        &self,
-        memory: &crate::store::MemoryStore,
-        key: String,
-    ) -> Result<Verdict, LimitError> {
-        let policy = &self.inner.policy;
-        let name = &*self.inner.name;
-        if self.inner.plain_name && name.len() + 1 + key.len() <= crate::store::MAX_RAW_KEY_LEN {
-            let decision = memory.check_now_prefixed(name, &key, policy);
-            if decision.allowed() && policy.algorithm() != Algorithm::Concurrency {
-                tracing::debug!(
-                    key = %KeyHash::held(name, &key),
-                    remaining = decision.remaining(),
-                    "rate limit: admitted"
-                );
-                let verdict = Verdict::without_permit(Some(decision), DecidedBy::Store);
-                if !self.inner.counted || !cfg!(feature = "metrics") {
-                    return Ok(verdict);
-                }
-                return self.counted(&key, Ok(verdict));
-            }
-            let key = self.store_key(key);
-            let verdict = self.stored(&key, policy, decision, None);
-            return self.counted(self.raw_key(&key), Ok(verdict));
         }
-        let key = self.store_key(key);
-        let decision = memory.check_now(&key, policy);
-        let verdict = self.stored(&key, policy, decision, None);
-        self.counted(self.raw_key(&key), Ok(verdict))
     }
 
-    /// The verdict of the store's `decision`; a denial held in the deny
-    /// cache.
-    fn stored(
+    /// The verdict of the store's `decision` on `key` (as given), counted,
+    /// a denial held in the deny cache: one function for a store asked
+    /// directly, one deciding in process and one answering later alike.
+    #[inline(always)]
+    pub(super) fn decided(
         &self,
         key: &str,
         policy: &Arc<Policy>,
         decision: Decision,
         sent: Option<Instant>,
-    ) -> Verdict {
-        if decision.allowed() {
-            tracing::debug!(key = %KeyHash::stored(key), remaining = decision.remaining(), "rate limit: admitted");
-            return Verdict::of(&self.inner.store, policy, key, decision, DecidedBy::Store);
-        }
-        tracing::debug!(
-            key = %KeyHash::stored(key),
-            retry_after_ms = decision.retry_after().as_millis() as u64,
-            "rate limit: denied"
-        );
-        if Arc::ptr_eq(policy, &self.inner.policy)
-            && let Some(deny_cache) = self.usable_deny_cache()
-        {
-            deny_cache.insert(key, &decision, sent.unwrap_or_else(Instant::now));
-        }
-        Verdict::without_permit(Some(decision), DecidedBy::Store)
+    ) -> Result<Verdict, LimitError> {
+        let name = &*self.inner.name;
+        let verdict = if decision.allowed() {
+            tracing::debug!(key = %KeyHash::held(name, key), remaining = decision.remaining(), "rate limit: admitted");
+            // Only a concurrency admission holds a permit (its slot).
+            if policy.algorithm() == Algorithm::Concurrency {
+                let store_key = self.store_key(key.to_owned());
+                Verdict::of(
+                    &self.inner.store,
+                    policy,
+                    &store_key,
+                    decision,
+                    DecidedBy::Store,
+                )
+            } else {
+                Verdict::without_permit(Some(decision), DecidedBy::Store)
+            }
+        } else {
+            tracing::debug!(
+                key = %KeyHash::held(name, key),
+                retry_after_ms = decision.retry_after().as_millis() as u64,
+                "rate limit: denied"
+            );
+            if Arc::ptr_eq(policy, &self.inner.policy)
+                && let Some(deny_cache) = self.usable_deny_cache()
+            {
+                let store_key = self.store_key(key.to_owned());
+                deny_cache.insert(&store_key, &decision, sent.unwrap_or_else(Instant::now));
+            }
+            Verdict::without_permit(Some(decision), DecidedBy::Store)
+        };
+        self.counted(key, Ok(verdict))
     }
 
     /// Tell the breaker how the store did with the check of `ticket`.
@@ -373,6 +326,7 @@ mod tests {
                 "z".repeat(longest + 1),
             ];
             let mut held = Vec::new();
+            let metrics = (recorder(), recorder());
             for step in 0..100u64 {
                 let key = keys[step as usize % keys.len()].clone();
                 if step % 17 == 5 {
@@ -382,8 +336,13 @@ mod tests {
                         .await
                         .unwrap();
                 }
-                let a = fast.check_owned(key.clone()).now().unwrap().unwrap();
-                let b = general.check_owned(key.clone()).now().unwrap().unwrap();
+                let a = recorded(&metrics.0, || fast.check_owned(key.clone()).now());
+                let b = recorded(&metrics.1, || general.check_owned(key.clone()).now());
+                let (a, b) = (a.unwrap().unwrap(), b.unwrap().unwrap());
+                // Neither holds a denial of a store whose denials are not
+                // final.
+                let store_key = fast.store_key(crate::store::bounded(key.clone()));
+                assert!(fast.cached(&store_key).is_none() && general.cached(&store_key).is_none());
                 // Lease ids are the store's own: equal in kind, not in value.
                 assert_eq!(
                     a.decision().map(shape),
@@ -407,7 +366,50 @@ mod tests {
                     "{policy} {key}"
                 );
             }
+            // The same keys denied most, and the same metrics.
+            assert_eq!(
+                fast.most_denied().await.unwrap(),
+                general.most_denied().await.unwrap(),
+                "{policy}"
+            );
+            #[cfg(feature = "metrics")]
+            assert_eq!(counters(&metrics.0), counters(&metrics.1), "{policy}");
         }
+    }
+
+    /// Each limiter's metrics apart (`()` without the feature).
+    #[cfg(feature = "metrics")]
+    type Recorder = metrics_util::debugging::DebuggingRecorder;
+    #[cfg(not(feature = "metrics"))]
+    type Recorder = ();
+
+    fn recorder() -> Recorder {
+        Recorder::default()
+    }
+
+    /// `check`, its metrics recorded in `recorder`.
+    fn recorded<T>(recorder: &Recorder, check: impl FnOnce() -> T) -> T {
+        #[cfg(feature = "metrics")]
+        return metrics::with_local_recorder(recorder, check);
+        #[cfg(not(feature = "metrics"))]
+        {
+            let () = recorder;
+            check()
+        }
+    }
+
+    /// The counters `recorder` holds, by key.
+    #[cfg(feature = "metrics")]
+    fn counters(recorder: &Recorder) -> Vec<String> {
+        let mut counters: Vec<String> = recorder
+            .snapshotter()
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| format!("{key:?} {value:?}"))
+            .collect();
+        counters.sort();
+        counters
     }
 
     /// What a decision says, apart from its lease's id.

@@ -18,6 +18,7 @@ impl Limiter {
     /// Count the verdict of a check of `key` (as held: [`limited`](super::limited), not
     /// namespaced) in the metrics, and a denial among the limiter's most denied keys
     /// (sharing them through the store when a share is due).
+    #[inline(always)]
     pub(crate) fn counted(
         &self,
         key: &str,
@@ -94,6 +95,7 @@ impl Limiter {
                     .ok()
                     .map(Arc::new)
             });
+            s.final_denials = s.store.denials_are_final_dyn(&policy);
             s.policy = Arc::new(policy);
             s.denials = s.registry.of(&s.name);
             names::claim_or_warn(&s.name, names::Owner::Rule, &s.denials);
@@ -124,6 +126,7 @@ impl Limiter {
     /// this limiter and was decided under this limiter's rates: a rule's
     /// tiers, or its policy before a reload, share its counts and the
     /// cache, but not each other's denials.
+    #[inline]
     pub(crate) fn cached(&self, key: &str) -> Option<Decision> {
         self.usable_deny_cache()?.get(key).filter(|denied| {
             denied.rates().iter().map(RateStatus::rate).eq(self
@@ -219,11 +222,12 @@ impl Limiter {
         self.command_under(key, policy, give_back(id, units)).await
     }
 
-    /// The key as given, of store key `key` (see [`store_key`](Self::store_key)).
+    /// The key as given, of store key `key`, which [`store_key`](Self::store_key)
+    /// spelled: what follows the prefix (a length, nothing to compare).
+    #[inline]
     pub(crate) fn raw_key<'k>(&self, key: &'k str) -> &'k str {
-        key.strip_prefix(&*self.inner.name)
-            .and_then(|rest| rest.strip_prefix(':'))
-            .unwrap_or(key)
+        debug_assert!(key.starts_with(&*self.inner.key_prefix), "{key}");
+        key.get(self.inner.key_prefix.len()..).unwrap_or(key)
     }
 }
 

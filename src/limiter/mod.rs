@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::decision::Decision;
 use crate::metrics::{Decider, Outcome};
 use crate::policy::{Policy, PolicyError};
-use crate::store::{Command, DynStore, MemoryStore, Store, StoreError, bounded_key};
+use crate::store::{Command, DynStore, MemoryStore, Store, StoreError, bounded, bounded_key};
 
 mod breaker;
 mod check;
@@ -65,18 +65,15 @@ pub struct Limiter {
 #[derive(Clone)]
 struct Inner {
     store: Arc<dyn DynStore>,
-    /// The store, when it is the crate's [`MemoryStore`]: it decides in
-    /// process and never fails, so its checks need no breaker, no deny
-    /// cache (it never holds a denial final) and no dynamic call.
+    /// The store's [`MemoryStore`], when it declares one
+    /// ([`Store::memory`]): asked directly.
     memory: Option<MemoryStore>,
     policy: Arc<Policy>,
-    /// Namespaces the keys of this limiter in the store (set with
-    /// [`Inner::set_name`]).
+    /// Namespaces the keys of this limiter in the store.
     name: Arc<str>,
-    /// Whether `{name}:{key}` of a held key is held as it is (see
-    /// [`bounded_key`]) whenever it is short enough: the name has no brace
-    /// and does not start with `#`.
-    plain_name: bool,
+    /// `{name}:`, what a store key starts with (set with the name, by
+    /// [`Inner::set_name`]).
+    key_prefix: Arc<str>,
     /// The denials of this limiter, by key, found by its name in the
     /// registry of every limiter derived from the same one.
     denials: Arc<top::Denials>,
@@ -92,6 +89,9 @@ struct Inner {
     allowed: Arc<HashSet<String>>,
     /// Denials held in process (`None`: off).
     deny_cache: Option<Arc<DenyCache>>,
+    /// Whether the store says its denials of `policy` are final
+    /// ([`Store::denials_are_final`]): the deny cache answers only then.
+    final_denials: bool,
     /// Shared by every clone.
     breaker: Option<Arc<Breaker>>,
     /// The policy the fallback store enforces.
@@ -106,16 +106,15 @@ impl Limiter {
     pub fn new<St: Store>(store: St, policy: Policy) -> Self {
         let name: Arc<str> = Arc::from(default_name(&policy));
         let registry = Arc::new(top::Registry::default());
-        let memory = (&store as &dyn std::any::Any)
-            .downcast_ref::<MemoryStore>()
-            .cloned();
+        let final_denials = store.denials_are_final(&policy);
+        let memory = store.memory().cloned();
         Self {
             inner: Arc::new(Inner {
                 store: Arc::new(store),
                 memory,
                 policy: Arc::new(policy),
                 denials: registry.of(&name),
-                plain_name: is_plain(&name),
+                key_prefix: Arc::from(format!("{name}:")),
                 name,
                 registry,
                 held: Arc::default(),
@@ -123,6 +122,7 @@ impl Limiter {
                 fail_mode: FailMode::default(),
                 allowed: Arc::default(),
                 deny_cache: Some(Arc::new(DenyCache::new(DEFAULT_DENY_CACHE_SIZE))),
+                final_denials,
                 breaker: Some(Arc::new(Breaker::new(CircuitBreaker::default()))),
                 fallback_policy: None,
                 local: None,
@@ -327,13 +327,19 @@ impl Limiter {
             crate::metrics::decision(&self.inner.name, Outcome::Skipped, Decider::None);
             return Check::done(Ok(Verdict::unlimited(DecidedBy::AllowedKey)));
         }
-        let key = limited(key);
+        // As the limiter holds it everywhere (the store, the deny cache, the
+        // local quota, the most denied keys): whatever a client sends, a
+        // key held costs a bounded number of bytes, and a long key is shown
+        // and steered by its hash.
+        let key = bounded(key);
         if policy.is_none() {
             if let Some(local) = &self.inner.local {
                 return local.check(self, key);
             }
             if let Some(memory) = &self.inner.memory {
-                return Check::done(self.decide_in_memory(memory, key));
+                let policy = &self.inner.policy;
+                let decision = memory.check_spelled(&self.inner.key_prefix, &key, policy);
+                return Check::done(self.decided(&key, policy, decision, None));
             }
         }
         self.start_in_store(key, policy)
@@ -466,18 +472,17 @@ impl Limiter {
     /// extracted key's own buffer (no allocation when it has room, as the
     /// IP extractors leave).
     pub(crate) fn store_key(&self, mut key: String) -> String {
-        key.reserve(self.inner.name.len() + 1);
-        key.insert(0, ':');
-        key.insert_str(0, &self.inner.name);
+        key.insert_str(0, &self.inner.key_prefix);
         key
     }
 
     /// The deny cache, when it may answer for this limiter.
+    #[inline]
     fn usable_deny_cache(&self) -> Option<&DenyCache> {
         self.inner
             .deny_cache
             .as_deref()
-            .filter(|_| self.inner.store.denials_are_final_dyn(&self.inner.policy))
+            .filter(|_| self.inner.final_denials)
     }
 
     /// The policy a verdict of `decided_by` was decided under: the limiter's,
@@ -487,6 +492,13 @@ impl Limiter {
             (DecidedBy::Fallback, Some(policy)) => policy,
             _ => &self.inner.policy,
         }
+    }
+}
+
+impl Inner {
+    fn set_name(&mut self, name: Arc<str>) {
+        self.key_prefix = Arc::from(format!("{name}:"));
+        self.name = name;
     }
 }
 
@@ -503,32 +515,6 @@ impl fmt::Debug for Limiter {
                 &self.inner.local.as_ref().map(|l| l.config()),
             )
             .finish_non_exhaustive()
-    }
-}
-
-/// Whether `{name}:{key}` is held as it is for every held key short
-/// enough (see [`bounded_key`]).
-fn is_plain(name: &str) -> bool {
-    !name.starts_with('#') && !name.contains(['{', '}'])
-}
-
-impl Inner {
-    fn set_name(&mut self, name: Arc<str>) {
-        self.plain_name = is_plain(&name);
-        self.name = name;
-    }
-}
-
-/// `key` as a limiter holds it everywhere (the store, the deny cache, the
-/// local quota, the most denied keys): as given when it is at most
-/// [`MAX_RAW_KEY_LEN`](crate::store::MAX_RAW_KEY_LEN) bytes and cannot be
-/// mistaken for a hash, else `#` and its SHA-1. So whatever a client sends,
-/// a key held costs at most that many bytes, and a long key is shown and
-/// steered by its hash.
-fn limited(key: String) -> String {
-    match bounded_key(&key) {
-        std::borrow::Cow::Borrowed(_) => key,
-        std::borrow::Cow::Owned(hashed) => hashed,
     }
 }
 

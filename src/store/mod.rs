@@ -15,6 +15,7 @@ mod key_state;
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
+mod store_key;
 mod table_key;
 
 pub use key_state::KeyState;
@@ -22,7 +23,9 @@ pub(crate) use key_state::State;
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreBuilder, TrackedConnection, TrackedManager};
-pub(crate) use table_key::{KeyHasher, same_key};
+pub use store_key::MAX_RAW_KEY_LEN;
+pub(crate) use store_key::{StoreKey, bounded, bounded_key};
+pub(crate) use table_key::KeyHasher;
 
 /// The Lua scripts `RedisStore` runs, as sent to Redis (feature
 /// `test-util`): for differential tests and benchmarks that run them
@@ -86,6 +89,17 @@ pub trait Store: Send + Sync + 'static {
     /// A store that answers `Some` must count exactly as `check` would.
     fn check_in_process(&self, key: &str, policy: &Policy) -> Option<Decision> {
         let _ = (key, policy);
+        None
+    }
+
+    /// The [`MemoryStore`] that takes every decision of this store, when
+    /// it is one (or a wrapper that only forwards to one, and may answer
+    /// `Some` too). Such a store never fails and holds no denial final: a
+    /// [`Limiter`](crate::Limiter) then asks it directly, with no breaker,
+    /// no deny cache and no future, and its key spelled on the stack. The
+    /// default, `None`: any other store, even one deciding in process
+    /// ([`check_in_process`](Self::check_in_process)), is asked as a store.
+    fn memory(&self) -> Option<&MemoryStore> {
         None
     }
 
@@ -248,35 +262,6 @@ impl From<::redis::RedisError> for StoreError {
     fn from(error: ::redis::RedisError) -> Self {
         Self::backend("redis", error)
     }
-}
-
-/// Keys longer than this many bytes are stored under their hash.
-pub const MAX_RAW_KEY_LEN: usize = 128;
-
-/// `key` itself when it is short and cannot break a Redis hash tag;
-/// otherwise `#` and its SHA-1 (a fixed hash, the same in every process), so
-/// a client-chosen key bounds the memory it takes and cannot break the key
-/// layout. A raw key never starts with `#`, so the two cannot meet.
-pub(crate) fn bounded_key(key: &str) -> std::borrow::Cow<'_, str> {
-    if held_as_is(key, || table_key::has_brace(key.as_bytes())) {
-        std::borrow::Cow::Borrowed(key)
-    } else {
-        std::borrow::Cow::Owned(hashed_key(key))
-    }
-}
-
-/// Whether [`bounded_key`] leaves `key` as it is, where `braces` tells
-/// whether it holds a `{` or a `}` (asked only of a key short enough and
-/// not starting with `#`: a caller may find it while hashing the key).
-#[inline]
-pub(crate) fn held_as_is(key: &str, braces: impl FnOnce() -> bool) -> bool {
-    key.len() <= MAX_RAW_KEY_LEN && !key.starts_with('#') && !braces()
-}
-
-/// The form [`bounded_key`] gives a key it does not leave as it is.
-#[cold]
-pub(crate) fn hashed_key(key: &str) -> String {
-    format!("#{}", sha1_smol::Sha1::from(key.as_bytes()).digest())
 }
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;

@@ -9,10 +9,7 @@ use crate::algorithm::{self, concurrency};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Lease};
 use crate::policy::{Algorithm, Policy};
-use crate::store::{
-    Command, KeyHasher, MAX_RAW_KEY_LEN, State, Store, StoreError, bounded_key, hashed_key,
-    held_as_is, same_key,
-};
+use crate::store::{Command, KeyHasher, MAX_RAW_KEY_LEN, State, Store, StoreError, StoreKey};
 
 const SHARDS: usize = 16;
 /// When a check finds this long (µs) passed since its shard last swept,
@@ -187,14 +184,9 @@ impl MemoryStore {
         self.inner.clock.now_micros()
     }
 
-    /// The hash of `key`, and the shard it lives in: bits 32 and up, apart
-    /// from the low bits that pick a bucket and the top 7 that hashbrown
-    /// keeps as a tag.
-    fn locate(&self, key: &str) -> (u64, usize) {
-        let hash = self.inner.hasher.hash(key.as_bytes());
-        (hash, Self::shard_of(hash))
-    }
-
+    /// The shard a key of `hash` lives in: bits 32 and up, apart from the
+    /// low bits that pick a bucket and the top 7 that hashbrown keeps as a
+    /// tag.
     #[inline]
     fn shard_of(hash: u64) -> usize {
         (hash >> 32) as usize % SHARDS
@@ -222,91 +214,42 @@ impl MemoryStore {
     /// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
     /// ```
     pub fn check_now(&self, key: &str, policy: &Policy) -> Decision {
-        // The usual key is held as it is: hashed, and its braces found, in
-        // one pass over it.
-        let mut hash = 0;
-        let hashed: String;
-        let key = if held_as_is(key, || {
-            let braces;
-            (hash, braces) = self.inner.hasher.hash_and_braces(key.as_bytes());
-            braces
-        }) {
-            key
-        } else {
-            hashed = hashed_key(key);
-            hash = self.inner.hasher.hash(hashed.as_bytes());
-            &hashed
-        };
-        self.check_located(
-            hash,
-            Self::shard_of(hash),
-            |held| same_key(held.as_bytes(), key.as_bytes()),
-            || key.into(),
-            policy,
-        )
+        let key = StoreKey::new(key, &self.inner.hasher);
+        self.check_key(&key, policy)
     }
 
-    /// [`check_now`](Self::check_now) of the key `{prefix}:{key}`, spelled
-    /// on the stack (no `String`; a new key's entry is the only copy): a
-    /// limiter's keys, whose `prefix` is its name. The caller knows that
-    /// [`bounded_key`] leaves that key as it is (no brace, at most
-    /// [`MAX_RAW_KEY_LEN`] bytes, not starting with `#`): it is found by
-    /// the same hash and held under the same text as `check_now` of the
-    /// whole key (tested). A longer key takes `check_now`.
-    #[inline]
-    pub(crate) fn check_now_prefixed(&self, prefix: &str, key: &str, policy: &Policy) -> Decision {
-        let (p, len) = (prefix.len(), prefix.len() + 1 + key.len());
-        let mut buffer = [0u8; MAX_RAW_KEY_LEN];
-        let Some(whole) = buffer.get_mut(..len) else {
-            return self.check_now(&format!("{prefix}:{key}"), policy);
-        };
-        whole[..p].copy_from_slice(prefix.as_bytes());
-        whole[p] = b':';
-        whole[p + 1..].copy_from_slice(key.as_bytes());
-        let whole = &*whole;
-        let hash = self.inner.hasher.hash(whole);
-        let new_key = || {
-            let mut held = CompactString::with_capacity(len);
-            held.push_str(prefix);
-            held.push(':');
-            held.push_str(key);
-            held
-        };
-        let is_key = |held: &str| same_key(held.as_bytes(), whole);
-        self.check_located(hash, Self::shard_of(hash), is_key, new_key, policy)
+    /// [`check_now`](Self::check_now) of the key `{prefix}{key}`, spelled
+    /// on the stack: a limiter's key, held as that key written out is.
+    pub(crate) fn check_spelled(&self, prefix: &str, key: &str, policy: &Policy) -> Decision {
+        let mut buffer = [0; MAX_RAW_KEY_LEN];
+        let key = StoreKey::spelled(&mut buffer, prefix, key, &self.inner.hasher);
+        self.check_key(&key, policy)
     }
 
-    /// The check of the key found by `hash` in shard `index`, which
-    /// `is_key` recognises and `whole` spells (only for a new key).
+    /// The check of `key`.
     #[inline(always)]
-    fn check_located(
-        &self,
-        hash: u64,
-        index: usize,
-        is_key: impl Fn(&str) -> bool,
-        whole: impl FnOnce() -> CompactString,
-        policy: &Policy,
-    ) -> Decision {
+    fn check_key(&self, key: &StoreKey<'_>, policy: &Policy) -> Decision {
         let now = self.now();
+        let (hash, index) = (key.hash(), Self::shard_of(key.hash()));
         let algorithm = policy.algorithm().index();
         let mut shard = self.lock(index);
         if now.wrapping_sub(shard.swept_at) >= SWEEP_PERIOD {
             self.sweep_in_turn(&mut shard, index, now);
         }
         if !shard.blocks.is_empty()
-            && let Some(blocked) = shard.blocked(hash, &is_key, now, policy)
+            && let Some(left) = shard.block_left(key, now)
         {
-            return blocked;
+            return algorithm::blocked(policy, left);
         }
         // A held key's decision is returned as the state's check writes it
         // (no copy); a new key's takes the call below. Only an admitted
         // concurrency check takes a lease.
         let Shard { keys, leases, .. } = &mut *shard;
-        if let Some(entry) = keys[algorithm].find_mut(hash, |e| is_key(&e.key)) {
+        if let Some(entry) = keys[algorithm].find_mut(hash, |e| key.is(&e.key)) {
             let lease = || Lease::new(shard_lease_ids(leases, index, 1));
             return entry.state.check(now, policy, lease, &mut entry.expires_at);
         }
-        self.check_new(&mut shard, index, hash, whole(), policy, now)
+        self.check_new(&mut shard, index, hash, key.to_text(), policy, now)
     }
 
     /// The check of a key the shard does not hold: its entry is held only
@@ -340,32 +283,31 @@ impl MemoryStore {
     /// takes anonymous slots that expire after the lease time; a reward
     /// frees the oldest leases (see [`Store::command`]).
     pub fn command_now(&self, key: &str, policy: &Policy, command: Command) -> Decision {
-        let key = bounded_key(key);
-        let key = key.as_ref();
+        let hasher = &self.inner.hasher;
+        let key = StoreKey::new(key, hasher);
         let now = self.now();
         let algorithm = policy.algorithm().index();
-        let (hash, index) = self.locate(key);
-        let hasher = &self.inner.hasher;
+        let (hash, index) = (key.hash(), Self::shard_of(key.hash()));
         let mut shard = self.lock(index);
         let shard = &mut *shard;
         match command {
             Command::Reset => {
-                if let Ok(found) = shard.keys[algorithm].find_entry(hash, |e| &*e.key == key) {
+                if let Ok(found) = shard.keys[algorithm].find_entry(hash, |e| key.is(&e.key)) {
                     found.remove();
                 }
-                if let Ok(found) = shard.blocks.find_entry(hash, |b| &*b.key == key) {
+                if let Ok(found) = shard.blocks.find_entry(hash, |b| key.is(&b.key)) {
                     found.remove();
                 }
             }
             Command::Block(duration) => {
                 let until = now.saturating_add(algorithm::block_micros(duration));
-                match shard.blocks.find_mut(hash, |b| &*b.key == key) {
+                match shard.blocks.find_mut(hash, |b| key.is(&b.key)) {
                     Some(block) => block.until = until,
                     None if until > now => {
                         shard.blocks.insert_unique(
                             hash,
                             Block {
-                                key: key.into(),
+                                key: key.to_text(),
                                 until,
                             },
                             |b| hasher.hash(b.key.as_bytes()),
@@ -389,14 +331,14 @@ impl MemoryStore {
                     Command::Penalty(_) => state.penalty(now, policy, units, first),
                     _ => state.reward(now, policy, units),
                 };
-                match shard.keys[algorithm].find_mut(hash, |e| &*e.key == key) {
+                match shard.keys[algorithm].find_mut(hash, |e| key.is(&e.key)) {
                     Some(entry) => entry.expires_at = apply(&mut entry.state),
                     None => {
                         let mut state = State::new(policy.algorithm());
                         let expires_at = apply(&mut state);
                         if expires_at > now {
                             let entry = Entry {
-                                key: key.into(),
+                                key: key.to_text(),
                                 state,
                                 expires_at,
                             };
@@ -407,16 +349,16 @@ impl MemoryStore {
             }
             Command::Refund { id, units } => {
                 let units = algorithm::units(units);
-                if let Some(entry) = shard.keys[algorithm].find_mut(hash, |e| &*e.key == key) {
+                if let Some(entry) = shard.keys[algorithm].find_mut(hash, |e| key.is(&e.key)) {
                     entry.expires_at = entry.state.refund(now, policy, id, units);
                 }
             }
             Command::Peek => {}
         }
-        if let Some(left) = shard.block_left(hash, key, now) {
+        if let Some(left) = shard.block_left(&key, now) {
             return algorithm::blocked(policy, left);
         }
-        match shard.keys[algorithm].find(hash, |e| &*e.key == key) {
+        match shard.keys[algorithm].find(hash, |e| key.is(&e.key)) {
             Some(entry) => entry.state.peek(now, policy),
             None => State::new(policy.algorithm()).peek(now, policy),
         }
@@ -435,15 +377,13 @@ impl MemoryStore {
     /// Give back a concurrency slot now, with no future to await (as
     /// [`Store::release`], which calls it).
     pub fn release_now(&self, key: &str, policy: &Policy, lease: Lease) {
-        let key = bounded_key(key);
-        let key = key.as_ref();
-        let (hash, index) = self.locate(key);
-        let mut shard = self.lock(index);
+        let key = StoreKey::new(key, &self.inner.hasher);
+        let mut shard = self.lock(Self::shard_of(key.hash()));
         let map = &mut shard.keys[policy.algorithm().index()];
         if let Some(Entry {
             state: State::Leases(leases),
             ..
-        }) = map.find_mut(hash, |e| &*e.key == key)
+        }) = map.find_mut(key.hash(), |e| key.is(&e.key))
         {
             leases.release(lease);
         }
@@ -489,6 +429,10 @@ impl Store for MemoryStore {
         Some(self.check_now(key, policy))
     }
 
+    fn memory(&self) -> Option<&MemoryStore> {
+        Some(self)
+    }
+
     async fn release(&self, key: &str, policy: &Policy, lease: Lease) -> Result<(), StoreError> {
         self.release_now(key, policy, lease);
         Ok(())
@@ -505,25 +449,9 @@ impl Store for MemoryStore {
 }
 
 impl Shard {
-    /// The decision for `key` if it is blocked at `now`. Out of line: the
-    /// usual check only sees that no key of its shard is blocked.
-    #[cold]
-    #[inline(never)]
-    fn blocked(
-        &self,
-        hash: u64,
-        is_key: &dyn Fn(&str) -> bool,
-        now: u64,
-        policy: &Policy,
-    ) -> Option<Decision> {
-        let block = self.blocks.find(hash, |b| is_key(&b.key))?;
-        let left = algorithm::block_left(block.until, now)?;
-        Some(algorithm::blocked(policy, left))
-    }
-
     /// The time left (µs) of `key`'s block, if it is blocked at `now`.
-    fn block_left(&self, hash: u64, key: &str, now: u64) -> Option<u64> {
-        let block = self.blocks.find(hash, |b| &*b.key == key)?;
+    fn block_left(&self, key: &StoreKey<'_>, now: u64) -> Option<u64> {
+        let block = self.blocks.find(key.hash(), |b| key.is(&b.key))?;
         algorithm::block_left(block.until, now)
     }
 
@@ -706,7 +634,7 @@ mod tests {
         // however many checks it takes; a clock moved back counts as a
         // period passed.
         let store = MemoryStore::with_clock(clock.clone());
-        let index = store.locate("busy").1;
+        let index = MemoryStore::shard_of(StoreKey::new("busy", &store.inner.hasher).hash());
         let sweeps = |store: &MemoryStore| store.lock(index).sweeps;
         store.check_now("busy", &policy);
         let first = sweeps(&store);

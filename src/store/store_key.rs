@@ -1,0 +1,199 @@
+//! What a store key is: the one rule for how every store, and every table
+//! of this process, holds a key a client may have chosen.
+//!
+//! A key is held as it is when it is at most [`MAX_RAW_KEY_LEN`] bytes,
+//! does not start with `#` and holds no brace; otherwise as `#` and its
+//! SHA-1 (a fixed hash, the same in every process). So a client-chosen key
+//! bounds the memory it takes, cannot break the Redis key layout (whose
+//! hash tags are braces), and a raw key never meets a hashed one (only
+//! those start with `#`). Change the rule here: the memory store, the Redis
+//! store, the limiter and its tables all take it from this file.
+
+use std::borrow::Cow;
+
+use super::table_key::{KeyHasher, has_brace, same_key};
+
+/// Keys longer than this many bytes are stored under their hash.
+pub const MAX_RAW_KEY_LEN: usize = 128;
+
+/// A key as held, with its hash in one table's [`KeyHasher`]: the rule and
+/// the hash are one read of the key. Its text is bytes: a limiter's key is
+/// spelled on the stack from two strings ([`spelled`](Self::spelled)),
+/// which no check makes into a `str` (a key a table keeps is).
+pub(crate) struct StoreKey<'a> {
+    text: Cow<'a, [u8]>,
+    hash: u64,
+}
+
+impl<'a> StoreKey<'a> {
+    /// `key` as held, hashed by `hasher`. Inlined: a store's check reads
+    /// the key once, and builds no value in memory to read it back.
+    #[inline(always)]
+    pub(crate) fn new(key: &'a str, hasher: &KeyHasher) -> Self {
+        Self::of_bytes(key.as_bytes(), hasher).unwrap_or_else(|| Self::hashed(key, hasher))
+    }
+
+    /// The key `{prefix}{key}` (a limiter's `{name}:` and a key), held as
+    /// [`new`](Self::new) holds the two written out, spelled in `buffer`
+    /// when it may be held as it is (no allocation).
+    #[inline(always)]
+    pub(crate) fn spelled(
+        buffer: &'a mut [u8; MAX_RAW_KEY_LEN],
+        prefix: &str,
+        key: &str,
+        hasher: &KeyHasher,
+    ) -> Self {
+        let (p, len) = (prefix.len(), prefix.len() + key.len());
+        if let Some(whole) = buffer.get_mut(..len) {
+            whole[..p].copy_from_slice(prefix.as_bytes());
+            whole[p..].copy_from_slice(key.as_bytes());
+            if let Some(held) = Self::of_bytes(whole, hasher) {
+                return held;
+            }
+        }
+        Self::hashed(&format!("{prefix}{key}"), hasher)
+    }
+
+    /// `key` held as it is, when the rule lets it be.
+    #[inline(always)]
+    fn of_bytes(key: &'a [u8], hasher: &KeyHasher) -> Option<Self> {
+        if !fits(key) {
+            return None;
+        }
+        let (hash, braces) = hasher.hash_and_braces(key);
+        (!braces).then_some(Self {
+            text: Cow::Borrowed(key),
+            hash,
+        })
+    }
+
+    /// `key` not held as it is.
+    #[cold]
+    #[inline(never)]
+    fn hashed(key: &str, hasher: &KeyHasher) -> Self {
+        let text = hashed(key).into_bytes();
+        let hash = hasher.hash(&text);
+        Self {
+            text: Cow::Owned(text),
+            hash,
+        }
+    }
+
+    /// The key as held, for a table to keep (a new key: the only copy).
+    pub(crate) fn to_text<T: for<'s> From<&'s str>>(&self) -> T {
+        // Spelled from strings, or hashed to hex: never lossy.
+        T::from(&String::from_utf8_lossy(&self.text))
+    }
+
+    /// Its hash in the table's hasher.
+    #[inline]
+    pub(crate) fn hash(&self) -> u64 {
+        self.hash
+    }
+
+    /// Whether `held`, a key a table holds, is this one.
+    #[inline]
+    pub(crate) fn is(&self, held: &str) -> bool {
+        same_key(held.as_bytes(), &self.text)
+    }
+}
+
+/// `key` as held, for a store or a table that hashes it no further (Redis,
+/// the limiter's own keys, an operator's command).
+#[inline]
+pub(crate) fn bounded_key(key: &str) -> Cow<'_, str> {
+    if fits(key.as_bytes()) && !has_brace(key.as_bytes()) {
+        Cow::Borrowed(key)
+    } else {
+        Cow::Owned(hashed(key))
+    }
+}
+
+/// `key` as held, owned.
+#[inline]
+pub(crate) fn bounded(key: String) -> String {
+    match bounded_key(&key) {
+        Cow::Borrowed(_) => key,
+        Cow::Owned(hashed) => hashed,
+    }
+}
+
+/// Whether `key` is short enough, and not of the hashed form, to be held
+/// as it is (when it holds no brace).
+#[inline]
+fn fits(key: &[u8]) -> bool {
+    key.len() <= MAX_RAW_KEY_LEN && key.first() != Some(&b'#')
+}
+
+/// The form of a key not held as it is.
+#[cold]
+fn hashed(key: &str) -> String {
+    format!("#{}", sha1_smol::Sha1::from(key.as_bytes()).digest())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rule, read both ways: hashed with a table's hasher and bounded
+    /// alone, every key is held alike.
+    #[test]
+    fn a_key_is_held_alike_with_and_without_its_hash() {
+        let hasher = KeyHasher::new();
+        let at_bound = "i".repeat(MAX_RAW_KEY_LEN);
+        let over = "o".repeat(MAX_RAW_KEY_LEN + 1);
+        let brace_last = format!("{}}}", "j".repeat(MAX_RAW_KEY_LEN - 1));
+        for (key, as_is) in [
+            ("", true),
+            ("k", true),
+            ("ключ", true),
+            (at_bound.as_str(), true),
+            (over.as_str(), false),
+            ("#k", false),
+            ("{k}", false),
+            ("a{", false),
+            ("l}", false),
+            (brace_last.as_str(), false),
+        ] {
+            let held = StoreKey::new(key, &hasher);
+            let text: String = held.to_text();
+            assert_eq!(text, bounded_key(key), "{key}");
+            assert_eq!(text == key, as_is, "{key}");
+            assert_eq!(held.hash(), hasher.hash(text.as_bytes()), "{key}");
+            assert!(held.is(&bounded(key.to_owned())), "{key}");
+            if !as_is {
+                assert!(text.starts_with('#') && text.len() == 41);
+                // A hashed key is hashed again, never held as it is.
+                assert_ne!(bounded_key(&text), text);
+            }
+            // Spelled from a prefix and the rest, the same key.
+            for at in (0..=key.len()).filter(|&at| key.is_char_boundary(at)) {
+                let mut buffer = [0; MAX_RAW_KEY_LEN];
+                let spelled = StoreKey::spelled(&mut buffer, &key[..at], &key[at..], &hasher);
+                assert_eq!(spelled.to_text::<String>(), text, "{key} at {at}");
+                assert_eq!(spelled.hash(), held.hash(), "{key} at {at}");
+            }
+        }
+    }
+
+    /// A brace is found at any place of a key of any length to 40 bytes,
+    /// and only a brace, by the scan and by the hasher alike.
+    #[test]
+    fn braces_are_found_wherever_they_are() {
+        let hasher = KeyHasher::new();
+        for len in 0..40usize {
+            let key = vec![b'a'; len];
+            assert!(!hasher.hash_and_braces(&key).1, "{len}");
+            for at in 0..len {
+                for byte in 0..=255u8 {
+                    let mut other = key.clone();
+                    other[at] = byte;
+                    let brace = byte == b'{' || byte == b'}';
+                    let found = hasher.hash_and_braces(&other).1;
+                    assert_eq!(found, brace, "{len} at {at}: {byte}");
+                    assert_eq!(has_brace(&other), brace, "{len} at {at}: {byte}");
+                }
+            }
+        }
+    }
+}

@@ -343,8 +343,6 @@ impl RateStatus {
     }
 }
 
-pub(crate) type RateState = RateStatus;
-
 /// Builds a [`Decision`] from the state of every rate, so every store picks
 /// the headline rate the same way.
 #[derive(Debug)]
@@ -354,7 +352,7 @@ pub(crate) struct DecisionBuilder {
     retry_after: Micros,
     /// The headline so far (its index among the rates and its state), and
     /// whether it was chosen for denying.
-    headline: Option<(u32, RateState, bool)>,
+    headline: Option<(u32, RateStatus, bool)>,
     /// The first rate's state, then the others' (a policy of one rate
     /// allocates nothing).
     first: Option<RateStatus>,
@@ -390,7 +388,7 @@ impl DecisionBuilder {
     }
 
     #[inline]
-    pub(crate) fn rate(&mut self, state: RateState) {
+    pub(crate) fn rate(&mut self, state: RateStatus) {
         let index = if self.first.is_none() {
             self.first = Some(state);
             0
@@ -423,7 +421,7 @@ impl DecisionBuilder {
     /// that has no other wait: what a builder given only that rate builds,
     /// without the builder's moves (an algorithm's fast path).
     #[inline]
-    pub(crate) fn one(allowed: bool, algorithm: Algorithm, status: RateState) -> Decision {
+    pub(crate) fn one(allowed: bool, algorithm: Algorithm, status: RateStatus) -> Decision {
         Decision {
             allowed,
             algorithm,
@@ -465,8 +463,8 @@ impl DecisionBuilder {
 mod tests {
     use super::*;
 
-    fn state(max: u64, secs: u64, remaining: u64, reset_ms: u64, wait_ms: u64) -> RateState {
-        RateState {
+    fn state(max: u64, secs: u64, remaining: u64, reset_ms: u64, wait_ms: u64) -> RateStatus {
+        RateStatus {
             rate: Rate::new(max, Duration::from_secs(secs)).unwrap(),
             remaining,
             reset: Micros(reset_ms * 1_000),

@@ -82,31 +82,30 @@ pub(crate) fn check(
     policy: &Policy,
     expires_at: &mut u64,
 ) -> Decision {
-    if let [rate] = policy.rates()
-        && let Some(decided) = check_one(counters, now, policy.cost(), rate, expires_at)
-    {
-        return decided;
+    match policy.rates() {
+        [rate] => check_one(counters, now, policy, rate, expires_at),
+        _ => check_many(counters, now, policy, expires_at),
     }
-    check_many(counters, now, policy, expires_at)
 }
 
 /// [`check`] of a policy of one rate over a state of that rate's window
 /// only (a key's usual state): the same decision and state, without the
-/// builder. `None`, changing nothing, for a state of other windows, which
-/// the general path keeps.
+/// builder. A state of other windows too, which the general path keeps,
+/// is left to it.
 #[inline]
 fn check_one(
     counters: &mut State,
     now: u64,
-    cost: u64,
+    policy: &Policy,
     rate: &Rate,
     expires_at: &mut u64,
-) -> Option<Decision> {
+) -> Decision {
+    let cost = policy.cost();
     let (slot, index, end) = place(rate, now);
     let counter = match counters.as_slice() {
         [] => None,
         [c] if c.slot == slot => Some(*c),
-        _ => return None,
+        _ => return check_many(counters, now, policy, expires_at),
     };
     let count = counter.filter(|c| c.index == index).map_or(0, |c| c.count);
     let allowed = count + cost <= rate.max();
@@ -120,11 +119,7 @@ fn check_one(
         _ => counters.push(counter),
     }
     *expires_at = end;
-    Some(DecisionBuilder::one(
-        allowed,
-        Algorithm::FixedWindow,
-        status,
-    ))
+    DecisionBuilder::one(allowed, Algorithm::FixedWindow, status)
 }
 
 /// The status of `rate` whose window ends in `left` µs and counts `count`
@@ -265,7 +260,7 @@ mod tests {
     /// The one-rate fast path takes the decisions, and leaves the state, of
     /// the general path wherever it decides: over bursts, denials, costs
     /// above one and new windows; it leaves a state of other windows to
-    /// the general path.
+    /// the general path, which keeps it.
     #[test]
     fn one_rate_takes_the_general_paths_decisions() {
         let base = 1_763_800_000_000_000u64;
@@ -281,8 +276,7 @@ mod tests {
                     // A one-rate state of the rate's own window, whose
                     // count a check never leaves at zero: the fast path
                     // decides every check.
-                    let a = check_one(&mut fast, now, cost, &rate, &mut expires_a)
-                        .unwrap_or_else(|| panic!("{text} cost {cost} step {step}: declined"));
+                    let a = check_one(&mut fast, now, &policy, &rate, &mut expires_a);
                     assert_eq!(
                         (a, expires_a),
                         (b, expires_b),
@@ -300,10 +294,17 @@ mod tests {
             index: base / 60_000_000,
             count: 2,
         });
-        let before = state.clone();
-        assert!(check_one(&mut state, base, 1, &policy.rates()[0], &mut 0).is_none());
-        assert_eq!(state, before);
-        check(&mut state, base, &policy, &mut 0);
+        let mut general = state.clone();
+        let (mut expires_a, mut expires_b) = (0, 1);
+        let a = check_one(
+            &mut state,
+            base,
+            &policy,
+            &policy.rates()[0],
+            &mut expires_a,
+        );
+        let b = check_many(&mut general, base, &policy, &mut expires_b);
+        assert_eq!((a, expires_a, &state), (b, expires_b, &general));
         assert_eq!(
             state.len(),
             2,

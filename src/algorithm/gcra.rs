@@ -35,15 +35,34 @@ pub(crate) const EPSILON: f64 = 1e-9;
 /// exact.
 pub(crate) const MAX_OFFSET: f64 = 2.0 * crate::policy::MAX_WINDOW.as_micros() as f64;
 
-/// One TAT per rate, found by its window: (window µs, TAT whole µs, TAT
-/// fraction, the rate's max it was written under).
+/// One TAT per rate, found by its window.
 ///
 /// One rate's state is held inline (no allocation, and no pointer to
 /// follow from the store's table).
 pub(crate) type State = smallvec::SmallVec<[Tat; 1]>;
 
-/// A rate's TAT: (window µs, whole µs, fraction, max when written).
-pub(crate) type Tat = (u64, u64, f64, u64);
+/// A rate's theoretical arrival time (TAT).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Tat {
+    /// The rate's window (µs), which finds its TAT.
+    window: u64,
+    /// The TAT in whole µs since the epoch, and the fraction below.
+    whole: u64,
+    fraction: f64,
+    /// The rate's max when the TAT was written: the units it holds are
+    /// kept when the max changes.
+    max: u64,
+}
+
+/// One rate of a check, planned from the state: its window and interval
+/// (µs), and its offset now and after the request.
+#[derive(Clone, Copy)]
+struct Plan {
+    window: f64,
+    interval: f64,
+    now: f64,
+    after: f64,
+}
 
 /// The offset of `tat` from `now` under `rate` (of interval `interval`):
 /// the units it holds are kept when the max changed (the offset is read as
@@ -52,28 +71,38 @@ pub(crate) type Tat = (u64, u64, f64, u64);
 /// is.
 #[inline]
 fn offset(tat: &Tat, now: u64, rate: &Rate, interval: f64) -> f64 {
-    let &(window, whole, frac, written) = tat;
-    let d = (whole as i64 - now as i64) as f64 + frac;
-    if written == rate.max() {
+    let d = (tat.whole as i64 - now as i64) as f64 + tat.fraction;
+    if tat.max == rate.max() {
         d
     } else {
-        d / (window as f64 / written as f64) * interval
+        d / (tat.window as f64 / tat.max as f64) * interval
     }
 }
 
-/// (window, T, offset now, offset after this request) of one rate: the
-/// state's TAT of the rate's window as an offset from `now`.
+/// The offset (at least 0) of the state's TAT of `rate`'s window from
+/// `now`, under `rate` of interval `interval`.
 #[inline]
-fn plan(state: &State, now: u64, cost: f64, rate: &Rate) -> (f64, f64, f64, f64) {
+fn offset_of(state: &State, now: u64, rate: &Rate, interval: f64) -> f64 {
     let window = rate.window_micros();
-    let w = float(window);
-    let interval = w / float(rate.max());
-    let offset = state
+    state
         .iter()
-        .find(|tat| tat.0 == window)
-        .map_or(0.0, |tat| offset(tat, now, rate, interval));
-    let d = offset.max(0.0);
-    (w, interval, d, d + cost * interval)
+        .find(|tat| tat.window == window)
+        .map_or(0.0, |tat| offset(tat, now, rate, interval))
+        .max(0.0)
+}
+
+/// The plan of `rate` for a request of `cost` at `now`.
+#[inline]
+fn plan(state: &State, now: u64, cost: f64, rate: &Rate) -> Plan {
+    let window = float(rate.window_micros());
+    let interval = window / float(rate.max());
+    let d = offset_of(state, now, rate, interval);
+    Plan {
+        window,
+        interval,
+        now: d,
+        after: d + cost * interval,
+    }
 }
 
 /// An offset kept after a check (at least 0), in whole µs and the
@@ -104,8 +133,13 @@ impl Kept {
 /// The status of `rate` whose offset is `kept` after the check (`new_d`
 /// had the request been admitted), and whether it keeps the request out.
 #[inline]
-fn status(rate: &Rate, allowed: bool, plan: (f64, f64, f64, f64), kept: Kept) -> RateStatus {
-    let (w, interval, _, new_d) = plan;
+fn status(rate: &Rate, allowed: bool, plan: Plan, kept: Kept) -> RateStatus {
+    let Plan {
+        window: w,
+        interval,
+        after: new_d,
+        ..
+    } = plan;
     let denies = !allowed && new_d > w * (1.0 + EPSILON);
     // Tokens left now: how many more intervals fit in the window.
     let remaining = floor_non_negative((w - kept.offset) / interval + EPSILON);
@@ -125,12 +159,12 @@ fn status(rate: &Rate, allowed: bool, plan: (f64, f64, f64, f64), kept: Kept) ->
 /// The TAT of an offset `kept` (> 0) at `now`, for `rate`.
 #[inline]
 fn tat(rate: &Rate, now: u64, kept: Kept) -> Tat {
-    (
-        rate.window_micros(),
-        now + kept.whole,
-        kept.fraction,
-        rate.max(),
-    )
+    Tat {
+        window: rate.window_micros(),
+        whole: now + kept.whole,
+        fraction: kept.fraction,
+        max: rate.max(),
+    }
 }
 
 /// Decide one request at `now`; `expires_at` becomes when the state stops
@@ -143,10 +177,9 @@ pub(crate) fn check(
     expires_at: &mut u64,
 ) -> Decision {
     let cost = float(policy.cost());
-    let rates = policy.rates();
-    match rates {
+    match policy.rates() {
         [rate] => check_one(state, now, cost, rate, expires_at),
-        _ => check_many(state, now, cost, rates, expires_at),
+        rates => check_many(state, now, cost, rates, expires_at),
     }
 }
 
@@ -159,8 +192,8 @@ fn check_many(
     expires: &mut u64,
 ) -> Decision {
     let allowed = rates.iter().all(|rate| {
-        let (w, _, _, new_d) = plan(state, now, cost, rate);
-        new_d <= w * (1.0 + EPSILON)
+        let plan = plan(state, now, cost, rate);
+        plan.after <= plan.window * (1.0 + EPSILON)
     });
 
     // An admitted request keeps one TAT per rate, in the policy's order:
@@ -172,13 +205,13 @@ fn check_many(
         && state
             .iter()
             .zip(rates)
-            .all(|(tat, rate)| tat.0 == rate.window_micros());
+            .all(|(tat, rate)| tat.window == rate.window_micros());
     let mut next = State::new();
     let mut builder = DecisionBuilder::new(allowed).algorithm(Algorithm::Gcra);
     let mut expires_at = 0u64;
     for (i, rate) in rates.iter().enumerate() {
         let plan = plan(state, now, cost, rate);
-        let kept = Kept::of(if allowed { plan.3 } else { plan.2 });
+        let kept = Kept::of(if allowed { plan.after } else { plan.now });
         builder.rate(status(rate, allowed, plan, kept));
         if kept.up > 0 {
             expires_at = expires_at.max(now + kept.up);
@@ -198,7 +231,8 @@ fn check_many(
 }
 
 /// [`check`] of a policy of one rate (the usual case): the same arithmetic
-/// and the same state, planned once and without a builder.
+/// and the same state, planned once and without a builder. (A one-rate
+/// check keeps that rate's TAT alone, whatever the state held.)
 #[inline]
 fn check_one(
     state: &mut State,
@@ -208,9 +242,8 @@ fn check_one(
     expires_at: &mut u64,
 ) -> Decision {
     let plan = plan(state, now, cost, rate);
-    let (w, _, d, new_d) = plan;
-    let allowed = new_d <= w * (1.0 + EPSILON);
-    let kept = Kept::of(if allowed { new_d } else { d });
+    let allowed = plan.after <= plan.window * (1.0 + EPSILON);
+    let kept = Kept::of(if allowed { plan.after } else { plan.now });
     let status = status(rate, allowed, plan, kept);
     *expires_at = if kept.up > 0 { now + kept.up } else { 0 };
     // Admitted, the offset is at least one interval (a cost is at least 1):
@@ -258,13 +291,8 @@ fn set(state: &mut State, now: u64, policy: &Policy, f: impl Fn(f64, f64) -> f64
     let mut next = State::with_capacity(policy.rates().len());
     let mut expires_at = 0;
     for rate in policy.rates() {
-        let window = rate.window_micros();
-        let interval = window as f64 / rate.max() as f64;
-        let offset = state
-            .iter()
-            .find(|tat| tat.0 == window)
-            .map_or(0.0, |tat| offset(tat, now, rate, interval));
-        let kept = Kept::of(f(offset.max(0.0), interval));
+        let interval = float(rate.window_micros()) / float(rate.max());
+        let kept = Kept::of(f(offset_of(state, now, rate, interval), interval));
         if kept.up > 0 {
             expires_at = expires_at.max(now + kept.up);
             next.push(tat(rate, now, kept));
@@ -386,8 +414,18 @@ mod tests {
                 let (mut fast, mut general) = (State::new(), State::new());
                 // A state of other windows, as a changed policy leaves.
                 for state in [&mut fast, &mut general] {
-                    state.push((5_000_000, base + 3_000_000, 0.25, 5));
-                    state.push((60_000_000, base + 1_000, 0.5, 100));
+                    state.push(Tat {
+                        window: 5_000_000,
+                        whole: base + 3_000_000,
+                        fraction: 0.25,
+                        max: 5,
+                    });
+                    state.push(Tat {
+                        window: 60_000_000,
+                        whole: base + 1_000,
+                        fraction: 0.5,
+                        max: 100,
+                    });
                 }
                 for (step, now) in super::super::burst_times(base) {
                     let (mut expires_a, mut expires_b) = (0, 1);

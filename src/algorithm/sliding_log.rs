@@ -17,7 +17,7 @@
 //! [`MAX_PENALTY_ENTRIES`]); a reward removes the newest entries.
 
 use super::built;
-use crate::decision::{Decision, DecisionBuilder, Micros, RateState, RefundId};
+use crate::decision::{Decision, DecisionBuilder, Micros, RateStatus, RefundId};
 use crate::policy::{Algorithm, Policy, Rate, duration_micros};
 use std::collections::VecDeque;
 
@@ -99,18 +99,14 @@ fn decide_many(log: &impl Log, policy: &Policy, times: Times) -> Decision {
             spacing_wait = times.until(ready_at, policy.longest_window_micros());
         }
     }
-    let mut counts = [0u64; 8];
-    let mut counts_vec = Vec::new();
     let rates = policy.rates();
-    let counts: &mut [u64] = if rates.len() <= counts.len() {
-        &mut counts[..rates.len()]
-    } else {
-        counts_vec.resize(rates.len(), 0);
-        &mut counts_vec
-    };
-    for (i, (rate, count)) in rates.iter().zip(counts.iter_mut()).enumerate() {
-        *count = log.count(i, rate);
-        if *count + cost > rate.max() {
+    let counts: smallvec::SmallVec<[u64; 8]> = rates
+        .iter()
+        .enumerate()
+        .map(|(i, rate)| log.count(i, rate))
+        .collect();
+    for (rate, count) in rates.iter().zip(&counts) {
+        if count + cost > rate.max() {
             allowed = false;
         }
     }
@@ -133,7 +129,7 @@ fn rate_state(
     cost: u64,
     allowed: bool,
     times: Times,
-) -> RateState {
+) -> RateStatus {
     let window = rate.window_micros();
     let (remaining, reset, wait) = if allowed {
         (rate.max() - count - cost, window, 0)
@@ -152,7 +148,7 @@ fn rate_state(
         };
         (rate.max().saturating_sub(count), reset, wait)
     };
-    RateState {
+    RateStatus {
         rate: *rate,
         remaining,
         reset: Micros(reset),

@@ -93,31 +93,30 @@ pub(crate) fn check(
     policy: &Policy,
     expires_at: &mut u64,
 ) -> Decision {
-    if let [rate] = policy.rates()
-        && let Some(decided) = check_one(state, now, policy.cost(), rate, expires_at)
-    {
-        return decided;
+    match policy.rates() {
+        [rate] => check_one(state, now, policy, rate, expires_at),
+        _ => check_many(state, now, policy, expires_at),
     }
-    check_many(state, now, policy, expires_at)
 }
 
 /// [`check`] of a policy of one rate over a state of that rate's window
 /// only (a key's usual state): the same decision and state, without the
-/// builder or a vector of counters. `None`, changing nothing, for a state
-/// of other windows, which the general path keeps.
+/// builder or a vector of counters. A state of other windows too, which
+/// the general path keeps, is left to it.
 #[inline]
 fn check_one(
     state: &mut State,
     now: u64,
-    cost: u64,
+    policy: &Policy,
     rate: &Rate,
     expires_at: &mut u64,
-) -> Option<Decision> {
+) -> Decision {
+    let cost = policy.cost();
     let window = rate.window_micros();
     match state.as_slice() {
         [] => {}
         [c] if c.window == window => {}
-        _ => return None,
+        _ => return check_many(state, now, policy, expires_at),
     }
     let c = rolled(state, window, now);
     let allowed = fits(&c, now - c.index * c.window, cost, rate.max());
@@ -132,11 +131,7 @@ fn check_one(
         *expires_at = 0;
         state.clear();
     }
-    Some(DecisionBuilder::one(
-        allowed,
-        Algorithm::SlidingWindow,
-        status,
-    ))
+    DecisionBuilder::one(allowed, Algorithm::SlidingWindow, status)
 }
 
 /// The status of `rate` after a check that was `allowed` or not, and its
@@ -299,8 +294,7 @@ mod tests {
                     let b = check_many(&mut general, now, &policy, &mut expires_b);
                     // A state of the rate's own window (or none): the fast
                     // path decides every check.
-                    let a = check_one(&mut fast, now, cost, &rate, &mut expires_a)
-                        .unwrap_or_else(|| panic!("{text} cost {cost} step {step}: declined"));
+                    let a = check_one(&mut fast, now, &policy, &rate, &mut expires_a);
                     denied += usize::from(!a.allowed());
                     assert_eq!(
                         (a, expires_a),
@@ -326,10 +320,17 @@ mod tests {
             current: 2,
             previous: 0,
         });
-        let before = state.clone();
-        assert!(check_one(&mut state, base, 1, &policy.rates()[0], &mut 0).is_none());
-        assert_eq!(state, before);
-        check(&mut state, base, &policy, &mut 0);
+        let mut general = state.clone();
+        let (mut expires_a, mut expires_b) = (0, 1);
+        let a = check_one(
+            &mut state,
+            base,
+            &policy,
+            &policy.rates()[0],
+            &mut expires_a,
+        );
+        let b = check_many(&mut general, base, &policy, &mut expires_b);
+        assert_eq!((a, expires_a, &state), (b, expires_b, &general));
         assert_eq!(
             state.len(),
             2,

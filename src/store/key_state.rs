@@ -163,7 +163,7 @@ impl State {
             Algorithm::SlidingWindow => Self::Sliding(Default::default()),
             Algorithm::Gcra => Self::Gcra(Default::default()),
             Algorithm::Concurrency => Self::Leases(Default::default()),
-            _ => Self::Log(Default::default()),
+            Algorithm::SlidingLog => Self::Log(Default::default()),
         }
     }
 

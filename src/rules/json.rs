@@ -62,7 +62,7 @@ fn located(text: &str, path: &[Step]) -> RulesError {
             .ok()
             .and_then(|set| set["rules"][*i]["name"].as_str().map(str::to_owned));
         return RulesError {
-            rule: Some(super::validate::label(name.as_deref(), *i)),
+            rule: Some(super::fields::label(name.as_deref(), *i)),
             field: dotted(rest),
             problem,
         };

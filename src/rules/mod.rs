@@ -60,6 +60,7 @@ mod descriptor;
 mod engine;
 #[cfg(feature = "envoy")]
 mod envoy_yaml;
+mod fields;
 mod index;
 mod json;
 #[cfg(feature = "redis")]

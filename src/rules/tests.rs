@@ -1,8 +1,8 @@
 //! The rule schema as users write it: what is accepted, what is refused
 //! and how the refusal names the rule and field, and what rules match.
 
+use super::fields::parse_key;
 use super::target::{parse_path, path_matches};
-use super::validate::parse_key;
 use super::*;
 use crate::policy::Algorithm;
 

@@ -2,22 +2,19 @@
 //! checked, a bad set refused whole with the rule and field named.
 
 use std::collections::{BTreeMap, HashSet};
-use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
-use http::Method;
 use http::header::HeaderName;
 use serde::Deserialize;
 
-use super::MAX_BLOCK;
 use super::descriptor::Descriptor;
-use super::target::{Target, parse_grpc, parse_path};
-use super::{
-    Counting, EnvoyFlags, KeyPart, Rule, RuleSet, RulesError, SettleFrom, Statuses, TierFrom,
+use super::fields::{
+    block, counting, fault, key, label, methods, name, only_list, settle, target, tiers,
 };
+use super::target::Target;
+use super::{Counting, EnvoyFlags, Rule, RuleSet, RulesError, TierFrom};
 use crate::limiter::LocalQuota;
-use crate::policy::{Algorithm, Policy, parse_duration};
+use crate::policy::{Algorithm, Policy};
 
 /// The file's shape, before validation.
 #[derive(Debug, Deserialize)]
@@ -67,14 +64,14 @@ struct RuleSpec {
 /// `settle = { header = "x-usage-tokens", strip = true, body = true }`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct SettleSpec {
-    header: Option<String>,
+pub(super) struct SettleSpec {
+    pub(super) header: Option<String>,
     #[serde(default)]
-    strip: bool,
+    pub(super) strip: bool,
     #[serde(default)]
-    body: bool,
+    pub(super) body: bool,
     #[serde(default)]
-    hits_addend: bool,
+    pub(super) hits_addend: bool,
 }
 
 impl RuleSet {
@@ -364,8 +361,8 @@ impl Rule {
 
 /// What every policy of a rule (its own and its tiers') takes from the
 /// rule: an algorithm, an execution and a cost.
-struct Shape<'a> {
-    label: &'a str,
+pub(super) struct Shape<'a> {
+    pub(super) label: &'a str,
     algorithm: Option<Algorithm>,
     execution: Option<crate::policy::Execution>,
     cost: Option<u64>,
@@ -404,7 +401,7 @@ impl<'a> Shape<'a> {
     }
 
     /// The policy written `text` in `field`, in this shape.
-    fn policy(&self, field: &str, text: &str) -> Result<Policy, RulesError> {
+    pub(super) fn policy(&self, field: &str, text: &str) -> Result<Policy, RulesError> {
         let label = self.label;
         let mut policy: Policy = text.parse().map_err(|e| fault(label, field, e))?;
         if let Some(algorithm) = self.algorithm {
@@ -464,232 +461,4 @@ impl EnvoyFlags {
             None
         }
     }
-}
-
-/// Where a rule's real cost comes from after the response.
-fn settle(spec: SettleSpec, label: &str) -> Result<SettleFrom, RulesError> {
-    let header = spec
-        .header
-        .map(|name| {
-            HeaderName::try_from(name.trim()).map_err(|_| {
-                fault(
-                    label,
-                    "settle.header",
-                    format!("{name:?} is not a valid header name"),
-                )
-            })
-        })
-        .transpose()?;
-    if let Some(reason) = header.as_ref().and_then(crate::http::unusable_cost_header) {
-        return Err(fault(
-            label,
-            "settle.header",
-            format!(
-                "{:?} can never settle a cost: {reason}",
-                header.as_ref().map(HeaderName::as_str).unwrap_or_default()
-            ),
-        ));
-    }
-    if spec.strip && header.is_none() {
-        return Err(fault(
-            label,
-            "settle.strip",
-            "strips the cost header, and settle names none (settle.header)",
-        ));
-    }
-    Ok(SettleFrom {
-        header,
-        strip: spec.strip,
-        body: spec.body,
-        hits_addend: spec.hits_addend,
-    })
-}
-
-fn name(name: Option<String>, label: &str) -> Result<String, RulesError> {
-    match name {
-        Some(name) if name.is_empty() => Err(fault(label, "name", "is empty")),
-        Some(name)
-            if name.len() > 64
-                || !name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')) =>
-        {
-            Err(fault(
-                label,
-                "name",
-                "use at most 64 letters, digits, `-`, `_` and `.` (it names the rule's keys in the store)",
-            ))
-        }
-        Some(name) => Ok(name),
-        None => Err(fault(label, "name", "is missing")),
-    }
-}
-
-fn methods(methods: &[String], label: &str) -> Result<HashSet<Method>, RulesError> {
-    if methods.is_empty() {
-        return Err(fault(
-            label,
-            "methods",
-            "is empty: leave it out to match every method",
-        ));
-    }
-    methods
-        .iter()
-        .map(|m| {
-            Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-                .map_err(|_| fault(label, "methods", format!("{m:?} is not an HTTP method")))
-        })
-        .collect()
-}
-
-fn target(path: Option<String>, grpc: Option<String>, label: &str) -> Result<Target, RulesError> {
-    match (path, grpc) {
-        (Some(_), Some(_)) => Err(fault(
-            label,
-            "grpc",
-            "a rule matches a path or a gRPC method, not both",
-        )),
-        (Some(path), None) => Ok(Target::Path(
-            parse_path(&path).map_err(|p| fault(label, "path", p))?,
-        )),
-        (None, Some(grpc)) => parse_grpc(&grpc).map_err(|p| fault(label, "grpc", p)),
-        (None, None) => Ok(Target::Any),
-    }
-}
-
-fn key(key: Option<String>, label: &str) -> Result<Vec<KeyPart>, RulesError> {
-    match key {
-        Some(key) => parse_key(&key).map_err(|p| fault(label, "key", p)),
-        None => Err(fault(
-            label,
-            "key",
-            "is missing (e.g. \"client_ip\", \"global\")",
-        )),
-    }
-}
-
-fn tiers(
-    tiers: &BTreeMap<String, String>,
-    shape: &Shape<'_>,
-) -> Result<BTreeMap<String, Policy>, RulesError> {
-    tiers
-        .iter()
-        .map(|(tier, text)| {
-            if tier.trim().is_empty() {
-                return Err(fault(shape.label, "tiers", "a tier's name is empty"));
-            }
-            Ok((tier.clone(), shape.policy(&format!("tiers.{tier}"), text)?))
-        })
-        .collect()
-}
-
-fn counting(
-    count: Option<Vec<String>>,
-    refund: Option<Vec<String>>,
-    label: &str,
-) -> Result<Counting, RulesError> {
-    match (count, refund) {
-        (Some(_), Some(_)) => Err(fault(
-            label,
-            "refund",
-            "name what counts (`count`) or what is refunded (`refund`), not both",
-        )),
-        (Some(list), None) => Ok(Counting::Only(
-            parse_statuses(&list).map_err(|p| fault(label, "count", p))?,
-        )),
-        (None, Some(list)) => Ok(Counting::Except(
-            parse_statuses(&list).map_err(|p| fault(label, "refund", p))?,
-        )),
-        (None, None) => Ok(Counting::All),
-    }
-}
-
-fn block(text: &str, label: &str) -> Result<Duration, RulesError> {
-    let block = parse_duration(text).map_err(|_| {
-        fault(
-            label,
-            "block",
-            format!("{text:?} is not a duration such as \"30s\" or \"15m\""),
-        )
-    })?;
-    if block > MAX_BLOCK {
-        return Err(fault(
-            label,
-            "block",
-            format!(
-                "{text:?} is longer than a day, the longest block a rule may set \
-                 (did you mean minutes, `m`?)"
-            ),
-        ));
-    }
-    Ok(block)
-}
-
-fn only_list(only: Vec<String>, label: &str) -> Result<HashSet<String>, RulesError> {
-    if only.is_empty() {
-        return Err(fault(
-            label,
-            "only",
-            "is empty: nobody could call; leave it out to let everyone call",
-        ));
-    }
-    Ok(only.into_iter().collect())
-}
-
-/// How a rule is named in errors: `"login" (#3)`, or `#3` without a name.
-pub(super) fn label(name: Option<&str>, index: usize) -> String {
-    match name {
-        Some(name) => format!("{name:?} (#{})", index + 1),
-        None => format!("#{}", index + 1),
-    }
-}
-
-fn fault(rule: &str, field: &str, problem: impl fmt::Display) -> RulesError {
-    RulesError {
-        rule: Some(rule.to_owned()),
-        field: field.to_owned(),
-        problem: problem.to_string(),
-    }
-}
-
-/// `["4xx", "401"]` as a set of statuses.
-fn parse_statuses(list: &[String]) -> Result<Statuses, String> {
-    if list.is_empty() {
-        return Err("is empty: name statuses such as \"4xx\" or \"401\"".to_owned());
-    }
-    let mut statuses = Statuses::default();
-    for item in list {
-        let text = item.trim().to_ascii_lowercase();
-        let bad = || format!("{item:?} is not a status class (\"4xx\") or code (\"401\")");
-        match text.as_bytes() {
-            [d @ b'1'..=b'5', b'x', b'x'] => statuses.classes[usize::from(d - b'0')] = true,
-            [b'1'..=b'5', b'0'..=b'9', b'0'..=b'9'] => {
-                statuses.codes.insert(text.parse().map_err(|_| bad())?);
-            }
-            _ => return Err(bad()),
-        }
-    }
-    Ok(statuses)
-}
-
-/// `client_ip+header:x-api-key` as parts.
-pub(super) fn parse_key(text: &str) -> Result<Vec<KeyPart>, String> {
-    text.split('+')
-        .map(str::trim)
-        .map(|part| match part {
-            "ip" => Ok(KeyPart::Ip),
-            "client_ip" => Ok(KeyPart::ClientIp),
-            "global" => Ok(KeyPart::Global),
-            "path" => Ok(KeyPart::Path),
-            other => match other.strip_prefix("header:") {
-                Some(name) => HeaderName::try_from(name)
-                    .map(KeyPart::Header)
-                    .map_err(|_| format!("{name:?} is not a valid header name")),
-                None => Err(format!(
-                    "unknown key part {other:?}: use ip, client_ip, header:NAME, global or path, \
-                     joined with `+`"
-                )),
-            },
-        })
-        .collect()
 }

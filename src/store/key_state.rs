@@ -91,25 +91,12 @@ impl KeyState {
             Command::Block(duration) => {
                 self.blocked_until = now.saturating_add(algorithm::block_micros(duration));
             }
-            Command::Penalty(units) => {
-                let units = algorithm::units(units);
-                let first = match policy.algorithm() {
-                    // Ids no request holds, for the anonymous slots.
-                    Algorithm::Concurrency => key_lease_ids(
-                        &mut self.next_lease,
-                        now,
-                        concurrency::penalty_slots(policy, units),
-                    )
-                    .id(),
-                    _ => 0,
-                };
-                self.expires_at = self.state.penalty(now, policy, units, first);
-            }
-            Command::Reward(units) => {
-                self.expires_at = self.state.reward(now, policy, algorithm::units(units));
-            }
-            Command::Refund { id, units } => {
-                self.expires_at = self.state.refund(now, policy, id, algorithm::units(units));
+            Command::Penalty(_) | Command::Reward(_) | Command::Refund { .. } => {
+                let next_lease = &mut self.next_lease;
+                let lease_ids = |n| key_lease_ids(next_lease, now, n).id();
+                if let Some(expires_at) = self.state.count(now, policy, command, lease_ids) {
+                    self.expires_at = expires_at;
+                }
             }
             Command::Peek => {}
         }
@@ -213,9 +200,36 @@ impl State {
         }
     }
 
+    /// Run the part of an operator's `command` that changes the counts (a
+    /// penalty, a reward, a refund; `None` for the others, which a store
+    /// keeps itself): returns when the state expires. `lease_ids` gives the
+    /// first of `n` lease ids no request holds, for a penalty's anonymous
+    /// concurrency slots. Every store's commands run it.
+    pub(crate) fn count(
+        &mut self,
+        now: u64,
+        policy: &Policy,
+        command: Command,
+        lease_ids: impl FnOnce(u64) -> u128,
+    ) -> Option<u64> {
+        Some(match command {
+            Command::Penalty(units) => {
+                let units = algorithm::units(units);
+                let first = match policy.algorithm() {
+                    Algorithm::Concurrency => lease_ids(concurrency::penalty_slots(policy, units)),
+                    _ => 0,
+                };
+                self.penalty(now, policy, units, first)
+            }
+            Command::Reward(units) => self.reward(now, policy, algorithm::units(units)),
+            Command::Refund { id, units } => self.refund(now, policy, id, algorithm::units(units)),
+            Command::Peek | Command::Reset | Command::Block(_) => return None,
+        })
+    }
+
     /// Take `units` of quota (anonymous slots from lease `first` on, for the
     /// concurrency limit); returns when the state expires.
-    pub(crate) fn penalty(&mut self, now: u64, policy: &Policy, units: u64, first: u128) -> u64 {
+    fn penalty(&mut self, now: u64, policy: &Policy, units: u64, first: u128) -> u64 {
         if !self.matches(policy.algorithm()) {
             *self = Self::new(policy.algorithm());
         }
@@ -229,7 +243,7 @@ impl State {
     }
 
     /// Give `units` of quota back; returns when the state expires.
-    pub(crate) fn reward(&mut self, now: u64, policy: &Policy, units: u64) -> u64 {
+    fn reward(&mut self, now: u64, policy: &Policy, units: u64) -> u64 {
         if !self.matches(policy.algorithm()) {
             *self = Self::new(policy.algorithm());
         }
@@ -244,7 +258,7 @@ impl State {
 
     /// Give back one admitted check (its decision's `lease`): its own
     /// entries where the state keeps them, else as a reward.
-    pub(crate) fn refund(&mut self, now: u64, policy: &Policy, id: RefundId, units: u64) -> u64 {
+    fn refund(&mut self, now: u64, policy: &Policy, id: RefundId, units: u64) -> u64 {
         match self {
             _ if !self.matches(policy.algorithm()) => self.reward(now, policy, 0),
             Self::Log(log) => sliding_log::refund(log, now, policy, id, units),

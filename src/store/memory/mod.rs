@@ -5,7 +5,7 @@ use compact_str::CompactString;
 use hashbrown::HashTable;
 use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 
-use crate::algorithm::{self, concurrency};
+use crate::algorithm;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Lease};
 use crate::policy::{Algorithm, Policy};
@@ -301,42 +301,23 @@ impl MemoryStore {
             }
             Command::Block(duration) => {
                 let until = now.saturating_add(algorithm::block_micros(duration));
-                match shard.blocks.find_mut(hash, |b| key.is(&b.key)) {
-                    Some(block) => block.until = until,
-                    None if until > now => {
-                        shard.blocks.insert_unique(
-                            hash,
-                            Block {
-                                key: key.to_text(),
-                                until,
-                            },
-                            |b| hasher.hash(b.key.as_bytes()),
-                        );
-                    }
-                    None => {}
-                }
+                shard.block(&key, until, now, hasher);
             }
-            Command::Penalty(units) | Command::Reward(units) => {
-                let units = algorithm::units(units);
-                let first = if matches!(command, Command::Penalty(_))
-                    && policy.algorithm() == Algorithm::Concurrency
-                {
-                    // Ids no request holds, for the anonymous slots.
-                    let n = concurrency::penalty_slots(policy, units);
-                    shard_lease_ids(&mut shard.leases, index, n)
-                } else {
-                    0
-                };
-                let apply = |state: &mut State| match command {
-                    Command::Penalty(_) => state.penalty(now, policy, units, first),
-                    _ => state.reward(now, policy, units),
-                };
+            Command::Penalty(_) | Command::Reward(_) | Command::Refund { .. } => {
+                let lease_ids = |n| shard_lease_ids(&mut shard.leases, index, n);
                 match shard.keys[algorithm].find_mut(hash, |e| key.is(&e.key)) {
-                    Some(entry) => entry.expires_at = apply(&mut entry.state),
+                    Some(entry) => {
+                        if let Some(expires_at) = entry.state.count(now, policy, command, lease_ids)
+                        {
+                            entry.expires_at = expires_at;
+                        }
+                    }
+                    // A refund of a key not held gives back nothing.
+                    None if matches!(command, Command::Refund { .. }) => {}
                     None => {
                         let mut state = State::new(policy.algorithm());
-                        let expires_at = apply(&mut state);
-                        if expires_at > now {
+                        let expires_at = state.count(now, policy, command, lease_ids);
+                        if let Some(expires_at) = expires_at.filter(|&at| at > now) {
                             let entry = Entry {
                                 key: key.to_text(),
                                 state,
@@ -345,12 +326,6 @@ impl MemoryStore {
                             self.insert(shard, algorithm, hash, entry, now);
                         }
                     }
-                }
-            }
-            Command::Refund { id, units } => {
-                let units = algorithm::units(units);
-                if let Some(entry) = shard.keys[algorithm].find_mut(hash, |e| key.is(&e.key)) {
-                    entry.expires_at = entry.state.refund(now, policy, id, units);
                 }
             }
             Command::Peek => {}
@@ -449,6 +424,22 @@ impl Store for MemoryStore {
 }
 
 impl Shard {
+    /// Block `key` until `until` (µs; at `now` or before lifts it).
+    fn block(&mut self, key: &StoreKey<'_>, until: u64, now: u64, hasher: &KeyHasher) {
+        match self.blocks.find_mut(key.hash(), |b| key.is(&b.key)) {
+            Some(block) => block.until = until,
+            None if until > now => {
+                let block = Block {
+                    key: key.to_text(),
+                    until,
+                };
+                self.blocks
+                    .insert_unique(key.hash(), block, |b| hasher.hash(b.key.as_bytes()));
+            }
+            None => {}
+        }
+    }
+
     /// The time left (µs) of `key`'s block, if it is blocked at `now`.
     fn block_left(&self, key: &StoreKey<'_>, now: u64) -> Option<u64> {
         let block = self.blocks.find(key.hash(), |b| key.is(&b.key))?;
@@ -501,157 +492,4 @@ impl Shard {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::clock::{Clock, ManualClock};
-    use std::time::Duration;
-
-    /// Two policies counting one key keep each other's counters, as the
-    /// Redis hash keeps each window's field.
-    #[test]
-    fn policies_sharing_a_key_keep_each_others_counters() {
-        let clock = ManualClock::new(Duration::from_secs(1_000));
-        let store = MemoryStore::with_clock(clock);
-        for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
-            let short = "2/1s"
-                .parse::<Policy>()
-                .unwrap()
-                .with_algorithm(algorithm)
-                .unwrap();
-            let long = "100/min"
-                .parse::<Policy>()
-                .unwrap()
-                .with_algorithm(algorithm)
-                .unwrap();
-            let mut admitted = 0;
-            for _ in 0..10 {
-                admitted += usize::from(store.check_now("k", &short).allowed());
-                store.check_now("k", &long);
-            }
-            assert_eq!(admitted, 2, "{algorithm}");
-        }
-    }
-
-    /// A key the store holds hashed (a brace, `#` first, too long) is
-    /// found by a check, which hashes it while reading it, as by an
-    /// operator's command, which bounds it first: a block of it bites, and
-    /// it counts apart from the keys it resembles.
-    #[test]
-    fn keys_held_hashed_are_found_by_checks_and_commands_alike() {
-        let clock = ManualClock::new(Duration::from_secs(1_000));
-        let store = MemoryStore::with_clock(clock);
-        let policy: Policy = "2/s".parse().unwrap();
-        let long = "k".repeat(MAX_RAW_KEY_LEN + 1);
-        // At the bound, its only brace in the last word.
-        let brace_last = format!("{}}}", "j".repeat(MAX_RAW_KEY_LEN - 1));
-        let pairs = [
-            ("{k}", "k"),
-            ("l}", "l"),
-            ("a{", "a"),
-            ("#m", "m"),
-            ("ab{cdefgh}ijklmnopq", "abcdefghijklmnopq"),
-            ("ключ{", "ключ"),
-            (&brace_last, &brace_last[1..]),
-            (&long, &long[1..]),
-        ];
-        let block = Command::Block(Duration::from_secs(60));
-        for (key, look_alike) in pairs {
-            assert!(store.check_now(key, &policy).allowed(), "{key}");
-            store.command_now(key, &policy, block);
-            assert!(store.check_now(key, &policy).blocked(), "{key}");
-            // A look-alike held as it is counts on its own.
-            let other = store.check_now(look_alike, &policy);
-            assert!(other.allowed() && !other.blocked(), "{key}");
-        }
-        // Keys held as they are (the empty key, non-ASCII, exactly at the
-        // bound) are found alike too.
-        let at_bound = "i".repeat(MAX_RAW_KEY_LEN);
-        for key in ["", "ключ", &at_bound] {
-            assert!(store.check_now(key, &policy).allowed(), "{key}");
-            store.command_now(key, &policy, block);
-            assert!(store.check_now(key, &policy).blocked(), "{key}");
-        }
-    }
-
-    /// A concurrency check takes a lease id only when admitted: ids are
-    /// unique across new and held keys, and a denial takes none.
-    #[test]
-    fn lease_ids_are_taken_by_admissions_alone() {
-        let clock = ManualClock::new(Duration::from_secs(1_000));
-        let store = MemoryStore::with_clock(clock);
-        let policy = Policy::concurrency(1).unwrap();
-        let first = store.check_now("a", &policy).lease().unwrap();
-        let denied = store.check_now("a", &policy);
-        assert!(!denied.allowed() && denied.lease().is_none());
-        store.release_now("a", &policy, first);
-        let second = store.check_now("a", &policy).lease().unwrap();
-        // The denial between them took no id from the shard's count.
-        assert_eq!(second.id(), first.id() + 1);
-        let mut ids = std::collections::HashSet::from([first.id(), second.id()]);
-        for i in 0..100 {
-            let lease = store.check_now(&format!("k{i}"), &policy).lease().unwrap();
-            assert!(ids.insert(lease.id()), "{i}");
-        }
-    }
-
-    #[test]
-    fn idle_keys_are_swept_and_the_key_count_is_bounded() {
-        let clock = ManualClock::new(Duration::from_secs(1_000));
-        let store = MemoryStore::with_clock(clock.clone()).with_max_keys(160);
-        let policy: Policy = "5/s".parse().unwrap();
-        // A flood of 100,000 distinct keys, some of them long (held hashed).
-        for i in 0..100_000 {
-            let key = if i % 10 == 0 {
-                format!("{i}{}", "x".repeat(500))
-            } else {
-                format!("k{i}")
-            };
-            store.check_now(&key, &policy);
-            if i % 1_000 == 0 {
-                assert!(store.len() <= 160);
-            }
-        }
-        assert!(store.len() <= 160);
-        assert!(store.len() >= 150, "{}", store.len());
-        // Every key goes idle. A store in use on one key (one shard)
-        // sweeps a shard a period, in turn: within a period per shard,
-        // every idle key is gone, and not before.
-        store.check_now("busy", &policy);
-        clock.advance(Duration::from_secs(2));
-        let (idle, per_shard) = (store.len(), 160 / SHARDS);
-        for turn in 1..=SHARDS {
-            store.check_now("busy", &policy);
-            // One shard a period, at most.
-            assert!(
-                store.len() + per_shard * turn >= idle,
-                "{turn}: {}",
-                store.len()
-            );
-            clock.advance(Duration::from_micros(SWEEP_PERIOD));
-        }
-        assert!(store.len() <= 16, "{}", store.len());
-        // By the clock, not by the checks: a shard sweeps once a period,
-        // however many checks it takes; a clock moved back counts as a
-        // period passed.
-        let store = MemoryStore::with_clock(clock.clone());
-        let index = MemoryStore::shard_of(StoreKey::new("busy", &store.inner.hasher).hash());
-        let sweeps = |store: &MemoryStore| store.lock(index).sweeps;
-        store.check_now("busy", &policy);
-        let first = sweeps(&store);
-        for _ in 0..10_000 {
-            store.check_now("busy", &policy);
-        }
-        assert_eq!(sweeps(&store), first);
-        clock.advance(Duration::from_micros(SWEEP_PERIOD - 1));
-        store.check_now("busy", &policy);
-        assert_eq!(sweeps(&store), first);
-        clock.advance(Duration::from_micros(1));
-        store.check_now("busy", &policy);
-        assert_eq!(sweeps(&store), first + 1);
-        clock.set(clock.now() - Duration::from_secs(1));
-        store.check_now("busy", &policy);
-        assert_eq!(sweeps(&store), first + 2);
-        store.check_now("busy", &policy);
-        assert_eq!(sweeps(&store), first + 2);
-    }
-}
+mod tests;

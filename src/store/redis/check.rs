@@ -2,12 +2,13 @@
 //! transaction), or in a batch of checks of its algorithm.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::batch::{Batcher, Waiting};
 use super::cleanup::Cleanup;
 use super::reply::member;
 use super::{BLOCK_TAG, RedisStore, script, sliding_log};
-use crate::decision::Decision;
+use crate::decision::{Decision, Lease};
 use crate::policy::{Algorithm, Execution, Policy};
 use crate::store::StoreError;
 
@@ -63,28 +64,7 @@ impl RedisStore {
             (Algorithm::SlidingLog, Execution::Transaction) => None,
             _ => Some(script::check(keys, policy, &id, self.clock.local_micros())?),
         };
-        // The entries the sliding log's transaction writes, or the lease the
-        // concurrency limit takes: the same on every attempt, so a retry
-        // after a lost reply counts once. Until the outcome is known, an
-        // error or a dropped future (the timeout) takes them back out, after
-        // the last attempt's commands on the same connection. (The script
-        // writes only admitted requests: an error after it ran leaves an
-        // admission that counts once, as the fail mode decides.)
-        let pending = match (policy.algorithm(), policy.execution()) {
-            (Algorithm::SlidingLog, Execution::Transaction) => Some(Cleanup::new(
-                &self.connections,
-                &redis_key,
-                sliding_log::members(&id, policy.cost()),
-                self.timeout,
-            )),
-            (Algorithm::Concurrency, _) => Some(Cleanup::new(
-                &self.connections,
-                &redis_key,
-                vec![id.clone()],
-                self.timeout,
-            )),
-            _ => None,
-        };
+        let pending = self.pending(&redis_key, policy, &id);
         // A connection broken by a Redis restart or a lost reply: the check
         // is sent again where a repeat is harmless (the request's entries
         // or lease are the same). The counters and GCRA would count it
@@ -110,33 +90,63 @@ impl RedisStore {
                 }
             })
             .await?;
-        // Admitted by the concurrency limit, the decision holds its lease.
-        let decision = if decision.allowed() && policy.algorithm() == Algorithm::Concurrency {
-            decision.with_lease(lease)
-        } else {
-            decision
-        };
-        if let Some(mut pending) = pending {
-            if decision.allowed() || policy.algorithm() == Algorithm::Concurrency {
-                // Admitted: the entries count (a lease is the caller's to
-                // release). A denied lease was never taken.
-                pending.disarm();
-            } else {
-                // Denied attempts must not count. Taking a denied entry
-                // back out never turns the decision into an error, and
-                // waits no longer than what is left of the timeout (then
-                // it goes on in the background).
-                pending
-                    .run(self.timeout.saturating_sub(started.elapsed()))
-                    .await;
+        if let Some(pending) = pending {
+            Self::conclude(
+                pending,
+                &decision,
+                policy,
+                self.timeout.saturating_sub(started.elapsed()),
+            )
+            .await;
+        }
+        Ok(carrying(decision, policy, lease))
+    }
+
+    /// The entries the sliding log's transaction writes, or the lease the
+    /// concurrency limit takes: the same on every attempt, so a retry after
+    /// a lost reply counts once. Until the outcome is known, an error or a
+    /// dropped future (the timeout) takes them back out, after the last
+    /// attempt's commands on the same connection. (The script writes only
+    /// admitted requests: an error after it ran leaves an admission that
+    /// counts once, as the fail mode decides.)
+    fn pending(&self, redis_key: &str, policy: &Policy, id: &str) -> Option<Cleanup> {
+        let members = match (policy.algorithm(), policy.execution()) {
+            (Algorithm::SlidingLog, Execution::Transaction) => {
+                sliding_log::members(id, policy.cost())
             }
+            (Algorithm::Concurrency, _) => vec![id.to_owned()],
+            _ => return None,
+        };
+        Some(Cleanup::new(
+            &self.connections,
+            redis_key,
+            members,
+            self.timeout,
+        ))
+    }
+
+    /// What becomes of the `pending` entries or lease once the store
+    /// decided: kept when admitted (a lease is the caller's to release; a
+    /// denied lease was never taken), else taken back out within `left` (a
+    /// denied attempt must not count; taking it out never turns the
+    /// decision into an error, and goes on in the background after `left`).
+    async fn conclude(mut pending: Cleanup, decision: &Decision, policy: &Policy, left: Duration) {
+        if decision.allowed() || policy.algorithm() == Algorithm::Concurrency {
+            pending.disarm();
+        } else {
+            pending.run(left).await;
         }
-        // An admitted sliding-log check carries the id of its entries: what
-        // a refund of it removes.
-        if decision.allowed() && policy.algorithm() == Algorithm::SlidingLog {
-            return Ok(decision.with_entries(lease.into()));
-        }
-        Ok(decision)
+    }
+}
+
+/// `decision` carrying what the caller gives back later: an admitted
+/// concurrency check's lease (to release), an admitted sliding-log check's
+/// entries (what a refund of it removes).
+fn carrying(decision: Decision, policy: &Policy, lease: Lease) -> Decision {
+    match policy.algorithm() {
+        Algorithm::Concurrency if decision.allowed() => decision.with_lease(lease),
+        Algorithm::SlidingLog if decision.allowed() => decision.with_entries(lease.into()),
+        _ => decision,
     }
 }
 

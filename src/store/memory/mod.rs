@@ -254,7 +254,6 @@ impl MemoryStore {
 
     /// The check of a key the shard does not hold: its entry is held only
     /// if its state matters after the check.
-    #[inline(never)]
     fn check_new(
         &self,
         shard: &mut Shard,

@@ -12,7 +12,7 @@ use super::fields::{
     block, counting, fault, key, label, methods, name, only_list, settle, target, tiers,
 };
 use super::target::Target;
-use super::{Counting, EnvoyFlags, Rule, RuleSet, RulesError, TierFrom};
+use super::{Counting, EnvoyFlags, KeyPart, Rule, RuleSet, RulesError, TierFrom};
 use crate::limiter::LocalQuota;
 use crate::policy::{Algorithm, Policy};
 
@@ -149,57 +149,15 @@ impl Rule {
                 "applies to descriptor rules only (`domain` and `descriptor`)",
             ));
         }
-        let (target, key) = match (&descriptor, spec.key) {
-            // For Envoy alone: nothing of HTTP.
-            (Some(_), None) => {
-                for (field, set) in [
-                    ("path", spec.path.is_some()),
-                    ("grpc", spec.grpc.is_some()),
-                    ("methods", methods.is_some()),
-                ] {
-                    if set {
-                        return Err(fault(
-                            label,
-                            field,
-                            "a descriptor rule without a `key` serves Envoy alone, and matches \
-                             no HTTP request: give it a `key` to serve the HTTP layer too",
-                        ));
-                    }
-                }
-                (Target::None, Vec::new())
-            }
-            (descriptor, key_text) => {
-                // The HTTP layer reads none of Envoy's answers: a rule that
-                // serves both would refuse, shadow or tier one way through
-                // Envoy and another through the layer.
-                if descriptor.is_some()
-                    && let Some(field) = envoy.field()
-                {
-                    return Err(fault(
-                        label,
-                        field,
-                        "applies to Envoy alone, and this rule has a `key` for the HTTP layer \
-                         too: write the Envoy rule without a `key`, beside the HTTP one",
-                    ));
-                }
-                (target(spec.path, spec.grpc, label)?, key(key_text, label)?)
-            }
+        let http = Http {
+            path: spec.path,
+            grpc: spec.grpc,
+            methods: methods.is_some(),
+            key: spec.key,
         };
+        let (target, key) = http.read(descriptor.as_ref(), &envoy, label)?;
         let shape = Shape::read(spec.algorithm, spec.execution, spec.cost, label)?;
-        let checked = !envoy.unlimited && !envoy.refuse;
-        let policy = match (&spec.policy, checked) {
-            (Some(text), true) => shape.policy("policy", text)?,
-            (None, true) => return Err(fault(label, "policy", "is missing (e.g. \"100/min\")")),
-            (Some(_), false) => {
-                return Err(fault(
-                    label,
-                    "policy",
-                    "an unlimited or refusing rule has no policy",
-                ));
-            }
-            // Never checked: such a rule answers without its limiter.
-            (None, false) => shape.policy("unlimited", "4294967295/s")?,
-        };
+        let policy = shape.rule_policy(spec.policy.as_deref(), &envoy)?;
         let tiers = tiers(&spec.tiers, &shape)?;
         let counting = counting(spec.count, spec.refund, label)?;
         let block = spec.block.map(|text| block(&text, label)).transpose()?;
@@ -234,39 +192,67 @@ impl Rule {
 
     /// The checks of several fields together.
     fn check_combinations(&self, label: &str) -> Result<(), RulesError> {
-        let policies = || {
-            std::iter::once(("policy".to_owned(), &self.policy)).chain(
-                self.tiers
-                    .iter()
-                    .map(|(tier, policy)| (format!("tiers.{tier}"), policy)),
-            )
-        };
-        let concurrency = policies().any(|(_, p)| p.algorithm() == Algorithm::Concurrency);
-        let by_outcome = match self.counting {
+        let concurrency = self
+            .policies()
+            .any(|(_, p)| p.algorithm() == Algorithm::Concurrency);
+        self.check_counting(label, concurrency)?;
+        self.check_envoy(label)?;
+        self.check_settle(label, concurrency)?;
+        if self.block.is_some() && concurrency {
+            return Err(fault(
+                label,
+                "block",
+                "a concurrency limit does not block after a breach",
+            ));
+        }
+        self.check_local_quota(label)
+    }
+
+    /// The rule's policies: its own and its tiers', each with its field.
+    fn policies(&self) -> impl Iterator<Item = (String, &Policy)> {
+        std::iter::once(("policy".to_owned(), &self.policy)).chain(
+            self.tiers
+                .iter()
+                .map(|(tier, policy)| (format!("tiers.{tier}"), policy)),
+        )
+    }
+
+    /// The field that makes the rule count by outcome, if any.
+    fn by_outcome(&self) -> Option<&'static str> {
+        match self.counting {
             Counting::All => None,
             Counting::Only(_) => Some("count"),
             Counting::Except(_) => Some("refund"),
-        };
-        if let Some(field) = by_outcome {
-            if matches!(self.target, Target::Grpc { .. }) {
-                return Err(fault(
-                    label,
-                    field,
-                    "counting by outcome reads the HTTP status, and a gRPC call's status is in its trailers",
-                ));
-            }
-            if concurrency {
-                return Err(fault(
-                    label,
-                    field,
-                    "a concurrency limit counts requests in flight, not responses: its slot is given back when the response ends",
-                ));
-            }
         }
+    }
+
+    /// Counting by outcome needs an HTTP status, and a count of requests.
+    fn check_counting(&self, label: &str, concurrency: bool) -> Result<(), RulesError> {
+        let Some(field) = self.by_outcome() else {
+            return Ok(());
+        };
+        if matches!(self.target, Target::Grpc { .. }) {
+            return Err(fault(
+                label,
+                field,
+                "counting by outcome reads the HTTP status, and a gRPC call's status is in its trailers",
+            ));
+        }
+        if concurrency {
+            return Err(fault(
+                label,
+                field,
+                "a concurrency limit counts requests in flight, not responses: its slot is given back when the response ends",
+            ));
+        }
+        Ok(())
+    }
+
+    /// What a descriptor rule can be told: Envoy asks before the request
+    /// and never tells the outcome (a cost after the response comes as a
+    /// descriptor sent again at the stream's end, with its hits_addend).
+    fn check_envoy(&self, label: &str) -> Result<(), RulesError> {
         if self.descriptor.is_some() {
-            // Envoy asks before the request and never tells the outcome: a
-            // cost after the response comes as a descriptor sent again at
-            // the stream's end, with its hits_addend.
             let settle = self.settle.as_deref();
             for (field, set) in [
                 ("count", matches!(self.counting, Counting::Only(_))),
@@ -316,46 +302,104 @@ impl Rule {
                 "a descriptor's hits_addend is Envoy's: only a descriptor rule settles from it",
             ));
         }
-        if self.settle.is_some() {
-            if concurrency {
-                return Err(fault(
-                    label,
-                    "settle",
-                    "a concurrency limit counts requests in flight, not a cost",
-                ));
-            }
-            if self.local_quota.is_some() {
-                return Err(fault(
-                    label,
-                    "settle",
-                    "units admitted from a local batch cannot be settled after the response \
-                     (leave out local_quota)",
-                ));
-            }
+        Ok(())
+    }
+
+    /// A cost settled after the response needs a count of units, not of
+    /// requests in flight nor of a local batch's.
+    fn check_settle(&self, label: &str, concurrency: bool) -> Result<(), RulesError> {
+        if self.settle.is_none() {
+            return Ok(());
         }
-        if self.block.is_some() && concurrency {
+        if concurrency {
             return Err(fault(
                 label,
-                "block",
-                "a concurrency limit does not block after a breach",
+                "settle",
+                "a concurrency limit counts requests in flight, not a cost",
             ));
         }
-        if let Some(quota) = self.local_quota {
-            if by_outcome.is_some() {
-                return Err(fault(
-                    label,
-                    "local_quota",
-                    "a rule counting by outcome gives a request's units back after its \
-                     response, and a unit admitted from a local batch cannot be given back",
-                ));
-            }
-            for (field, policy) in policies() {
-                quota
-                    .batch_for(policy)
-                    .map_err(|e| fault(label, "local_quota", format!("with {field}: {e}")))?;
-            }
+        if self.local_quota.is_some() {
+            return Err(fault(
+                label,
+                "settle",
+                "units admitted from a local batch cannot be settled after the response \
+                 (leave out local_quota)",
+            ));
         }
         Ok(())
+    }
+
+    /// A local quota fits every policy of the rule, and gives nothing back.
+    fn check_local_quota(&self, label: &str) -> Result<(), RulesError> {
+        let Some(quota) = self.local_quota else {
+            return Ok(());
+        };
+        if self.by_outcome().is_some() {
+            return Err(fault(
+                label,
+                "local_quota",
+                "a rule counting by outcome gives a request's units back after its \
+                 response, and a unit admitted from a local batch cannot be given back",
+            ));
+        }
+        for (field, policy) in self.policies() {
+            quota
+                .batch_for(policy)
+                .map_err(|e| fault(label, "local_quota", format!("with {field}: {e}")))?;
+        }
+        Ok(())
+    }
+}
+
+/// The fields of a rule for the HTTP layer, read together with the
+/// descriptor: without a `key`, a descriptor rule serves Envoy alone.
+struct Http {
+    path: Option<String>,
+    grpc: Option<String>,
+    methods: bool,
+    key: Option<String>,
+}
+
+impl Http {
+    /// What the rule matches of an HTTP request, and its key.
+    fn read(
+        self,
+        descriptor: Option<&Descriptor>,
+        envoy: &EnvoyFlags,
+        label: &str,
+    ) -> Result<(Target, Vec<KeyPart>), RulesError> {
+        if descriptor.is_some() && self.key.is_none() {
+            // For Envoy alone: nothing of HTTP.
+            for (field, set) in [
+                ("path", self.path.is_some()),
+                ("grpc", self.grpc.is_some()),
+                ("methods", self.methods),
+            ] {
+                if set {
+                    return Err(fault(
+                        label,
+                        field,
+                        "a descriptor rule without a `key` serves Envoy alone, and matches \
+                         no HTTP request: give it a `key` to serve the HTTP layer too",
+                    ));
+                }
+            }
+            return Ok((Target::None, Vec::new()));
+        }
+        // The HTTP layer reads none of Envoy's answers: a rule that serves
+        // both would refuse, shadow or tier one way through Envoy and
+        // another through the layer.
+        if descriptor.is_some()
+            && let Some(field) = envoy.field()
+        {
+            return Err(fault(
+                label,
+                field,
+                "applies to Envoy alone, and this rule has a `key` for the HTTP layer \
+                 too: write the Envoy rule without a `key`, beside the HTTP one",
+            ));
+        }
+        Ok((target(self.path, self.grpc, label)?, key(self.key, label)?))
     }
 }
 
@@ -401,6 +445,23 @@ impl<'a> Shape<'a> {
     }
 
     /// The policy written `text` in `field`, in this shape.
+    /// The rule's own `policy`: required, unless the rule is never
+    /// checked (unlimited or refusing all), which takes none.
+    fn rule_policy(&self, text: Option<&str>, envoy: &EnvoyFlags) -> Result<Policy, RulesError> {
+        let checked = !envoy.unlimited && !envoy.refuse;
+        match (text, checked) {
+            (Some(text), true) => self.policy("policy", text),
+            (None, true) => Err(fault(self.label, "policy", "is missing (e.g. \"100/min\")")),
+            (Some(_), false) => Err(fault(
+                self.label,
+                "policy",
+                "an unlimited or refusing rule has no policy",
+            )),
+            // Never checked: such a rule answers without its limiter.
+            (None, false) => self.policy("unlimited", "4294967295/s"),
+        }
+    }
+
     pub(super) fn policy(&self, field: &str, text: &str) -> Result<Policy, RulesError> {
         let label = self.label;
         let mut policy: Policy = text.parse().map_err(|e| fault(label, field, e))?;

@@ -460,84 +460,103 @@ async fn decide(plans: &[DescriptorPlan<'_>]) -> Result<Outcomes, tonic::Status>
     let mut denied = too_costly || plans.iter().any(|plan| !plan.refused.is_empty());
     // A request refused already counts nowhere.
     if !denied && !planned.is_empty() {
-        let admission = RulesCheck::run(planned, Vec::new())
-            .await
-            .map_err(|error| tonic::Status::unavailable(format!("rate limit store: {error}")))?;
-        denied |= !admission.allowed();
-        for (rule, key, decision, decided_by, limiter) in admission.checked() {
-            let Some(&(i, _, _)) = planned_at
-                .iter()
-                .find(|(_, name, k)| *name == rule && k == key)
-            else {
-                continue;
-            };
-            all.push(Outcome {
-                descriptor: i,
-                limiter: limiter.clone(),
-                decision: decision.cloned(),
-                decided_by,
-                shadow: false,
-                peek: false,
-                refused: false,
-            });
-        }
+        denied |= enforced(planned, &planned_at, &mut all).await?;
     }
     for (i, limit) in side {
-        let plan = &plans[i];
-        let limiter = &limit.limiter;
-        let decided: Result<Option<Decision>, String> = if plan.negative {
-            limiter
-                .reward(&limit.key, plan.cost)
-                .await
-                .map(Some)
-                .map_err(|e| e.to_string())
-        } else if limit.charge {
-            limiter
-                .penalty(&limit.key, plan.cost)
-                .await
-                .map(Some)
-                .map_err(|e| e.to_string())
-        } else if plan.cost == 0 {
-            limiter
-                .peek(&limit.key)
-                .await
-                .map(Some)
-                .map_err(|e| e.to_string())
-        } else {
-            limiter
-                .check_n(&limit.key, plan.cost)
-                .await
-                .map(|verdict| verdict.into_parts().0)
-                .map_err(|e| e.to_string())
+        let Some(outcome) = on_the_side(&plans[i], limit, i).await else {
+            continue;
         };
-        let decision = match decided {
-            Ok(decision) => decision,
-            Err(error) => {
-                tracing::warn!(%error, "envoy: a shadow check, a peek or a give-back failed; reported as admitted");
-                continue;
-            }
+        // A peek over its limit refuses; a shadow never does.
+        denied |= outcome.peek && outcome.denies();
+        all.push(outcome);
+    }
+    Ok(Outcomes { all, denied })
+}
+
+/// The enforced limits `planned` (of the descriptors and rules
+/// `planned_at`), checked all-or-nothing: their outcomes into `all`, and
+/// whether they deny.
+async fn enforced(
+    planned: Vec<Planned>,
+    planned_at: &[(usize, &str, String)],
+    all: &mut Vec<Outcome>,
+) -> Result<bool, tonic::Status> {
+    let admission = RulesCheck::run(planned, Vec::new())
+        .await
+        .map_err(|error| tonic::Status::unavailable(format!("rate limit store: {error}")))?;
+    for (rule, key, decision, decided_by, limiter) in admission.checked() {
+        let Some(&(i, _, _)) = planned_at
+            .iter()
+            .find(|(_, name, k)| *name == rule && k == key)
+        else {
+            continue;
         };
-        let refuses = decision.as_ref().is_some_and(|d| !d.allowed());
-        if limit.shadow && refuses {
-            tracing::info!(
-                rule = limit.rule.map_or(OVERRIDE_NAME, Rule::name),
-                "envoy: a shadow rule would deny; not refused"
-            );
-        }
-        let peek = plan.cost == 0 && !plan.negative && !limit.charge;
-        denied |= peek && !limit.shadow && refuses;
         all.push(Outcome {
             descriptor: i,
-            limiter: limit.limiter.clone(),
-            decision,
-            decided_by: DecidedBy::Store,
-            // A charge never refuses: it is reported as a shadow's is.
-            shadow: limit.shadow || limit.charge,
-            peek,
+            limiter: limiter.clone(),
+            decision: decision.cloned(),
+            decided_by,
+            shadow: false,
+            peek: false,
             refused: false,
         });
     }
-    Ok(Outcomes { all, denied })
+    Ok(!admission.allowed())
+}
+
+/// A limit of descriptor `i` checked on its own: a give-back, a charge, a
+/// peek (a cost of 0) or a shadow's check. `None` when the store failed
+/// (logged: reported as admitted).
+async fn on_the_side(plan: &DescriptorPlan<'_>, limit: &Limit<'_>, i: usize) -> Option<Outcome> {
+    let limiter = &limit.limiter;
+    let decided: Result<Option<Decision>, String> = if plan.negative {
+        limiter
+            .reward(&limit.key, plan.cost)
+            .await
+            .map(Some)
+            .map_err(|e| e.to_string())
+    } else if limit.charge {
+        limiter
+            .penalty(&limit.key, plan.cost)
+            .await
+            .map(Some)
+            .map_err(|e| e.to_string())
+    } else if plan.cost == 0 {
+        limiter
+            .peek(&limit.key)
+            .await
+            .map(Some)
+            .map_err(|e| e.to_string())
+    } else {
+        limiter
+            .check_n(&limit.key, plan.cost)
+            .await
+            .map(|verdict| verdict.into_parts().0)
+            .map_err(|e| e.to_string())
+    };
+    let decision = match decided {
+        Ok(decision) => decision,
+        Err(error) => {
+            tracing::warn!(%error, "envoy: a shadow check, a peek or a give-back failed; reported as admitted");
+            return None;
+        }
+    };
+    if limit.shadow && decision.as_ref().is_some_and(|d| !d.allowed()) {
+        tracing::info!(
+            rule = limit.rule.map_or(OVERRIDE_NAME, Rule::name),
+            "envoy: a shadow rule would deny; not refused"
+        );
+    }
+    Some(Outcome {
+        descriptor: i,
+        limiter: limit.limiter.clone(),
+        decision,
+        decided_by: DecidedBy::Store,
+        // A charge never refuses: it is reported as a shadow's is.
+        shadow: limit.shadow || limit.charge,
+        peek: plan.cost == 0 && !plan.negative && !limit.charge,
+        refused: false,
+    })
 }
 
 /// The status of a descriptor a rule refuses whatever its count (the

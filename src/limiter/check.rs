@@ -14,6 +14,15 @@ use crate::key::KeyHash;
 use crate::policy::{Algorithm, Policy};
 use crate::store::{BoxFuture, StoreError};
 
+/// The key of a decision, as the caller has it: as given (the limiter's
+/// direct path, which never spelled the store key in a `String`) or as
+/// stored (`{name}:{key}`).
+#[derive(Clone, Copy)]
+pub(super) enum Keys<'k> {
+    Given(&'k str),
+    Stored(&'k str),
+}
+
 /// A check waiting for the store. The future holds the key and hands it
 /// back with the answer.
 pub(super) struct Waiting {
@@ -46,7 +55,7 @@ impl Limiter {
         // counter every thread shares.
         let policy = policy.as_ref().unwrap_or(&self.inner.policy);
         if let Some(decision) = self.inner.store.check_in_process(&key, policy) {
-            return Check::done(self.decided(self.raw_key(&key), policy, decision, None));
+            return Check::done(self.decided(Keys::Stored(&key), policy, decision, None));
         }
         let ticket = match self.inner.breaker.as_deref().map(Breaker::gate) {
             Some(Gate::Skip) => {
@@ -98,7 +107,7 @@ impl Limiter {
             Ok(decision) => {
                 crate::metrics::store_latency(name, sent);
                 self.store_answered(ticket, true);
-                self.decided(self.raw_key(key), policy, decision, sent)
+                self.decided(Keys::Stored(key), policy, decision, sent)
             }
         }
     }
@@ -109,21 +118,29 @@ impl Limiter {
     #[inline(always)]
     pub(super) fn decided(
         &self,
-        key: &str,
+        keys: Keys<'_>,
         policy: &Arc<Policy>,
         decision: Decision,
         sent: Option<Instant>,
     ) -> Result<Verdict, LimitError> {
+        let key = match keys {
+            Keys::Given(key) => key,
+            Keys::Stored(stored) => self.raw_key(stored),
+        };
+        // The store key, spelled only where it is kept.
+        let store_key = || match keys {
+            Keys::Given(key) => std::borrow::Cow::Owned(self.store_key(key.to_owned())),
+            Keys::Stored(stored) => std::borrow::Cow::Borrowed(stored),
+        };
         let name = &*self.inner.name;
         let verdict = if decision.allowed() {
             tracing::debug!(key = %KeyHash::held(name, key), remaining = decision.remaining(), "rate limit: admitted");
             // Only a concurrency admission holds a permit (its slot).
             if policy.algorithm() == Algorithm::Concurrency {
-                let store_key = self.store_key(key.to_owned());
                 Verdict::of(
                     &self.inner.store,
                     policy,
-                    &store_key,
+                    &store_key(),
                     decision,
                     DecidedBy::Store,
                 )
@@ -139,8 +156,7 @@ impl Limiter {
             if Arc::ptr_eq(policy, &self.inner.policy)
                 && let Some(deny_cache) = self.usable_deny_cache()
             {
-                let store_key = self.store_key(key.to_owned());
-                deny_cache.insert(&store_key, &decision, sent.unwrap_or_else(Instant::now));
+                deny_cache.insert(&store_key(), &decision, sent.unwrap_or_else(Instant::now));
             }
             Verdict::without_permit(Some(decision), DecidedBy::Store)
         };

@@ -339,7 +339,7 @@ impl Limiter {
             if let Some(memory) = &self.inner.memory {
                 let policy = &self.inner.policy;
                 let decision = memory.check_spelled(&self.inner.key_prefix, &key, policy);
-                return Check::done(self.decided(&key, policy, decision, None));
+                return Check::done(self.decided(check::Keys::Given(&key), policy, decision, None));
             }
         }
         self.start_in_store(key, policy)

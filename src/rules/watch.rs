@@ -243,49 +243,13 @@ impl Rules {
                 if !std::mem::take(&mut first) {
                     tokio::time::sleep(every).await;
                 }
-                let read = {
-                    let path = path.clone();
-                    tokio::task::spawn_blocking(move || std::fs::read_to_string(path)).await
-                };
-                let text = match read.unwrap_or_else(|error| Err(std::io::Error::other(error))) {
-                    Ok(text) => text,
-                    Err(error) => {
-                        let error = format!("{}: {error}", path.display());
-                        tracing::warn!(%error, "rules: cannot read the rules file; the rules in force stay");
-                        record(&status_in, |s| s.error = Some(error));
-                        continue;
-                    }
-                };
-                if seen.as_deref() == Some(&*text) {
+                let Some(text) = read(&path, &status_in).await else {
                     continue;
+                };
+                if seen.as_deref() != Some(&*text) {
+                    take_in(&rules, &path, &text, &status_in);
+                    seen = Some(text);
                 }
-                let format = Format::of(&path);
-                let parsed = RuleSet::parse_as(&path, &text);
-                // Empty, blank, or no rules without saying so: a truncating
-                // save caught half way, say. Read again when it changes.
-                let unstated = text.trim().is_empty()
-                    || matches!(&parsed, Ok(set) if set.rules().is_empty()
-                        && !format.names_its_rules(&text));
-                if unstated {
-                    let error = format!(
-                        "{}: the file is empty or names no rules; the rules in force stay \
-                         (to lift every limit, write `{}`)",
-                        path.display(),
-                        format.no_rules()
-                    );
-                    tracing::warn!(%error, "rules: a rules file of no rules is not applied unless it says so");
-                    record(&status_in, |s| s.error = Some(error));
-                } else {
-                    apply(
-                        &rules,
-                        parsed,
-                        &text,
-                        &status_in,
-                        None,
-                        &path.display().to_string(),
-                    );
-                }
-                seen = Some(text);
             }
         });
         Watch {
@@ -293,6 +257,51 @@ impl Rules {
             status,
             source,
         }
+    }
+}
+
+/// The text of the watched file `path`, or `None` (logged, and in
+/// `status`) when it cannot be read.
+async fn read(path: &std::path::Path, status: &Mutex<WatchStatus>) -> Option<String> {
+    let owned = path.to_owned();
+    let read = tokio::task::spawn_blocking(move || std::fs::read_to_string(owned)).await;
+    match read.unwrap_or_else(|error| Err(std::io::Error::other(error))) {
+        Ok(text) => Some(text),
+        Err(error) => {
+            let error = format!("{}: {error}", path.display());
+            tracing::warn!(%error, "rules: cannot read the rules file; the rules in force stay");
+            record(status, |s| s.error = Some(error));
+            None
+        }
+    }
+}
+
+/// Put the watched file's new `text` in force, unless it holds no rules
+/// without saying so (empty, blank, comments: a truncating save caught
+/// half way, say), which keeps the rules in force until it changes.
+fn take_in(rules: &Rules, path: &std::path::Path, text: &str, status: &Mutex<WatchStatus>) {
+    let format = Format::of(path);
+    let parsed = RuleSet::parse_as(path, text);
+    let unstated = text.trim().is_empty()
+        || matches!(&parsed, Ok(set) if set.rules().is_empty() && !format.names_its_rules(text));
+    if unstated {
+        let error = format!(
+            "{}: the file is empty or names no rules; the rules in force stay \
+             (to lift every limit, write `{}`)",
+            path.display(),
+            format.no_rules()
+        );
+        tracing::warn!(%error, "rules: a rules file of no rules is not applied unless it says so");
+        record(status, |s| s.error = Some(error));
+    } else {
+        apply(
+            rules,
+            parsed,
+            text,
+            status,
+            None,
+            &path.display().to_string(),
+        );
     }
 }
 

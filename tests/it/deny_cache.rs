@@ -78,7 +78,10 @@ async fn a_flood_after_a_denial_costs_redis_nothing_until_it_ends() {
         // holds a denial at most a second: Redis sees at most one request
         // per second of it (the sliding window's denial here ends just
         // after a second: one more denial from Redis), and the first
-        // request it sees after the denial ends is admitted.
+        // request it sees after the denial ends is admitted. The cache holds
+        // a denial from when its check was sent, never past the denial's
+        // end, so a request in the moment between (the time a check takes to
+        // reach Redis) may be denied by Redis once more, just before the end.
         let mut denied_by_redis = Vec::new();
         let admitted_after = loop {
             assert!(
@@ -98,12 +101,20 @@ async fn a_flood_after_a_denial_costs_redis_nothing_until_it_ends() {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         };
+        let mut previous = Duration::ZERO;
+        for at in &denied_by_redis {
+            let held_a_second = *at - previous >= Duration::from_millis(990);
+            let at_the_end = admitted_after - *at <= Duration::from_millis(200);
+            assert!(
+                held_a_second || at_the_end,
+                "{algorithm}: Redis asked again at {denied_by_redis:?} (admitted at \
+                 {admitted_after:?}), more than once a second"
+            );
+            previous = *at;
+        }
         assert!(
-            denied_by_redis.len() <= 1
-                && denied_by_redis
-                    .iter()
-                    .all(|at| *at >= Duration::from_millis(990)),
-            "{algorithm}: Redis asked again at {denied_by_redis:?}, more than once a second"
+            denied_by_redis.len() <= 2,
+            "{algorithm}: Redis denied at {denied_by_redis:?}"
         );
         assert!(calls(&server) > before, "{algorithm}");
         eprintln!("{algorithm}: {flood} cached denials, admitted again after {admitted_after:?}");

@@ -14,15 +14,6 @@ use crate::key::KeyHash;
 use crate::policy::{Algorithm, Policy};
 use crate::store::{BoxFuture, StoreError};
 
-/// The key of a decision, as the caller has it: as given (the limiter's
-/// direct path, which never spelled the store key in a `String`) or as
-/// stored (`{name}:{key}`).
-#[derive(Clone, Copy)]
-pub(super) enum Keys<'k> {
-    Given(&'k str),
-    Stored(&'k str),
-}
-
 /// A check waiting for the store. The future holds the key and hands it
 /// back with the answer.
 pub(super) struct Waiting {
@@ -55,7 +46,7 @@ impl Limiter {
         // counter every thread shares.
         let policy = policy.as_ref().unwrap_or(&self.inner.policy);
         if let Some(decision) = self.inner.store.check_in_process(&key, policy) {
-            return Check::done(self.decided(Keys::Stored(&key), policy, decision, None));
+            return Check::done(self.decided(&key, policy, decision, None));
         }
         let ticket = match self.inner.breaker.as_deref().map(Breaker::gate) {
             Some(Gate::Skip) => {
@@ -107,31 +98,23 @@ impl Limiter {
             Ok(decision) => {
                 crate::metrics::store_latency(name, sent);
                 self.store_answered(ticket, true);
-                self.decided(Keys::Stored(key), policy, decision, sent)
+                self.decided(key, policy, decision, sent)
             }
         }
     }
 
-    /// The verdict of the store's `decision` on `key` (as given), counted,
+    /// The verdict of the store's `decision` on `store_key`, counted,
     /// a denial held in the deny cache: one function for a store asked
     /// directly, one deciding in process and one answering later alike.
     #[inline(always)]
     pub(super) fn decided(
         &self,
-        keys: Keys<'_>,
+        store_key: &str,
         policy: &Arc<Policy>,
         decision: Decision,
         sent: Option<Instant>,
     ) -> Result<Verdict, LimitError> {
-        let key = match keys {
-            Keys::Given(key) => key,
-            Keys::Stored(stored) => self.raw_key(stored),
-        };
-        // The store key, spelled only where it is kept.
-        let store_key = || match keys {
-            Keys::Given(key) => std::borrow::Cow::Owned(self.store_key(key.to_owned())),
-            Keys::Stored(stored) => std::borrow::Cow::Borrowed(stored),
-        };
+        let key = self.raw_key(store_key);
         let name = &*self.inner.name;
         let verdict = if decision.allowed() {
             tracing::debug!(key = %KeyHash::held(name, key), remaining = decision.remaining(), "rate limit: admitted");
@@ -140,7 +123,7 @@ impl Limiter {
                 Verdict::of(
                     &self.inner.store,
                     policy,
-                    &store_key(),
+                    store_key,
                     decision,
                     DecidedBy::Store,
                 )
@@ -156,7 +139,7 @@ impl Limiter {
             if Arc::ptr_eq(policy, &self.inner.policy)
                 && let Some(deny_cache) = self.usable_deny_cache()
             {
-                deny_cache.insert(&store_key(), &decision, sent.unwrap_or_else(Instant::now));
+                deny_cache.insert(store_key, &decision, sent.unwrap_or_else(Instant::now));
             }
             Verdict::without_permit(Some(decision), DecidedBy::Store)
         };

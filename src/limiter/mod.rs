@@ -337,9 +337,9 @@ impl Limiter {
                 return local.check(self, key);
             }
             if let Some(memory) = &self.inner.memory {
-                let policy = &self.inner.policy;
-                let decision = memory.check_spelled(&self.inner.key_prefix, &key, policy);
-                return Check::done(self.decided(check::Keys::Given(&key), policy, decision, None));
+                let (key, policy) = (self.store_key(key), &self.inner.policy);
+                let decision = memory.check_now(&key, policy);
+                return Check::done(self.decided(&key, policy, decision, None));
             }
         }
         self.start_in_store(key, policy)

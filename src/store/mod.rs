@@ -96,7 +96,7 @@ pub trait Store: Send + Sync + 'static {
     /// it is one (or a wrapper that only forwards to one, and may answer
     /// `Some` too). Such a store never fails and holds no denial final: a
     /// [`Limiter`](crate::Limiter) then asks it directly, with no breaker,
-    /// no deny cache and no future, and its key spelled on the stack. The
+    /// no deny cache and no future. The
     /// default, `None`: any other store, even one deciding in process
     /// ([`check_in_process`](Self::check_in_process)), is asked as a store.
     fn memory(&self) -> Option<&MemoryStore> {

@@ -17,11 +17,9 @@ use super::table_key::{KeyHasher, has_brace, same_key};
 pub const MAX_RAW_KEY_LEN: usize = 128;
 
 /// A key as held, with its hash in one table's [`KeyHasher`]: the rule and
-/// the hash are one read of the key. Its text is bytes: a limiter's key is
-/// spelled on the stack from two strings ([`spelled`](Self::spelled)),
-/// which no check makes into a `str` (a key a table keeps is).
+/// the hash are one read of the key.
 pub(crate) struct StoreKey<'a> {
-    text: Cow<'a, [u8]>,
+    text: Cow<'a, str>,
     hash: u64,
 }
 
@@ -30,49 +28,24 @@ impl<'a> StoreKey<'a> {
     /// the key once, and builds no value in memory to read it back.
     #[inline(always)]
     pub(crate) fn new(key: &'a str, hasher: &KeyHasher) -> Self {
-        Self::of_bytes(key.as_bytes(), hasher).unwrap_or_else(|| Self::hashed(key, hasher))
-    }
-
-    /// The key `{prefix}{key}` (a limiter's `{name}:` and a key), held as
-    /// [`new`](Self::new) holds the two written out, spelled in `buffer`
-    /// when it may be held as it is (no allocation).
-    #[inline(always)]
-    pub(crate) fn spelled(
-        buffer: &'a mut [u8; MAX_RAW_KEY_LEN],
-        prefix: &str,
-        key: &str,
-        hasher: &KeyHasher,
-    ) -> Self {
-        let (p, len) = (prefix.len(), prefix.len() + key.len());
-        if let Some(whole) = buffer.get_mut(..len) {
-            whole[..p].copy_from_slice(prefix.as_bytes());
-            whole[p..].copy_from_slice(key.as_bytes());
-            if let Some(held) = Self::of_bytes(whole, hasher) {
-                return held;
+        if fits(key.as_bytes()) {
+            let (hash, braces) = hasher.hash_and_braces(key.as_bytes());
+            if !braces {
+                return Self {
+                    text: Cow::Borrowed(key),
+                    hash,
+                };
             }
         }
-        Self::hashed(&format!("{prefix}{key}"), hasher)
-    }
-
-    /// `key` held as it is, when the rule lets it be.
-    #[inline(always)]
-    fn of_bytes(key: &'a [u8], hasher: &KeyHasher) -> Option<Self> {
-        if !fits(key) {
-            return None;
-        }
-        let (hash, braces) = hasher.hash_and_braces(key);
-        (!braces).then_some(Self {
-            text: Cow::Borrowed(key),
-            hash,
-        })
+        Self::hashed(key, hasher)
     }
 
     /// `key` not held as it is.
     #[cold]
     #[inline(never)]
     fn hashed(key: &str, hasher: &KeyHasher) -> Self {
-        let text = hashed(key).into_bytes();
-        let hash = hasher.hash(&text);
+        let text = hashed(key);
+        let hash = hasher.hash(text.as_bytes());
         Self {
             text: Cow::Owned(text),
             hash,
@@ -81,8 +54,7 @@ impl<'a> StoreKey<'a> {
 
     /// The key as held, for a table to keep (a new key: the only copy).
     pub(crate) fn to_text<T: for<'s> From<&'s str>>(&self) -> T {
-        // Spelled from strings, or hashed to hex: never lossy.
-        T::from(&String::from_utf8_lossy(&self.text))
+        T::from(&self.text)
     }
 
     /// Its hash in the table's hasher.
@@ -94,7 +66,7 @@ impl<'a> StoreKey<'a> {
     /// Whether `held`, a key a table holds, is this one.
     #[inline]
     pub(crate) fn is(&self, held: &str) -> bool {
-        same_key(held.as_bytes(), &self.text)
+        same_key(held.as_bytes(), self.text.as_bytes())
     }
 }
 
@@ -165,13 +137,6 @@ mod tests {
                 assert!(text.starts_with('#') && text.len() == 41);
                 // A hashed key is hashed again, never held as it is.
                 assert_ne!(bounded_key(&text), text);
-            }
-            // Spelled from a prefix and the rest, the same key.
-            for at in (0..=key.len()).filter(|&at| key.is_char_boundary(at)) {
-                let mut buffer = [0; MAX_RAW_KEY_LEN];
-                let spelled = StoreKey::spelled(&mut buffer, &key[..at], &key[at..], &hasher);
-                assert_eq!(spelled.to_text::<String>(), text, "{key} at {at}");
-                assert_eq!(spelled.hash(), held.hash(), "{key} at {at}");
             }
         }
     }

@@ -9,7 +9,7 @@ use crate::algorithm;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Lease};
 use crate::policy::{Algorithm, Policy};
-use crate::store::{Command, KeyHasher, MAX_RAW_KEY_LEN, State, Store, StoreError, StoreKey};
+use crate::store::{Command, KeyHasher, State, Store, StoreError, StoreKey};
 
 const SHARDS: usize = 16;
 /// When a check finds this long (µs) passed since its shard last swept,
@@ -215,14 +215,6 @@ impl MemoryStore {
     /// ```
     pub fn check_now(&self, key: &str, policy: &Policy) -> Decision {
         let key = StoreKey::new(key, &self.inner.hasher);
-        self.check_key(&key, policy)
-    }
-
-    /// [`check_now`](Self::check_now) of the key `{prefix}{key}`, spelled
-    /// on the stack: a limiter's key, held as that key written out is.
-    pub(crate) fn check_spelled(&self, prefix: &str, key: &str, policy: &Policy) -> Decision {
-        let mut buffer = [0; MAX_RAW_KEY_LEN];
-        let key = StoreKey::spelled(&mut buffer, prefix, key, &self.inner.hasher);
         self.check_key(&key, policy)
     }
 

@@ -2,6 +2,7 @@
 //! ids, and the bound and sweep of the keys held.
 
 use super::*;
+use crate::store::MAX_RAW_KEY_LEN;
 use crate::clock::{Clock, ManualClock};
 use std::time::Duration;
 

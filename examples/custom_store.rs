@@ -31,25 +31,22 @@ impl<C: Clock> MapStore<C> {
         }
     }
 
-    /// Run `f` on the state of `key` under `policy`'s algorithm, under the
-    /// lock, dropping states that stopped mattering.
-    fn with_state<T>(&self, key: &str, policy: &Policy, f: impl FnOnce(&mut KeyState) -> T) -> T {
+    /// Run `f` on the state of `key`, under the lock, dropping states that
+    /// stopped mattering.
+    fn with_state<T>(&self, key: &str, f: impl FnOnce(&mut KeyState) -> T) -> T {
         let now = self.clock.now();
         let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
         // A real store would bound its keys (MemoryStore keeps at most
         // 100,000); this one only forgets the expired ones.
         keys.retain(|_, state| state.expires_at() > now);
-        let slot = format!("{}:{key}", policy.algorithm());
-        f(keys
-            .entry(slot)
-            .or_insert_with(|| KeyState::new(policy.algorithm())))
+        f(keys.entry(key.to_owned()).or_default())
     }
 }
 
 impl<C: Clock> Store for MapStore<C> {
     async fn check(&self, key: &str, policy: &Policy) -> Result<Decision, StoreError> {
         let now = self.clock.now();
-        Ok(self.with_state(key, policy, |state| state.check(now, policy)))
+        Ok(self.with_state(key, |state| state.check(now, policy)))
     }
 
     async fn command(
@@ -59,11 +56,11 @@ impl<C: Clock> Store for MapStore<C> {
         command: Command,
     ) -> Result<Decision, StoreError> {
         let now = self.clock.now();
-        Ok(self.with_state(key, policy, |state| state.command(now, policy, command)))
+        Ok(self.with_state(key, |state| state.command(now, policy, command)))
     }
 
-    async fn release(&self, key: &str, policy: &Policy, lease: Lease) -> Result<(), StoreError> {
-        self.with_state(key, policy, |state| state.release(lease));
+    async fn release(&self, key: &str, _policy: &Policy, lease: Lease) -> Result<(), StoreError> {
+        self.with_state(key, |state| state.release(lease));
         Ok(())
     }
 }

@@ -42,6 +42,16 @@ impl State {
         self.leases.retain(|&(_, expiry)| expiry > now);
     }
 
+    /// The leases held, with their expiries (µs).
+    pub(crate) fn leases(&self) -> &[(Lease, u64)] {
+        &self.leases
+    }
+
+    /// The state holding `leases`.
+    pub(crate) fn of_leases(leases: Vec<(Lease, u64)>) -> Self {
+        Self { leases }
+    }
+
     /// When the state stops mattering: its last lease expires.
     fn expiry(&self) -> u64 {
         self.leases.iter().map(|&(_, e)| e).max().unwrap_or(0)

@@ -34,6 +34,22 @@ pub(crate) struct Counter {
     count: u64,
 }
 
+impl Counter {
+    /// Its fields as words, for a state written to bytes
+    /// ([`KeyState::to_bytes`](crate::store::KeyState::to_bytes)).
+    pub(crate) fn words(&self) -> [u64; 3] {
+        [self.slot, self.index, self.count]
+    }
+
+    /// A counter read back from [`words`](Self::words), unless its slot
+    /// is zero or its window's end is past the clock's range.
+    pub(crate) fn from_words([slot, index, count]: [u64; 3]) -> Option<Self> {
+        let fits = Calendar::from_slot(slot).is_some()
+            || (slot > 0 && index.checked_add(1)?.checked_mul(slot).is_some());
+        fits.then_some(Self { slot, index, count })
+    }
+}
+
 /// The current window of `rate` at `now`: the slot of its counter, the
 /// window's index and its end (µs).
 #[inline]

@@ -54,6 +54,26 @@ pub(crate) struct Tat {
     max: u64,
 }
 
+impl Tat {
+    /// Its fields as words (the fraction's bits), for a state written to
+    /// bytes ([`KeyState::to_bytes`](crate::store::KeyState::to_bytes)).
+    pub(crate) fn words(&self) -> [u64; 4] {
+        [self.window, self.whole, self.fraction.to_bits(), self.max]
+    }
+
+    /// A TAT read back from [`words`](Self::words), unless its window is
+    /// zero or its fraction is not in [0, 1).
+    pub(crate) fn from_words([window, whole, fraction, max]: [u64; 4]) -> Option<Self> {
+        let fraction = f64::from_bits(fraction);
+        (window > 0 && (0.0..1.0).contains(&fraction)).then_some(Self {
+            window,
+            whole,
+            fraction,
+            max,
+        })
+    }
+}
+
 /// One rate of a check, planned from the state: its window and interval
 /// (µs), and its offset now and after the request.
 #[derive(Clone, Copy)]

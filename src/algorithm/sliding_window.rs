@@ -33,6 +33,26 @@ pub(crate) struct Counters {
     previous: u64,
 }
 
+impl Counters {
+    /// Its fields as words, for a state written to bytes
+    /// ([`KeyState::to_bytes`](crate::store::KeyState::to_bytes)).
+    pub(crate) fn words(&self) -> [u64; 4] {
+        [self.window, self.index, self.current, self.previous]
+    }
+
+    /// Counters read back from [`words`](Self::words), unless the window
+    /// is zero or the next one ends past the clock's range.
+    pub(crate) fn from_words([window, index, current, previous]: [u64; 4]) -> Option<Self> {
+        let fits = window > 0 && index.checked_add(2)?.checked_mul(window).is_some();
+        fits.then_some(Self {
+            window,
+            index,
+            current,
+            previous,
+        })
+    }
+}
+
 /// The counters of `window` rolled forward to the window holding `now`.
 fn rolled(state: &State, window: u64, now: u64) -> Counters {
     let index = now / window;

@@ -23,7 +23,7 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 /// | [`Gcra`](Self::Gcra) | one timestamp per rate | yes, as a token bucket | smooth rates with bursts |
 /// | [`Concurrency`](Self::Concurrency) | one lease per request in flight | yes | at most N requests in flight |
 #[cfg_attr(not(feature = "redis"), doc = links_without!("redis"))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 #[non_exhaustive]
 pub enum Algorithm {
     /// The sorted-set rolling window: a request is admitted if fewer than

@@ -348,6 +348,32 @@ impl Calendar {
         CALENDAR_SLOT | u64::from(self.bits())
     }
 
+    /// The calendar whose [`field`](Self::field) is `field` (a state read
+    /// back from bytes, where a slot's zone id would be this process's
+    /// own); `None` for any other text.
+    pub(crate) fn from_field(field: &str) -> Option<Self> {
+        let (period, rest) = field.split_once(':')?;
+        let (period, zone, anchor) = match period {
+            "day" => (Period::Day, rest, 0),
+            "week" => {
+                let (zone, day) = rest.rsplit_once(':')?;
+                (Period::Week, zone, Weekday::parse(day)?.index())
+            }
+            "month" => {
+                let (zone, day) = rest.rsplit_once(':')?;
+                let day = day.parse().ok().filter(|d| (1..=31).contains(d))?;
+                (Period::Month, zone, day)
+            }
+            _ => return None,
+        };
+        let zone = Zone::parse(zone, field).ok()?;
+        Some(Self {
+            period,
+            anchor,
+            zone,
+        })
+    }
+
     /// The calendar of a [`slot`](Self::slot); `None` for a window in µs.
     pub(crate) fn from_slot(slot: u64) -> Option<Self> {
         if slot & CALENDAR_SLOT == 0 {

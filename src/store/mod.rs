@@ -18,8 +18,8 @@ pub(crate) mod redis;
 mod store_key;
 mod table_key;
 
-pub use key_state::KeyState;
 pub(crate) use key_state::State;
+pub use key_state::{KeyState, STATE_ENCODING_VERSION, StateError};
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreBuilder, TrackedConnection, TrackedManager};

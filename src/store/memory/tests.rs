@@ -2,8 +2,8 @@
 //! ids, and the bound and sweep of the keys held.
 
 use super::*;
-use crate::store::MAX_RAW_KEY_LEN;
 use crate::clock::{Clock, ManualClock};
+use crate::store::MAX_RAW_KEY_LEN;
 use std::time::Duration;
 
 /// Two policies counting one key keep each other's counters, as the

@@ -1,24 +1,40 @@
-//! [`KeyState`]: one key's state under one algorithm and the decision
-//! arithmetic on it, the same every store of the crate runs: the way to
-//! write a [`Store`](crate::Store) of your own.
+//! [`KeyState`]: one key's state under every algorithm it is counted by,
+//! its block, and the decision arithmetic on them, the same every store of
+//! the crate runs: the way to write a [`Store`](crate::Store) of your own.
+
+mod encoding;
+#[cfg(test)]
+mod tests;
 
 use std::time::Duration;
+
+use smallvec::SmallVec;
 
 use crate::algorithm::{self, concurrency, fixed_window, gcra, sliding_log, sliding_window};
 use crate::decision::{Decision, Lease, RefundId};
 use crate::policy::{Algorithm, Policy, duration_micros};
 use crate::store::Command;
 
-/// The state of one limited key under one [`Algorithm`], with its block,
-/// and the decisions taken on it: what [`MemoryStore`](crate::MemoryStore)
-/// and the Redis scripts compute, for a [`Store`](crate::Store) of your own
-/// to keep wherever it keeps state (a map behind a lock, a row read and
-/// written in one transaction).
+pub use encoding::{STATE_ENCODING_VERSION, StateError};
+
+/// The state of one limited key: its counts under each [`Algorithm`] it is
+/// checked by, and its block. What [`MemoryStore`](crate::MemoryStore)
+/// and the Redis scripts compute, for a [`Store`](crate::Store) of your
+/// own to keep wherever it keeps state: a map behind a lock, or a row,
+/// document or value read and written in one transaction
+/// ([`to_bytes`](Self::to_bytes), [`from_bytes`](Self::from_bytes)).
+///
+/// Keep **one `KeyState` per key**: it holds the key's counts under every
+/// algorithm apart (a fixed window and a GCRA on one key count apart, as
+/// in `MemoryStore`), and one block over all of them (a
+/// [`Command::Block`] denies the key under every algorithm; a
+/// [`Command::Reset`] under any algorithm lifts it, and clears that
+/// algorithm's counts only).
 ///
 /// Every method takes `now`, the time since the Unix epoch (a
-/// [`Clock`](crate::clock::Clock)'s reading). A state whose
-/// [`expires_at`](Self::expires_at) has passed may be dropped: a fresh one
-/// decides the same from then on.
+/// [`Clock`](crate::clock::Clock)'s reading). Once `now` reaches
+/// [`expires_at`](Self::expires_at), the state may be dropped: a fresh one
+/// decides exactly the same from then on (not a microsecond before).
 ///
 /// ```
 /// use std::time::Duration;
@@ -26,40 +42,55 @@ use crate::store::Command;
 /// use tower_redis_ratelimit::Policy;
 ///
 /// let policy: Policy = "2/s".parse()?;
-/// let mut state = KeyState::new(policy.algorithm());
+/// let mut state = KeyState::new();
 /// let now = Duration::from_secs(1_700_000_000);
 /// assert!(state.check(now, &policy).allowed());
 /// assert!(state.check(now, &policy).allowed());
 /// let denied = state.check(now, &policy);
 /// assert_eq!((denied.allowed(), denied.retry_after()), (false, Duration::from_secs(1)));
+/// // Kept as bytes (a row's column) and read back, it decides the same.
+/// let mut state = KeyState::from_bytes(&state.to_bytes())?;
+/// assert!(!state.check(now, &policy).allowed());
 /// assert!(state.check(now + Duration::from_secs(1), &policy).allowed());
-/// # Ok::<(), tower_redis_ratelimit::PolicyError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
-/// A store built on it proves itself with the crate's conformance suite
+/// A store built on it proves itself with the crate's conformance kit
 /// (feature `test-util`: `store::conformance`).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct KeyState {
-    state: State,
-    /// When (µs) the state stops mattering.
-    expires_at: u64,
-    /// Until when (µs) the key is blocked (0: not).
+    /// The key's counts under each algorithm it is checked by (at most one
+    /// each).
+    counted: SmallVec<[Counted; 1]>,
+    /// Until when (µs) the key is blocked, under every algorithm (0: not).
     blocked_until: u64,
     /// With the time, the next slot's lease id: a count from a random
     /// start.
     next_lease: u64,
 }
 
+/// A key's counts under one algorithm, and when (µs) they stop mattering.
+#[derive(Debug, Clone)]
+struct Counted {
+    state: State,
+    expires_at: u64,
+}
+
+impl Default for KeyState {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl KeyState {
-    /// The empty state of a key under `algorithm`.
-    pub fn new(algorithm: Algorithm) -> Self {
+    /// The state of a key never checked.
+    pub fn new() -> Self {
         Self {
-            state: State::new(algorithm),
-            expires_at: 0,
+            counted: SmallVec::new(),
             blocked_until: 0,
-            // Random: a state made afresh (after a reset, or dropped once it
-            // expired) in the same microsecond as an earlier one of the key
-            // must not hand out an id a request may still release.
+            // Random: a state made afresh (dropped once it expired) in the
+            // same microsecond as an earlier one of the key must not hand
+            // out an id a request may still release.
             next_lease: {
                 use std::hash::{BuildHasher, Hasher};
                 std::collections::hash_map::RandomState::new()
@@ -76,9 +107,16 @@ impl KeyState {
         if let Some(left) = algorithm::block_left(self.blocked_until, now) {
             return algorithm::blocked(policy, left);
         }
-        let next_lease = &mut self.next_lease;
+        let Self {
+            counted,
+            next_lease,
+            ..
+        } = self;
+        let counted = under(counted, policy.algorithm(), now);
         let lease = || key_lease_ids(next_lease, now, 1);
-        self.state.check(now, policy, lease, &mut self.expires_at)
+        counted
+            .state
+            .check(now, policy, lease, &mut counted.expires_at)
     }
 
     /// Run an operator's `command` at `now` and return the decision a
@@ -86,17 +124,17 @@ impl KeyState {
     /// ([`Store::command`](crate::Store::command)).
     pub fn command(&mut self, now: Duration, policy: &Policy, command: Command) -> Decision {
         let now = duration_micros(now);
+        let algorithm = policy.algorithm();
         match command {
-            Command::Reset => *self = Self::new(policy.algorithm()),
+            Command::Reset => {
+                self.counted.retain(|c| c.state.algorithm() != algorithm);
+                self.blocked_until = 0;
+            }
             Command::Block(duration) => {
                 self.blocked_until = now.saturating_add(algorithm::block_micros(duration));
             }
             Command::Penalty(_) | Command::Reward(_) | Command::Refund { .. } => {
-                let next_lease = &mut self.next_lease;
-                let lease_ids = |n| key_lease_ids(next_lease, now, n).id();
-                if let Some(expires_at) = self.state.count(now, policy, command, lease_ids) {
-                    self.expires_at = expires_at;
-                }
+                self.count(now, policy, command);
             }
             Command::Peek => {}
         }
@@ -105,15 +143,50 @@ impl KeyState {
 
     /// Give back the concurrency slot `lease` ([`Store::release`](crate::Store::release)).
     pub fn release(&mut self, lease: Lease) {
-        if let State::Leases(leases) = &mut self.state {
-            leases.release(lease);
+        for counted in &mut self.counted {
+            if let State::Leases(leases) = &mut counted.state {
+                leases.release(lease);
+            }
         }
     }
 
-    /// When the state stops mattering (since the Unix epoch): past it, and
-    /// past its block, it may be dropped.
+    /// When the state stops mattering (since the Unix epoch): from then
+    /// on, a fresh state decides the same, and it may be dropped (a row's
+    /// expiry). Exact to the microsecond: a state dropped earlier may
+    /// admit what it would deny.
     pub fn expires_at(&self) -> Duration {
-        Duration::from_micros(self.expires_at.max(self.blocked_until))
+        let counted = self.counted.iter().map(|c| c.expires_at).max();
+        Duration::from_micros(counted.unwrap_or(0).max(self.blocked_until))
+    }
+
+    /// A penalty, reward or refund on the counts under `policy`'s
+    /// algorithm (a refund of counts no longer held gives back nothing).
+    fn count(&mut self, now: u64, policy: &Policy, command: Command) {
+        let algorithm = policy.algorithm();
+        let Self {
+            counted,
+            next_lease,
+            ..
+        } = self;
+        let lease_ids = |n| key_lease_ids(next_lease, now, n).id();
+        match counted
+            .iter_mut()
+            .find(|c| c.state.algorithm() == algorithm)
+        {
+            Some(held) => {
+                if let Some(expires_at) = held.state.count(now, policy, command, lease_ids) {
+                    held.expires_at = expires_at;
+                }
+            }
+            None if matches!(command, Command::Refund { .. }) => {}
+            None => {
+                let mut state = State::new(algorithm);
+                let expires_at = state.count(now, policy, command, lease_ids);
+                if let Some(expires_at) = expires_at.filter(|&at| at > now) {
+                    counted.push(Counted { state, expires_at });
+                }
+            }
+        }
     }
 
     /// The decision a request would get at `now` (µs), changing nothing.
@@ -121,8 +194,37 @@ impl KeyState {
         if let Some(left) = algorithm::block_left(self.blocked_until, now) {
             return algorithm::blocked(policy, left);
         }
-        self.state.peek(now, policy)
+        let algorithm = policy.algorithm();
+        match self
+            .counted
+            .iter()
+            .find(|c| c.state.algorithm() == algorithm)
+        {
+            Some(counted) => counted.state.peek(now, policy),
+            None => State::new(algorithm).peek(now, policy),
+        }
     }
+}
+
+/// The counts under `algorithm`, made when there are none; counts that
+/// stopped mattering by `now` are dropped first (a fresh state decides the
+/// same).
+fn under(counted: &mut SmallVec<[Counted; 1]>, algorithm: Algorithm, now: u64) -> &mut Counted {
+    counted.retain(|c| c.expires_at > now);
+    let at = match counted
+        .iter()
+        .position(|c| c.state.algorithm() == algorithm)
+    {
+        Some(at) => at,
+        None => {
+            counted.push(Counted {
+                state: State::new(algorithm),
+                expires_at: 0,
+            });
+            counted.len() - 1
+        }
+    };
+    &mut counted[at]
 }
 
 /// The first of `n` lease ids no slot of a key holds: the time (µs) and a
@@ -134,7 +236,7 @@ fn key_lease_ids(next: &mut u64, now: u64, n: u64) -> Lease {
 }
 
 /// The state of one key under one algorithm.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum State {
     Log(sliding_log::State),
     Fixed(fixed_window::State),
@@ -271,13 +373,17 @@ impl State {
     }
 
     fn matches(&self, algorithm: Algorithm) -> bool {
-        matches!(
-            (self, algorithm),
-            (Self::Log(_), Algorithm::SlidingLog)
-                | (Self::Fixed(_), Algorithm::FixedWindow)
-                | (Self::Sliding(_), Algorithm::SlidingWindow)
-                | (Self::Gcra(_), Algorithm::Gcra)
-                | (Self::Leases(_), Algorithm::Concurrency)
-        )
+        self.algorithm() == algorithm
+    }
+
+    /// The algorithm this state counts under.
+    pub(crate) fn algorithm(&self) -> Algorithm {
+        match self {
+            Self::Log(_) => Algorithm::SlidingLog,
+            Self::Fixed(_) => Algorithm::FixedWindow,
+            Self::Sliding(_) => Algorithm::SlidingWindow,
+            Self::Gcra(_) => Algorithm::Gcra,
+            Self::Leases(_) => Algorithm::Concurrency,
+        }
     }
 }

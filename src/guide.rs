@@ -34,3 +34,4 @@ page!(cancellation);
 page!(operating);
 page!(deployments);
 page!(envoy);
+page!(writing_a_store);

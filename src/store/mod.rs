@@ -46,10 +46,10 @@ pub mod scripts {
 /// The crate ships [`MemoryStore`] and `RedisStore` (feature `redis`). To
 /// keep the state somewhere else, keep a [`KeyState`] per key wherever
 /// you can read and write it atomically and call it from these methods:
-/// its decisions are the crate's. `examples/custom_store.rs` is such a
-/// store over a `Mutex<HashMap>`; the conformance suite
-/// (`store::conformance`, feature `test-util`) holds yours to
-/// `MemoryStore`'s decisions.
+/// its decisions are the crate's. The guide's page
+/// [writing a store](crate::guide::writing_a_store) gives the contract
+/// and a complete store; the conformance kit (`store::conformance`,
+/// feature `test-util`) holds yours to `MemoryStore`'s decisions.
 pub trait Store: Send + Sync + 'static {
     /// Count one request of `key` (of `policy.cost()` units) against
     /// `policy`, and say whether it is admitted. A denied request must not
@@ -72,7 +72,9 @@ pub trait Store: Send + Sync + 'static {
     /// Run an operator's [`Command`] on `key` under `policy`, atomically
     /// (one script in Redis), and return the state it leaves: the decision a
     /// request of `policy.cost()` would get now, consuming nothing. The
-    /// default answers [`StoreError::Unsupported`].
+    /// default answers [`StoreError::Unsupported`]; a store that keeps it
+    /// has no operator commands, refunds or settled costs, and fails the
+    /// conformance kit.
     fn command(
         &self,
         key: &str,
@@ -132,7 +134,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// Give back the concurrency slot `lease` of `key`, taken by an admitted
     /// [`Concurrency`](crate::Algorithm::Concurrency) check. The default does
-    /// nothing (for stores without that algorithm).
+    /// nothing: a store that keeps it never frees a slot, and fails the
+    /// conformance kit.
     fn release(
         &self,
         key: &str,

@@ -56,7 +56,8 @@ pub use encoding::{STATE_ENCODING_VERSION, StateError};
 /// ```
 ///
 /// A store built on it proves itself with the crate's conformance kit
-/// (feature `test-util`: `store::conformance`).
+/// (feature `test-util`: `store::conformance`); the guide's page
+/// [writing a store](crate::guide::writing_a_store) shows one whole.
 #[derive(Debug, Clone)]
 pub struct KeyState {
     /// The key's counts under each algorithm it is checked by (at most one

@@ -41,6 +41,8 @@ pub use decision::Decision;
 pub use http::{RateLimit, RateLimitLayer};
 pub use limiter::{FailMode, LimitError, Limiter, Permit, Verdict};
 pub use policy::{Algorithm, Policy, PolicyError, Rate};
+#[cfg(feature = "postgres")]
+pub use store::PostgresStore;
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
 pub use store::{MemoryStore, Store, StoreError};

@@ -13,6 +13,8 @@ use crate::policy::Policy;
 pub mod conformance;
 mod key_state;
 pub(crate) mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 mod store_key;
@@ -21,6 +23,8 @@ mod table_key;
 pub(crate) use key_state::State;
 pub use key_state::{KeyState, STATE_ENCODING_VERSION, StateError};
 pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use postgres::{DEFAULT_TABLE, DEFAULT_TIMEOUT, PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreBuilder, TrackedConnection, TrackedManager};
 pub use store_key::MAX_RAW_KEY_LEN;

@@ -39,6 +39,8 @@ mod memory_usage;
 mod network_faults;
 #[cfg(feature = "admin")]
 mod operating;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod redis_cluster;
 mod redis_store;
 mod request_bodies;

@@ -24,6 +24,8 @@ pub mod faults;
 pub mod harness;
 pub mod http;
 pub mod logs;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub mod proxy;
 pub mod raw;
 pub mod rng;

@@ -1,0 +1,343 @@
+//! [`PostgresStore`]: limits shared through PostgreSQL, each key's
+//! [`KeyState`] a row updated in one transaction per decision.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bb8_postgres::PostgresConnectionManager;
+use bb8_postgres::bb8::{Pool, RunError};
+use tokio_postgres::NoTls;
+use tokio_postgres::types::{ToSql, Type};
+
+use crate::clock::Clock;
+use crate::decision::{Decision, Lease};
+use crate::policy::{Algorithm, Policy};
+use crate::store::{Command, KeyState, Store, StoreError, bounded_key};
+
+/// The table [`PostgresStore::connect`] keeps the states in.
+pub const DEFAULT_TABLE: &str = "rate_limits";
+
+/// The longest one decision may take (a connection from the pool, the
+/// transaction and its commit) before it fails with
+/// [`StoreError::Timeout`]: the fail mode then decides.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Every how many writes expired rows are deleted, a bounded batch of them.
+const CLEANUP_EVERY: u64 = 256;
+/// At most this many expired rows deleted at once.
+const CLEANUP_BATCH: u32 = 256;
+
+type Manager = PostgresConnectionManager<NoTls>;
+
+/// Limits shared through PostgreSQL: every process of a deployment that
+/// has a database and no Redis counts on one table (feature `postgres`).
+///
+/// One row per limited key holds its [`KeyState`] as bytes
+/// ([`KeyState::to_bytes`]) and when it stops mattering. A decision is one
+/// transaction: the key's row is locked (made, for a new key), read,
+/// decided on the database's clock, and written back; two processes
+/// checking one key at once take turns. A connection lost mid-transaction
+/// rolls it back: the request was not counted. Expired rows are deleted in
+/// bounded batches as the store writes. Every algorithm, several rates,
+/// costs, calendar quotas, operator commands and concurrency slots work
+/// as in [`MemoryStore`](crate::MemoryStore).
+///
+/// ```no_run
+/// use tower_redis_ratelimit::{Limiter, Policy, PostgresStore};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = PostgresStore::connect("postgres://app@localhost/app").await?;
+/// let limiter = Limiter::new(store, "100/min".parse::<Policy>()?);
+/// assert!(limiter.check("tenant-42").await?.allowed());
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool<Manager>,
+    /// The statements, written for the table.
+    sql: Sql,
+    /// The clock decisions are taken on; `None`: the database's.
+    clock: Option<Arc<dyn Clock>>,
+    timeout: Duration,
+    writes: AtomicU64,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("table", &self.inner.sql.table)
+            .field("timeout", &self.inner.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The statements of one table.
+struct Sql {
+    table: String,
+    /// Lock (or make) a key's row; its state, expiry and the database's
+    /// time (µs), read after the lock is held.
+    lock: String,
+    write: String,
+    delete: String,
+    cleanup: String,
+}
+
+impl Sql {
+    fn new(table: &str) -> Self {
+        Self {
+            table: table.to_owned(),
+            lock: format!(
+                "INSERT INTO {table} (key, state, expires_at) VALUES ($1, ''::bytea, 0) \
+                 ON CONFLICT (key) DO UPDATE SET expires_at = {table}.expires_at \
+                 RETURNING state, expires_at, \
+                 (extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
+            ),
+            write: format!("UPDATE {table} SET state = $2, expires_at = $3 WHERE key = $1"),
+            delete: format!("DELETE FROM {table} WHERE key = $1"),
+            cleanup: format!(
+                "DELETE FROM {table} WHERE key IN (SELECT key FROM {table} \
+                 WHERE expires_at <= $1 LIMIT {CLEANUP_BATCH} FOR UPDATE SKIP LOCKED)"
+            ),
+        }
+    }
+
+    fn schema(&self) -> String {
+        let table = &self.table;
+        format!(
+            "CREATE TABLE IF NOT EXISTS {table} (key text PRIMARY KEY, state bytea NOT NULL, \
+             expires_at bigint NOT NULL); \
+             CREATE INDEX IF NOT EXISTS {table}_expires_at ON {table} (expires_at)"
+        )
+    }
+}
+
+/// Builds a [`PostgresStore`] with settings other than the defaults.
+#[must_use]
+pub struct PostgresStoreBuilder {
+    url: String,
+    table: String,
+    pool_size: u32,
+    timeout: Duration,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl std::fmt::Debug for PostgresStoreBuilder {
+    // Not the URL: it may hold a password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStoreBuilder")
+            .field("table", &self.table)
+            .field("pool_size", &self.pool_size)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStoreBuilder {
+    /// The table the states are kept in (made when missing): a plain SQL
+    /// name, letters, digits and `_`, at most 63 bytes. [`DEFAULT_TABLE`]
+    /// by default.
+    pub fn table(mut self, table: &str) -> Self {
+        table.clone_into(&mut self.table);
+        self
+    }
+
+    /// Connections in the pool (10 by default).
+    pub fn pool_size(mut self, connections: u32) -> Self {
+        self.pool_size = connections.max(1);
+        self
+    }
+
+    /// The longest one decision may take ([`DEFAULT_TIMEOUT`]).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Decide on `clock` rather than on the database's clock: for tests (a
+    /// [`ManualClock`](crate::clock::ManualClock)). Every process sharing
+    /// the table must then read one time.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Connect, and make the table when it is missing.
+    pub async fn connect(self) -> Result<PostgresStore, StoreError> {
+        let plain = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+        let table = &self.table;
+        if table.is_empty()
+            || table.len() > 63
+            || table.as_bytes()[0].is_ascii_digit()
+            || !table.bytes().all(plain)
+        {
+            return Err(StoreError::UnexpectedReply(format!(
+                "PostgresStore: the table name {table:?} is not a plain SQL name \
+                 (letters, digits and _, at most 63 bytes, not starting with a digit)"
+            )));
+        }
+        let config: tokio_postgres::Config = self.url.parse().map_err(postgres)?;
+        let pool = Pool::builder()
+            .max_size(self.pool_size)
+            .connection_timeout(self.timeout)
+            .build(Manager::new(config, NoTls))
+            .await
+            .map_err(postgres)?;
+        let sql = Sql::new(table);
+        let conn = pool.get().await.map_err(pool_error)?;
+        conn.batch_execute(&sql.schema()).await.map_err(postgres)?;
+        drop(conn);
+        Ok(PostgresStore {
+            inner: Arc::new(Inner {
+                pool,
+                sql,
+                clock: self.clock,
+                timeout: self.timeout,
+                writes: AtomicU64::new(0),
+            }),
+        })
+    }
+}
+
+impl PostgresStore {
+    /// Connect to the database at `url` (`postgres://user:password@host/db`,
+    /// or key=value settings), keeping the states in [`DEFAULT_TABLE`],
+    /// made when missing.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::builder(url).connect().await
+    }
+
+    /// A builder for a store with other settings.
+    pub fn builder(url: &str) -> PostgresStoreBuilder {
+        PostgresStoreBuilder {
+            url: url.to_owned(),
+            table: DEFAULT_TABLE.to_owned(),
+            pool_size: 10,
+            timeout: DEFAULT_TIMEOUT,
+            clock: None,
+        }
+    }
+
+    /// Run `f` on the state of `key` at the decision's time, in one
+    /// transaction holding the key's row, within the store's timeout.
+    async fn update<T>(
+        &self,
+        key: &str,
+        f: impl FnOnce(&mut KeyState, Duration) -> T,
+    ) -> Result<T, StoreError> {
+        let timeout = self.inner.timeout;
+        match tokio::time::timeout(timeout, self.transaction(key, f)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(StoreError::Timeout(timeout)),
+        }
+    }
+
+    async fn transaction<T>(
+        &self,
+        key: &str,
+        f: impl FnOnce(&mut KeyState, Duration) -> T,
+    ) -> Result<T, StoreError> {
+        let inner = &*self.inner;
+        let key = bounded_key(key);
+        let key: &str = &key;
+        let mut conn = inner.pool.get().await.map_err(pool_error)?;
+        let tx = conn.transaction().await.map_err(postgres)?;
+        let row = tx
+            .query_typed(
+                &inner.sql.lock,
+                &[(&key as &(dyn ToSql + Sync), Type::TEXT)],
+            )
+            .await
+            .map_err(postgres)?;
+        let row = row
+            .first()
+            .ok_or_else(|| StoreError::UnexpectedReply("no row locked".to_owned()))?;
+        let (bytes, expires_at, db_now): (&[u8], i64, i64) = (
+            row.try_get(0).map_err(postgres)?,
+            row.try_get(1).map_err(postgres)?,
+            row.try_get(2).map_err(postgres)?,
+        );
+        let now = match &inner.clock {
+            Some(clock) => clock.now(),
+            None => Duration::from_micros(u64::try_from(db_now).unwrap_or(0)),
+        };
+        let expired = u128::try_from(expires_at).unwrap_or(0) <= now.as_micros();
+        let mut state = if bytes.is_empty() || expired {
+            KeyState::new()
+        } else {
+            KeyState::from_bytes(bytes).map_err(|e| StoreError::backend("postgres", e))?
+        };
+        let out = f(&mut state, now);
+        let expires_at = state.expires_at();
+        if expires_at <= now {
+            tx.query_typed(
+                &inner.sql.delete,
+                &[(&key as &(dyn ToSql + Sync), Type::TEXT)],
+            )
+            .await
+            .map_err(postgres)?;
+        } else {
+            let micros = i64::try_from(expires_at.as_micros()).unwrap_or(i64::MAX);
+            let bytes = state.to_bytes();
+            tx.query_typed(
+                &inner.sql.write,
+                &[
+                    (&key as &(dyn ToSql + Sync), Type::TEXT),
+                    (&bytes, Type::BYTEA),
+                    (&micros, Type::INT8),
+                ],
+            )
+            .await
+            .map_err(postgres)?;
+        }
+        tx.commit().await.map_err(postgres)?;
+        if inner.writes.fetch_add(1, Ordering::Relaxed) % CLEANUP_EVERY == CLEANUP_EVERY - 1 {
+            let micros = i64::try_from(now.as_micros()).unwrap_or(i64::MAX);
+            // Best effort: a failed cleanup leaves rows for the next one.
+            let _ = conn
+                .query_typed(&inner.sql.cleanup, &[(&micros, Type::INT8)])
+                .await;
+        }
+        Ok(out)
+    }
+}
+
+impl Store for PostgresStore {
+    async fn check(&self, key: &str, policy: &Policy) -> Result<Decision, StoreError> {
+        self.update(key, |state, now| state.check(now, policy))
+            .await
+    }
+
+    fn denials_are_final(&self, policy: &Policy) -> bool {
+        policy.algorithm() != Algorithm::Concurrency
+    }
+
+    async fn command(
+        &self,
+        key: &str,
+        policy: &Policy,
+        command: Command,
+    ) -> Result<Decision, StoreError> {
+        self.update(key, |state, now| state.command(now, policy, command))
+            .await
+    }
+
+    async fn release(&self, key: &str, _: &Policy, lease: Lease) -> Result<(), StoreError> {
+        self.update(key, |state, _| state.release(lease)).await
+    }
+}
+
+fn postgres(error: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+    StoreError::backend("postgres", error)
+}
+
+fn pool_error(error: RunError<tokio_postgres::Error>) -> StoreError {
+    match error {
+        RunError::User(error) => postgres(error),
+        RunError::TimedOut => StoreError::PoolTimeout,
+    }
+}

@@ -1,0 +1,165 @@
+//! `PostgresStore` against a real PostgreSQL server started by each test:
+//! the conformance kit, two stores on one key, a connection dropped in the
+//! middle of a transaction, and the server restarted.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use crate::support::postgres::PostgresServer;
+use tower_redis_ratelimit::clock::ManualClock;
+use tower_redis_ratelimit::store::conformance;
+use tower_redis_ratelimit::{Algorithm, Policy, PostgresStore, Store};
+
+/// A store on a table of its own (each kit sequence starts empty).
+fn kit_store(url: &str, clock: ManualClock) -> PostgresStore {
+    static TABLES: AtomicU32 = AtomicU32::new(0);
+    let table = format!("kit_{}", TABLES.fetch_add(1, Ordering::Relaxed));
+    let builder = PostgresStore::builder(url).table(&table).clock(clock);
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(builder.connect()))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_store_passes_the_conformance_kit() {
+    let server = PostgresServer::start();
+    let url = server.url();
+    if let Err(mismatch) = conformance::check_store(|clock| kit_store(&url, clock)).await {
+        panic!("{mismatch}");
+    }
+}
+
+fn every_algorithm(max: u64) -> Vec<Policy> {
+    let text = format!("{max}/1min");
+    [
+        Algorithm::SlidingLog,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::Gcra,
+    ]
+    .into_iter()
+    .map(|algorithm| {
+        text.parse::<Policy>()
+            .unwrap()
+            .with_algorithm(algorithm)
+            .unwrap()
+    })
+    .chain([Policy::concurrency(max).unwrap()])
+    .collect()
+}
+
+/// Two stores (two pools, as two processes have) checking one key at
+/// once on the database's clock: exactly the limit is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_stores_checking_one_key_at_once_admit_exactly_the_limit() {
+    let server = PostgresServer::start();
+    let first = PostgresStore::connect(&server.url()).await.unwrap();
+    let second = PostgresStore::connect(&server.url()).await.unwrap();
+    for policy in every_algorithm(20) {
+        let key = format!("shared-{}", policy.algorithm());
+        let mut tasks = Vec::new();
+        for i in 0..60 {
+            let store = if i % 2 == 0 {
+                first.clone()
+            } else {
+                second.clone()
+            };
+            let (key, policy) = (key.clone(), policy.clone());
+            tasks.push(tokio::spawn(async move {
+                store.check(&key, &policy).await.unwrap().allowed()
+            }));
+        }
+        let mut admitted = 0;
+        for task in tasks {
+            admitted += usize::from(task.await.unwrap());
+        }
+        assert_eq!(admitted, 20, "{policy} ({:?})", policy.algorithm());
+    }
+}
+
+/// A connection cut while its transaction waits for the key's row: the
+/// check fails, nothing is counted, and the next check works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_cut_mid_transaction_counts_nothing() {
+    let server = PostgresServer::start();
+    let store = PostgresStore::builder(&server.url())
+        .timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .unwrap();
+    let policy: Policy = "5/1min".parse().unwrap();
+    assert_eq!(store.check("k", &policy).await.unwrap().remaining(), 4);
+    // Another session holds the key's row...
+    let (holder, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    holder
+        .batch_execute("BEGIN; SELECT * FROM rate_limits WHERE key = 'k' FOR UPDATE")
+        .await
+        .unwrap();
+    // ...so the store's transaction waits for it, and its connection is cut.
+    let waiting = tokio::spawn({
+        let (store, policy) = (store.clone(), policy.clone());
+        async move { store.check("k", &policy).await }
+    });
+    let pid = loop {
+        let rows = holder
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap();
+        if let Some(row) = rows.first() {
+            break row.get::<_, i32>(0);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    holder
+        .query("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    let error = waiting.await.unwrap().expect_err("the cut check failed");
+    eprintln!("{error}");
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    // Nothing counted: the next check is the second.
+    assert_eq!(store.check("k", &policy).await.unwrap().remaining(), 3);
+}
+
+/// The server restarted: checks fail while it is down, and its counts
+/// are there when it is back (they are in its tables).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_outlive_a_restart_of_the_server() {
+    let mut server = PostgresServer::start();
+    let store = PostgresStore::builder(&server.url())
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let policy: Policy = "5/1h".parse().unwrap();
+    for _ in 0..3 {
+        assert!(store.check("k", &policy).await.unwrap().allowed());
+    }
+    server.stop();
+    assert!(
+        store.check("k", &policy).await.is_err(),
+        "a check while the server is down"
+    );
+    server.restart();
+    let mut decision = store.check("k", &policy).await;
+    // The pool's connections died with the server: the first checks after
+    // it may fail until the pool has opened new ones.
+    for _ in 0..20 {
+        if decision.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        decision = store.check("k", &policy).await;
+    }
+    assert_eq!(
+        decision.unwrap().remaining(),
+        1,
+        "the fourth request of five"
+    );
+}

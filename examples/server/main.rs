@@ -3,6 +3,8 @@
 //! ```sh
 //! cargo run --example server                                  # in-memory store
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run --example server  # shared through Redis
+//! DATABASE_URL=postgres://app@localhost/app \
+//!   cargo run --example server --features postgres             # shared through PostgreSQL
 //! # TLS, and a primary found through Redis Sentinel (crate features):
 //! REDIS_URL=rediss://redis.internal:6380 REDIS_CA_CERT=ca.pem \
 //!   cargo run --example server --features tls
@@ -58,7 +60,7 @@ mod store;
 
 use axum::Router;
 use tokio::net::TcpListener;
-use tower_redis_ratelimit::MemoryStore;
+use tower_redis_ratelimit::{MemoryStore, Store};
 use tracing_subscriber::EnvFilter;
 
 use crate::app::{Operated, router, rules_router};
@@ -138,13 +140,11 @@ fn init_logging() {
 /// Reads the settings, opens the store and binds the listeners.
 async fn setup() -> Result<Ready, BadSetting> {
     let settings = Settings::from_env()?;
-    let (app, operated) = match (&settings.rules, &settings.redis_url) {
-        (Some(source), None) => rules_router(MemoryStore::new(), source, &settings).await?,
-        (Some(source), Some(url)) => {
-            rules_router(connect_redis(url).await?, source, &settings).await?
-        }
-        (None, None) => router(MemoryStore::new(), &settings)?,
-        (None, Some(url)) => router(connect_redis(url).await?, &settings)?,
+    let (app, operated) = match (&settings.redis_url, &settings.database_url) {
+        (Some(url), _) => app(connect_redis(url).await?, &settings).await?,
+        #[cfg(feature = "postgres")]
+        (None, Some(url)) => app(store::connect_postgres(url).await?, &settings).await?,
+        _ => app(MemoryStore::new(), &settings).await?,
     };
     let listener = TcpListener::bind(&settings.bind).await.map_err(|error| {
         BadSetting::new(
@@ -167,12 +167,21 @@ async fn setup() -> Result<Ready, BadSetting> {
     })
 }
 
+/// The app over `store`: the rules' router, or one policy's.
+async fn app<St: Store>(store: St, settings: &Settings) -> Result<(Router, Operated), BadSetting> {
+    match &settings.rules {
+        Some(source) => rules_router(store, source, settings).await,
+        None => router(store, settings),
+    }
+}
+
 /// The lines logged at start: how connections are bounded, then what is
 /// limited, how, and where.
 fn log_start(settings: &Settings, listener: &TcpListener) {
-    let store = match &settings.redis_url {
-        None => "memory".to_owned(),
-        Some(url) => format!("redis {}", without_password(url)),
+    let store = match (&settings.redis_url, &settings.database_url) {
+        (Some(url), _) => format!("redis {}", without_password(url)),
+        (None, Some(_)) => "postgres".to_owned(),
+        (None, None) => "memory".to_owned(),
     };
     let addr = listener
         .local_addr()

@@ -20,6 +20,9 @@ pub(crate) struct Settings {
     /// `RULES`: limits as data instead of one policy.
     pub(crate) rules: Option<RulesSource>,
     pub(crate) redis_url: Option<String>,
+    /// `DATABASE_URL`: the counts in PostgreSQL (feature `postgres`). Never
+    /// logged: it may hold a password.
+    pub(crate) database_url: Option<String>,
     /// The policy, with its algorithm and execution; `None`: `RATE_LIMIT=off`.
     pub(crate) policy: Option<Policy>,
     pub(crate) key: ClientKey,
@@ -60,6 +63,21 @@ impl Settings {
     pub(crate) fn from_env() -> Result<Self, BadSetting> {
         let bind = var("BIND")?.unwrap_or_else(|| "127.0.0.1:3000".to_owned());
         let redis_url = var("REDIS_URL")?;
+        let database_url = var("DATABASE_URL")?;
+        if database_url.is_some() {
+            if redis_url.is_some() {
+                return Err(BadSetting::new(
+                    "DATABASE_URL",
+                    "the counts are kept in one place: set REDIS_URL or DATABASE_URL, not both",
+                ));
+            }
+            if !cfg!(feature = "postgres") {
+                return Err(BadSetting::new(
+                    "DATABASE_URL",
+                    "PostgreSQL needs the postgres feature: cargo run --example server --features postgres",
+                ));
+            }
+        }
 
         let rules = match var("RULES")? {
             None => None,
@@ -239,6 +257,7 @@ impl Settings {
             bind,
             rules,
             redis_url,
+            database_url,
             policy,
             key,
             deny_cache,

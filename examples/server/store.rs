@@ -1,4 +1,5 @@
-//! Connecting to Redis as `REDIS_URL` and its companions say.
+//! Connecting to Redis as `REDIS_URL` and its companions say, or to
+//! PostgreSQL as `DATABASE_URL` says.
 
 use tower_redis_ratelimit::RedisStore;
 
@@ -24,6 +25,17 @@ pub(crate) async fn connect_redis(url: &str) -> Result<RedisStore, BadSetting> {
         )
     })?;
     Ok(store.with_batches(batches))
+}
+
+/// The store of `DATABASE_URL`, its table made when missing.
+#[cfg(feature = "postgres")]
+pub(crate) async fn connect_postgres(
+    url: &str,
+) -> Result<tower_redis_ratelimit::PostgresStore, BadSetting> {
+    tower_redis_ratelimit::PostgresStore::connect(url)
+        .await
+        // Not the URL: it may hold a password.
+        .map_err(|error| BadSetting::new("DATABASE_URL", format!("cannot use PostgreSQL: {error}")))
 }
 
 /// A client for the rule set's Redis (`RULES=redis`), with the TLS

@@ -191,35 +191,14 @@ impl RateLimitService {
         let mut statuses = Vec::with_capacity(plans.len());
         let mut shown: Option<&Outcome> = None;
         for (i, plan) in plans.iter().enumerate() {
-            let mine = outcomes.of(i);
-            // The denying check waiting longest, else the one with the
-            // fewest units left.
-            let decided = mine.iter().copied().max_by_key(|o| {
-                let denied = o.denies();
-                let remaining = o.decision.as_ref().map_or(u64::MAX, Decision::remaining);
-                (denied, std::cmp::Reverse(remaining))
-            });
-            let status = match decided {
-                Some(outcome) if !outcome.denies() && !plan.refused.is_empty() => refused(),
-                None if !plan.refused.is_empty() => refused(),
-                Some(outcome) => status_of(outcome),
-                None if plan.unlimited => DescriptorStatus {
-                    code: Code::Ok as i32,
-                    limit_remaining: u32::MAX,
-                    ..DescriptorStatus::default()
-                },
-                None => DescriptorStatus {
-                    code: Code::Ok as i32,
-                    ..DescriptorStatus::default()
-                },
-            };
+            let decided = decided(&outcomes.of(i));
+            statuses.push(descriptor_status(plan, decided));
             if let Some(outcome) = decided
                 && outcome.decision.is_some()
                 && shown.is_none_or(|s| outcome.shows_before(s))
             {
                 shown = Some(outcome);
             }
-            statuses.push(status);
         }
         let over = outcomes.denied;
         let mut response = RateLimitResponse {
@@ -227,32 +206,68 @@ impl RateLimitService {
             statuses,
             ..RateLimitResponse::default()
         };
-        if let (Some(style), Some(outcome)) = (self.headers, shown)
-            && let Some(decision) = &outcome.decision
-        {
-            let rendering = Rendering {
-                headers: style,
-                ..Rendering::default()
-            };
-            let mut headers = HeaderMap::new();
-            rendering.set_headers(&mut headers, &outcome.limiter, decision, outcome.decided_by);
-            if over && !decision.allowed() {
-                let seconds = decision.retry_after().as_secs_f64().ceil() as u64;
-                headers.insert(http::header::RETRY_AFTER, seconds.max(1).into());
-            }
-            response.response_headers_to_add = headers
-                .iter()
-                .filter_map(|(name, value)| {
-                    Some(HeaderValue {
-                        key: name.as_str().to_owned(),
-                        value: value.to_str().ok()?.to_owned(),
-                        ..HeaderValue::default()
-                    })
-                })
-                .collect();
+        if let (Some(style), Some(outcome)) = (self.headers, shown) {
+            response.response_headers_to_add = header_fields(style, outcome, over);
         }
         response
     }
+}
+
+/// The outcome deciding a descriptor of outcomes `mine`: the denying
+/// check waiting longest, else the one with the fewest units left.
+fn decided<'o>(mine: &[&'o Outcome]) -> Option<&'o Outcome> {
+    mine.iter().copied().max_by_key(|o| {
+        let denied = o.denies();
+        let remaining = o.decision.as_ref().map_or(u64::MAX, Decision::remaining);
+        (denied, std::cmp::Reverse(remaining))
+    })
+}
+
+/// The status of the descriptor of `plan`, decided by `decided`.
+fn descriptor_status(plan: &DescriptorPlan<'_>, decided: Option<&Outcome>) -> DescriptorStatus {
+    match decided {
+        Some(outcome) if !outcome.denies() && !plan.refused.is_empty() => refused(),
+        None if !plan.refused.is_empty() => refused(),
+        Some(outcome) => status_of(outcome),
+        None if plan.unlimited => DescriptorStatus {
+            code: Code::Ok as i32,
+            limit_remaining: u32::MAX,
+            ..DescriptorStatus::default()
+        },
+        None => DescriptorStatus {
+            code: Code::Ok as i32,
+            ..DescriptorStatus::default()
+        },
+    }
+}
+
+/// The header fields in `style` for Envoy to add, of the outcome shown
+/// (with `Retry-After` when the request is `over` and it denied); none
+/// when it holds no decision.
+fn header_fields(style: HeaderStyle, outcome: &Outcome, over: bool) -> Vec<HeaderValue> {
+    let Some(decision) = &outcome.decision else {
+        return Vec::new();
+    };
+    let rendering = Rendering {
+        headers: style,
+        ..Rendering::default()
+    };
+    let mut headers = HeaderMap::new();
+    rendering.set_headers(&mut headers, &outcome.limiter, decision, outcome.decided_by);
+    if over && !decision.allowed() {
+        let seconds = decision.retry_after().as_secs_f64().ceil() as u64;
+        headers.insert(http::header::RETRY_AFTER, seconds.max(1).into());
+    }
+    headers
+        .iter()
+        .filter_map(|(name, value)| {
+            Some(HeaderValue {
+                key: name.as_str().to_owned(),
+                value: value.to_str().ok()?.to_owned(),
+                ..HeaderValue::default()
+            })
+        })
+        .collect()
 }
 
 #[tonic::async_trait]

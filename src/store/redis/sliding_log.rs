@@ -161,7 +161,6 @@ async fn send<C: ConnectionLike>(
     clock_seen: u64,
 ) -> Result<Vec<Value>, StoreError> {
     let key = keys.state;
-    let rates = policy.rates();
     let longest = policy.longest_window_micros();
     let stamp = now.saturating_add(tolerance);
     let from = now.saturating_sub(tolerance);
@@ -182,6 +181,26 @@ async fn send<C: ConnectionLike>(
         zadd.arg(stamp).arg(member);
     }
     zadd.ignore();
+    read_log(&mut pipe, key, policy.rates(), members.len(), from);
+    pipe.cmd("PEXPIRE")
+        .arg(key)
+        .arg(
+            longest
+                .saturating_add(tolerance.saturating_mul(2))
+                .div_ceil(1_000),
+        )
+        .ignore();
+    // The key's block, read in the same transaction.
+    pipe.cmd("GET").arg(keys.block);
+    // When Redis really ran it.
+    pipe.cmd("TIME");
+    Ok(pipe.query_async(conn).await?)
+}
+
+/// Add to `pipe` the reads of the log a decision needs, counted from
+/// `from`: each rate's count and blocking entry, and the newest entries
+/// (the request's `ours` entries among them).
+fn read_log(pipe: &mut redis::Pipeline, key: &str, rates: &[Rate], ours: usize, from: u64) {
     for rate in rates {
         pipe.cmd("ZCOUNT")
             .arg(key)
@@ -202,21 +221,8 @@ async fn send<C: ConnectionLike>(
     pipe.cmd("ZREVRANGE")
         .arg(key)
         .arg(0)
-        .arg(members.len())
+        .arg(ours)
         .arg("WITHSCORES");
-    pipe.cmd("PEXPIRE")
-        .arg(key)
-        .arg(
-            longest
-                .saturating_add(tolerance.saturating_mul(2))
-                .div_ceil(1_000),
-        )
-        .ignore();
-    // The key's block, read in the same transaction.
-    pipe.cmd("GET").arg(keys.block);
-    // When Redis really ran it.
-    pipe.cmd("TIME");
-    Ok(pipe.query_async(conn).await?)
 }
 
 /// The decision from the transaction's replies, and Redis's time when it

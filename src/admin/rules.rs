@@ -1,5 +1,6 @@
 //! The rules in force, and publishing a rule set.
 
+use std::path::Path;
 use std::sync::{Arc, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -99,29 +100,7 @@ pub(crate) async fn publish(
         text,
         confirm_empty,
     } = parse_body(&body)?;
-    // Read as its destination will read it: a file by its name's extension.
-    let parsed = match &operated.watch {
-        Some((_, Source::File(path))) => RuleSet::parse_as(path, &text),
-        _ => RuleSet::parse(&text),
-    };
-    match parsed {
-        Err(error) => {
-            let mut problem = Problem::invalid(format!("rule set rejected: {error}"))
-                .with("field", error.field());
-            if let Some(rule) = error.rule() {
-                problem = problem.with("rule", rule);
-            }
-            return Err(problem);
-        }
-        Ok(set) if set.rules().is_empty() && !confirm_empty => {
-            return Err(Problem::invalid(
-                "this rule set has no rules: publishing it lifts every limit at once; \
-                 to do so, send it with `\"confirm_empty\": true`",
-            )
-            .with("field", "confirm_empty"));
-        }
-        Ok(_) => {}
-    }
+    check_publishable(&operated, &text, confirm_empty)?;
     let Some((_, source)) = &operated.watch else {
         return Err(Problem::new(
             StatusCode::CONFLICT,
@@ -131,29 +110,65 @@ pub(crate) async fn publish(
     match source {
         #[cfg(feature = "redis")]
         Source::Redis { client, key } => to_redis(client, key, &text, source).await,
-        Source::File(path) => {
-            // A confirmed empty set is written out: the watch never applies
-            // an empty file (a save caught half way).
-            let text = if text.trim().is_empty() {
-                crate::rules::Format::of(path).no_rules().to_owned()
-            } else {
-                text
-            };
-            rules_file::write(path, &text).await.map_err(|error| {
-                tracing::warn!(%error, path = %path.display(), "admin: writing the rules file failed");
-                Problem::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("cannot write {}: {error}; the file is unchanged", path.display()),
-                )
-            })?;
-            tracing::info!(path = %path.display(), "admin: rule set written");
-            // The watch reads the file on its next turn.
-            Ok((
-                StatusCode::ACCEPTED,
-                Json(json!({ "source": source.to_string() })),
-            ))
-        }
+        Source::File(path) => to_file(path, text, source).await,
     }
+}
+
+/// Refuse `text` unless it validates (read as its destination will read
+/// it) and holds rules, or `confirm_empty` says that none is meant.
+fn check_publishable(operated: &Operated, text: &str, confirm_empty: bool) -> Result<(), Problem> {
+    // Read as its destination will read it: a file by its name's extension.
+    let parsed = match &operated.watch {
+        Some((_, Source::File(path))) => RuleSet::parse_as(path, text),
+        _ => RuleSet::parse(text),
+    };
+    match parsed {
+        Err(error) => {
+            let mut problem = Problem::invalid(format!("rule set rejected: {error}"))
+                .with("field", error.field());
+            if let Some(rule) = error.rule() {
+                problem = problem.with("rule", rule);
+            }
+            Err(problem)
+        }
+        Ok(set) if set.rules().is_empty() && !confirm_empty => Err(Problem::invalid(
+            "this rule set has no rules: publishing it lifts every limit at once; \
+             to do so, send it with `\"confirm_empty\": true`",
+        )
+        .with("field", "confirm_empty")),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// Write `text` to the rules file at `path`.
+async fn to_file(
+    path: &Path,
+    text: String,
+    source: &Source,
+) -> Result<(StatusCode, Json<Value>), Problem> {
+    // A confirmed empty set is written out: the watch never applies
+    // an empty file (a save caught half way).
+    let text = if text.trim().is_empty() {
+        crate::rules::Format::of(path).no_rules().to_owned()
+    } else {
+        text
+    };
+    rules_file::write(path, &text).await.map_err(|error| {
+        tracing::warn!(%error, path = %path.display(), "admin: writing the rules file failed");
+        Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!(
+                "cannot write {}: {error}; the file is unchanged",
+                path.display()
+            ),
+        )
+    })?;
+    tracing::info!(path = %path.display(), "admin: rule set written");
+    // The watch reads the file on its next turn.
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "source": source.to_string() })),
+    ))
 }
 
 /// How long publishing a rule set to Redis may take.

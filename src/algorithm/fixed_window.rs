@@ -156,33 +156,21 @@ fn status(rate: &Rate, allowed: bool, count: u64, cost: u64, left: u64) -> RateS
 fn check_many(counters: &mut State, now: u64, policy: &Policy, expires: &mut u64) -> Decision {
     let cost = policy.cost();
     let rates = policy.rates();
-    // The count of a rate in the current window.
-    let count_of = |counters: &State, rate: &Rate| {
-        let (slot, index, _) = place(rate, now);
-        counters
-            .iter()
-            .find(|c| c.slot == slot && c.index == index)
-            .map_or(0, |c| c.count)
-    };
     let allowed = rates
         .iter()
-        .all(|rate| count_of(counters, rate) + cost <= rate.max());
+        .all(|rate| count_now(counters, rate, now) + cost <= rate.max());
 
     // The counters are written in place when they hold exactly one per
     // rate, in the policy's order (a key's usual state), and every one
     // stays; else they are rebuilt. Each rate reads only its own window's
     // counter, so writing one in place changes no other's count.
-    let mut in_place = counters.len() == rates.len()
-        && counters
-            .iter()
-            .zip(rates)
-            .all(|(c, rate)| c.slot == slot(rate));
+    let mut in_place = one_per_rate(counters, rates);
     let mut builder = DecisionBuilder::new(allowed).algorithm(Algorithm::FixedWindow);
     let mut expires_at = 0;
     let mut next = State::new();
     for (i, rate) in rates.iter().enumerate() {
         let (slot, index, end) = place(rate, now);
-        let count = count_of(counters, rate);
+        let count = count_now(counters, rate, now);
         let count = if allowed { count + cost } else { count };
         builder.rate(status(rate, allowed, count, cost, end - now));
         let counter = Counter { slot, index, count };
@@ -203,21 +191,48 @@ fn check_many(counters: &mut State, now: u64, policy: &Policy, expires: &mut u64
         }
     }
     if !in_place {
-        // Counters of other windows (another policy on this key) stay while
-        // their window lasts, as the Redis hash keeps their fields.
-        for other in counters.iter() {
-            if next.iter().any(|c| c.slot == other.slot) {
-                continue;
-            }
-            if let Some(end) = current_until(other, now) {
-                expires_at = expires_at.max(end);
-                next.push(*other);
-            }
-        }
+        keep_other_windows(counters, &mut next, now, &mut expires_at);
         *counters = next;
     }
     *expires = expires_at;
     built(builder)
+}
+
+/// The count of `rate` in its current window at `now`.
+#[inline]
+fn count_now(counters: &State, rate: &Rate, now: u64) -> u64 {
+    let (slot, index, _) = place(rate, now);
+    counters
+        .iter()
+        .find(|c| c.slot == slot && c.index == index)
+        .map_or(0, |c| c.count)
+}
+
+/// Whether `counters` hold exactly one counter per rate, in the order of
+/// `rates` (a key's usual state).
+#[inline]
+fn one_per_rate(counters: &State, rates: &[Rate]) -> bool {
+    counters.len() == rates.len()
+        && counters
+            .iter()
+            .zip(rates)
+            .all(|(c, rate)| c.slot == slot(rate))
+}
+
+/// Add to `next` the counters of other windows (another policy on this
+/// key) still current at `now`, as the Redis hash keeps their fields, and
+/// move `expires_at` to their end.
+#[inline]
+fn keep_other_windows(counters: &State, next: &mut State, now: u64, expires_at: &mut u64) {
+    for other in counters.iter() {
+        if next.iter().any(|c| c.slot == other.slot) {
+            continue;
+        }
+        if let Some(end) = current_until(other, now) {
+            *expires_at = (*expires_at).max(end);
+            next.push(*other);
+        }
+    }
 }
 
 /// The decision [`check`] would take at `now`, changing nothing.

@@ -6,7 +6,6 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
@@ -18,10 +17,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use http::HeaderMap;
 
+use super::plan::{DescriptorPlan, Limit};
 use super::unit;
 use crate::decision::Decision;
 use crate::http::{HeaderStyle, Rendering};
-use crate::key;
 use crate::limiter::{DecidedBy, Limiter};
 use crate::rules::{Planned, Rule, Rules, RulesCheck};
 
@@ -163,70 +162,24 @@ impl RateLimitService {
         let mut plans: Vec<DescriptorPlan> = Vec::with_capacity(request.descriptors.len());
         let mut replaced: HashSet<&str> = HashSet::new();
         for descriptor in &request.descriptors {
-            let entries: Vec<(&str, &str)> = descriptor
-                .entries
-                .iter()
-                .map(|e| (e.key.as_str(), e.value.as_str()))
-                .collect();
             let cost = descriptor
                 .hits_addend
                 .as_ref()
                 .map_or(request_cost, |hits| hits.value);
-            let mut plan = DescriptorPlan {
-                cost,
-                negative: descriptor.is_negative_hits,
-                limits: Vec::new(),
-                unlimited: false,
-                refused: Vec::new(),
-            };
-            if let Some(limit) = &descriptor.limit {
+            let plan = if let Some(limit) = &descriptor.limit {
                 let limiter = self
                     .override_limiter(limit.requests_per_unit, limit.unit)
                     .map_err(|e| {
                         tonic::Status::invalid_argument(format!("descriptor limit: {e}"))
                     })?;
-                plan.limits.push(Limit {
-                    rule: None,
-                    key: format!("{}.{}", request.domain, key_of(descriptor, None)),
-                    limiter,
-                    shadow: false,
-                    charge: false,
-                });
+                DescriptorPlan::own_limit(&request.domain, descriptor, cost, limiter)
             } else {
-                for (rule, limiters) in active.descriptor_rules(&request.domain, &entries) {
-                    replaced.extend(rule.envoy().replaces.iter().map(String::as_str));
-                    if rule.envoy().unlimited {
-                        plan.unlimited = true;
-                        continue;
-                    }
-                    if rule.envoy().refuse {
-                        plan.refused.push(rule);
-                        continue;
-                    }
-                    // The tier is the value of the rule's `tier_entry`, which
-                    // is not part of the key: a rule's tiers share a count.
-                    let tier_entry = rule.envoy().tier_entry.as_deref();
-                    let tier = tier_entry
-                        .and_then(|name| entries.iter().find(|(k, _)| *k == name))
-                        .map(|(_, value)| *value);
-                    plan.limits.push(Limit {
-                        rule: Some(rule),
-                        key: key_of(descriptor, tier_entry),
-                        limiter: limiters.pick(tier).clone(),
-                        shadow: rule.envoy().shadow,
-                        // The descriptor Envoy sends again when the stream
-                        // is done, with the cost the response reported.
-                        charge: descriptor.hits_addend.as_ref().is_some_and(|h| h.value > 0)
-                            && rule.settle().is_some_and(|s| s.from_hits_addend()),
-                    });
-                }
-            }
+                DescriptorPlan::of_rules(&active, &request.domain, descriptor, cost, &mut replaced)
+            };
             plans.push(plan);
         }
         for plan in &mut plans {
-            plan.limits
-                .retain(|l| l.rule.is_none_or(|rule| !replaced.contains(rule.name())));
-            plan.refused.retain(|rule| !replaced.contains(rule.name()));
+            plan.drop_replaced(&replaced);
         }
         let outcomes = decide(&plans).await?;
         Ok(self.respond(&plans, &outcomes))
@@ -238,35 +191,14 @@ impl RateLimitService {
         let mut statuses = Vec::with_capacity(plans.len());
         let mut shown: Option<&Outcome> = None;
         for (i, plan) in plans.iter().enumerate() {
-            let mine = outcomes.of(i);
-            // The denying check waiting longest, else the one with the
-            // fewest units left.
-            let decided = mine.iter().copied().max_by_key(|o| {
-                let denied = o.denies();
-                let remaining = o.decision.as_ref().map_or(u64::MAX, Decision::remaining);
-                (denied, std::cmp::Reverse(remaining))
-            });
-            let status = match decided {
-                Some(outcome) if !outcome.denies() && !plan.refused.is_empty() => refused(),
-                None if !plan.refused.is_empty() => refused(),
-                Some(outcome) => status_of(outcome),
-                None if plan.unlimited => DescriptorStatus {
-                    code: Code::Ok as i32,
-                    limit_remaining: u32::MAX,
-                    ..DescriptorStatus::default()
-                },
-                None => DescriptorStatus {
-                    code: Code::Ok as i32,
-                    ..DescriptorStatus::default()
-                },
-            };
+            let decided = decided(&outcomes.of(i));
+            statuses.push(descriptor_status(plan, decided));
             if let Some(outcome) = decided
                 && outcome.decision.is_some()
                 && shown.is_none_or(|s| outcome.shows_before(s))
             {
                 shown = Some(outcome);
             }
-            statuses.push(status);
         }
         let over = outcomes.denied;
         let mut response = RateLimitResponse {
@@ -274,32 +206,68 @@ impl RateLimitService {
             statuses,
             ..RateLimitResponse::default()
         };
-        if let (Some(style), Some(outcome)) = (self.headers, shown)
-            && let Some(decision) = &outcome.decision
-        {
-            let rendering = Rendering {
-                headers: style,
-                ..Rendering::default()
-            };
-            let mut headers = HeaderMap::new();
-            rendering.set_headers(&mut headers, &outcome.limiter, decision, outcome.decided_by);
-            if over && !decision.allowed() {
-                let seconds = decision.retry_after().as_secs_f64().ceil() as u64;
-                headers.insert(http::header::RETRY_AFTER, seconds.max(1).into());
-            }
-            response.response_headers_to_add = headers
-                .iter()
-                .filter_map(|(name, value)| {
-                    Some(HeaderValue {
-                        key: name.as_str().to_owned(),
-                        value: value.to_str().ok()?.to_owned(),
-                        ..HeaderValue::default()
-                    })
-                })
-                .collect();
+        if let (Some(style), Some(outcome)) = (self.headers, shown) {
+            response.response_headers_to_add = header_fields(style, outcome, over);
         }
         response
     }
+}
+
+/// The outcome deciding a descriptor of outcomes `mine`: the denying
+/// check waiting longest, else the one with the fewest units left.
+fn decided<'o>(mine: &[&'o Outcome]) -> Option<&'o Outcome> {
+    mine.iter().copied().max_by_key(|o| {
+        let denied = o.denies();
+        let remaining = o.decision.as_ref().map_or(u64::MAX, Decision::remaining);
+        (denied, std::cmp::Reverse(remaining))
+    })
+}
+
+/// The status of the descriptor of `plan`, decided by `decided`.
+fn descriptor_status(plan: &DescriptorPlan<'_>, decided: Option<&Outcome>) -> DescriptorStatus {
+    match decided {
+        Some(outcome) if !outcome.denies() && !plan.refused.is_empty() => refused(),
+        None if !plan.refused.is_empty() => refused(),
+        Some(outcome) => status_of(outcome),
+        None if plan.unlimited => DescriptorStatus {
+            code: Code::Ok as i32,
+            limit_remaining: u32::MAX,
+            ..DescriptorStatus::default()
+        },
+        None => DescriptorStatus {
+            code: Code::Ok as i32,
+            ..DescriptorStatus::default()
+        },
+    }
+}
+
+/// The header fields in `style` for Envoy to add, of the outcome shown
+/// (with `Retry-After` when the request is `over` and it denied); none
+/// when it holds no decision.
+fn header_fields(style: HeaderStyle, outcome: &Outcome, over: bool) -> Vec<HeaderValue> {
+    let Some(decision) = &outcome.decision else {
+        return Vec::new();
+    };
+    let rendering = Rendering {
+        headers: style,
+        ..Rendering::default()
+    };
+    let mut headers = HeaderMap::new();
+    rendering.set_headers(&mut headers, &outcome.limiter, decision, outcome.decided_by);
+    if over && !decision.allowed() {
+        let seconds = decision.retry_after().as_secs_f64().ceil() as u64;
+        headers.insert(http::header::RETRY_AFTER, seconds.max(1).into());
+    }
+    headers
+        .iter()
+        .filter_map(|(name, value)| {
+            Some(HeaderValue {
+                key: name.as_str().to_owned(),
+                value: value.to_str().ok()?.to_owned(),
+                ..HeaderValue::default()
+            })
+        })
+        .collect()
 }
 
 #[tonic::async_trait]
@@ -338,42 +306,6 @@ fn check_shape(request: &RateLimitRequest) -> Result<(), tonic::Status> {
         }
     }
     Ok(())
-}
-
-/// The key of a descriptor's count: its entries' values but the tier's,
-/// joined (a long one is held by its hash, as every key).
-fn key_of(descriptor: &RateLimitDescriptor, tier_entry: Option<&str>) -> String {
-    let values: Vec<String> = descriptor
-        .entries
-        .iter()
-        .filter(|entry| Some(entry.key.as_str()) != tier_entry)
-        .map(|entry| entry.value.clone())
-        .collect();
-    key::joined(&values)
-}
-
-/// What one descriptor is checked against.
-struct DescriptorPlan<'a> {
-    cost: u64,
-    /// `is_negative_hits`: the cost is given back, not taken.
-    negative: bool,
-    limits: Vec<Limit<'a>>,
-    /// An `unlimited` rule matched it.
-    unlimited: bool,
-    /// The rules refusing every request it matches.
-    refused: Vec<&'a Rule>,
-}
-
-struct Limit<'a> {
-    /// `None`: the descriptor's own `limit`.
-    rule: Option<&'a Rule>,
-    /// The key of the count.
-    key: String,
-    limiter: Limiter,
-    shadow: bool,
-    /// Charged the cost after the response (a penalty past the max if
-    /// need be), never refusing.
-    charge: bool,
 }
 
 /// One check's outcome.

@@ -376,6 +376,65 @@ where
     }
 }
 
+impl<S, ReqBody> Pending<S, ReqBody> {
+    /// The state of a delayed request whose sleep is over: its key is
+    /// checked again, and an estimate counts from this check.
+    fn check_again(mut self: Box<Self>) -> State<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        let key = self.key.clone().unwrap_or_default();
+        if let Some((_, at)) = &mut self.estimate {
+            *at = Instant::now();
+        }
+        State::Checking {
+            check: check(&self.shared, key, self.estimate.as_ref()),
+            pending: Some(self),
+        }
+    }
+}
+
+impl<S, ReqBody> Admitted<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    /// The state of an admitted request once its service is ready: called.
+    fn call(mut self) -> State<S, ReqBody> {
+        let future = self.service.call(self.request);
+        State::Calling {
+            future,
+            shown: self.shown,
+            permit: self.permit,
+            unsettled: self.unsettled,
+        }
+    }
+}
+
+/// The response of an admitted request: its rate-limit fields shown, its
+/// cost settled now when the response gives it (else when its body ends),
+/// and its lease held by the body.
+#[inline]
+fn finish<B>(
+    mut response: Response<B>,
+    shown: Shown,
+    permit: Option<Box<Permit>>,
+    unsettled: Settling,
+) -> Response<ResponseBody<B>> {
+    if let Some(fields) = shown {
+        fields.apply(response.headers_mut());
+    }
+    let meters = match unsettled {
+        Some(settling) => {
+            let (settlement, unsettled) = *settling;
+            settle_response([(settlement, unsettled)], &mut response)
+        }
+        // No vector unless there is something to hold.
+        None => Vec::new(),
+    };
+    let leases = permit.map_or_else(Vec::new, |permit| vec![*permit]);
+    response.map(|body| ResponseBody::metered(body, leases, meters))
+}
+
 /// The answer of a future polled again after a panic inside poll.
 fn poisoned<B>() -> Response<ResponseBody<B>> {
     denial::store_unavailable().map(ResponseBody::full)
@@ -405,15 +464,7 @@ where
                     let Some(p) = pending.take() else {
                         return Poll::Ready(Ok(poisoned()));
                     };
-                    let mut p = p;
-                    let key = p.key.clone().unwrap_or_default();
-                    if let Some((_, at)) = &mut p.estimate {
-                        *at = Instant::now();
-                    }
-                    this.state.set(State::Checking {
-                        check: check(&p.shared, key, p.estimate.as_ref()),
-                        pending: Some(p),
-                    });
+                    this.state.set(p.check_again());
                 }
                 StateProj::Readying { admitted } => {
                     if let Some(a) = admitted.as_mut() {
@@ -422,14 +473,7 @@ where
                     let Some(a) = admitted.take() else {
                         return Poll::Ready(Ok(poisoned()));
                     };
-                    let mut a = *a;
-                    let future = a.service.call(a.request);
-                    this.state.set(State::Calling {
-                        future,
-                        shown: a.shown,
-                        permit: a.permit,
-                        unsettled: a.unsettled,
-                    });
+                    this.state.set((*a).call());
                 }
                 StateProj::Calling {
                     future,
@@ -437,25 +481,13 @@ where
                     permit,
                     unsettled,
                 } => {
-                    let mut response = ready!(future.poll(cx))?;
-                    if let Some(fields) = shown.take() {
-                        fields.apply(response.headers_mut());
-                    }
-                    let permit = permit.take();
-                    // Settled now when the response gives the cost, else
-                    // when its body ends.
-                    let meters = match unsettled.take() {
-                        Some(settling) => {
-                            let (settlement, unsettled) = *settling;
-                            settle_response([(settlement, unsettled)], &mut response)
-                        }
-                        // No vector unless there is something to hold.
-                        None => Vec::new(),
-                    };
-                    let leases = permit.map_or_else(Vec::new, |permit| vec![*permit]);
-                    return Poll::Ready(Ok(
-                        response.map(|body| ResponseBody::metered(body, leases, meters))
-                    ));
+                    let response = ready!(future.poll(cx))?;
+                    return Poll::Ready(Ok(finish(
+                        response,
+                        shown.take(),
+                        permit.take(),
+                        unsettled.take(),
+                    )));
                 }
                 StateProj::Answered { response } => {
                     let response = response

@@ -457,28 +457,7 @@ where
             match this.state.as_mut().project() {
                 StateProj::Checking { check, pending } => {
                     let admission = ready!(check.poll(cx));
-                    let next = match admission {
-                        Ok(admission) if admission.allowed() => match pending.take() {
-                            Some((mut service, request)) => State::Calling {
-                                future: service.call(request),
-                                admission: Some(admission),
-                            },
-                            None => State::Answered {
-                                response: Some(denial::store_unavailable()),
-                            },
-                        },
-                        Ok(admission) => State::Answered {
-                            response: Some(this.shared.render(&admission, *this.grpc)),
-                        },
-                        Err(error) => {
-                            if !matches!(error, LimitError::Store(_)) {
-                                tracing::error!(%error, "rules: a check failed");
-                            }
-                            State::Answered {
-                                response: Some(denial::unavailable(*this.grpc)),
-                            }
-                        }
-                    };
+                    let next = checked(admission, pending, this.shared, *this.grpc);
                     this.state.set(next);
                 }
                 StateProj::Calling { future, admission } => {
@@ -488,24 +467,7 @@ where
                     // polling the finished inner future.
                     this.state.set(State::Answered { response: None });
                     return Poll::Ready(match result {
-                        Ok(response) => {
-                            let status = response.status().as_u16();
-                            let mut headers = HeaderMap::new();
-                            this.shared.set_headers(&mut headers, &admission);
-                            let (permits, settling) = admission.conclude(Some(status));
-                            let mut response = response;
-                            let meters = this.shared.settle(settling, &mut response);
-                            let (mut parts, body) = response.into_parts();
-                            for (name, value) in headers {
-                                if let Some(name) = name {
-                                    parts.headers.insert(name, value);
-                                }
-                            }
-                            Ok(Response::from_parts(
-                                parts,
-                                ResponseBody::metered(body, permits, meters),
-                            ))
-                        }
+                        Ok(response) => Ok(admitted_response(this.shared, admission, response)),
                         Err(error) => {
                             drop(admission.settle(None));
                             Err(error)
@@ -519,4 +481,63 @@ where
             }
         }
     }
+}
+
+/// The state after the rules' check: the inner service called with the
+/// request `pending` when admitted, else the answer.
+#[inline]
+fn checked<S, ReqBody>(
+    admission: Result<Admission, LimitError>,
+    pending: &mut Option<(S, Request<ReqBody>)>,
+    shared: &Settings,
+    grpc: bool,
+) -> State<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    match admission {
+        Ok(admission) if admission.allowed() => match pending.take() {
+            Some((mut service, request)) => State::Calling {
+                future: service.call(request),
+                admission: Some(admission),
+            },
+            None => State::Answered {
+                response: Some(denial::store_unavailable()),
+            },
+        },
+        Ok(admission) => State::Answered {
+            response: Some(shared.render(&admission, grpc)),
+        },
+        Err(error) => {
+            if !matches!(error, LimitError::Store(_)) {
+                tracing::error!(%error, "rules: a check failed");
+            }
+            State::Answered {
+                response: Some(denial::unavailable(grpc)),
+            }
+        }
+    }
+}
+
+/// The inner service's response to an admitted request: the rate-limit
+/// fields of `admission` added, its cost settled now when the response
+/// gives it (else when its body ends), its leases held by the body.
+#[inline]
+fn admitted_response<B>(
+    shared: &Settings,
+    admission: Admission,
+    mut response: Response<B>,
+) -> Response<ResponseBody<B>> {
+    let status = response.status().as_u16();
+    let mut headers = HeaderMap::new();
+    shared.set_headers(&mut headers, &admission);
+    let (permits, settling) = admission.conclude(Some(status));
+    let meters = shared.settle(settling, &mut response);
+    let (mut parts, body) = response.into_parts();
+    for (name, value) in headers {
+        if let Some(name) = name {
+            parts.headers.insert(name, value);
+        }
+    }
+    Response::from_parts(parts, ResponseBody::metered(body, permits, meters))
 }

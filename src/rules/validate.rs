@@ -129,26 +129,7 @@ impl Rule {
             replaces: spec.replaces,
             tier_entry: spec.tier_entry,
         };
-        if envoy.unlimited && envoy.refuse {
-            return Err(fault(
-                label,
-                "refuse",
-                "a rule is unlimited or refuses all, not both",
-            ));
-        }
-        let descriptor = match (spec.domain, spec.descriptor) {
-            (None, None) => None,
-            (domain, entries) => Some(descriptor_of(domain, entries, label)?),
-        };
-        if descriptor.is_none()
-            && let Some(field) = envoy.field()
-        {
-            return Err(fault(
-                label,
-                field,
-                "applies to descriptor rules only (`domain` and `descriptor`)",
-            ));
-        }
+        let descriptor = descriptor_for(spec.domain, spec.descriptor, &envoy, label)?;
         let http = Http {
             path: spec.path,
             grpc: spec.grpc,
@@ -163,10 +144,7 @@ impl Rule {
         let block = spec.block.map(|text| block(&text, label)).transpose()?;
         let local_quota = spec
             .local_quota
-            .map(|text| {
-                text.parse::<LocalQuota>()
-                    .map_err(|e| fault(label, "local_quota", e))
-            })
+            .map(|text| local_quota(&text, label))
             .transpose()?;
         let only = spec.only.map(|only| only_list(only, label)).transpose()?;
         let settle = spec.settle.map(|s| settle(s, label)).transpose()?;
@@ -480,6 +458,44 @@ impl<'a> Shape<'a> {
         }
         Ok(policy)
     }
+}
+
+/// The descriptor a rule of `envoy` flags matches, if any: flags that
+/// contradict each other, or set on a rule matching no descriptor, are
+/// refused.
+fn descriptor_for(
+    domain: Option<String>,
+    entries: Option<Vec<String>>,
+    envoy: &EnvoyFlags,
+    label: &str,
+) -> Result<Option<Descriptor>, RulesError> {
+    if envoy.unlimited && envoy.refuse {
+        return Err(fault(
+            label,
+            "refuse",
+            "a rule is unlimited or refuses all, not both",
+        ));
+    }
+    let descriptor = match (domain, entries) {
+        (None, None) => None,
+        (domain, entries) => Some(descriptor_of(domain, entries, label)?),
+    };
+    if descriptor.is_none()
+        && let Some(field) = envoy.field()
+    {
+        return Err(fault(
+            label,
+            field,
+            "applies to descriptor rules only (`domain` and `descriptor`)",
+        ));
+    }
+    Ok(descriptor)
+}
+
+/// A rule's `local_quota`.
+fn local_quota(text: &str, label: &str) -> Result<LocalQuota, RulesError> {
+    text.parse::<LocalQuota>()
+        .map_err(|e| fault(label, "local_quota", e))
 }
 
 /// A descriptor rule's `domain` and `descriptor`, together.

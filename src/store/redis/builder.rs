@@ -306,62 +306,68 @@ impl RedisStoreBuilder {
         parsed: ParsedSentinel,
         tls: bool,
     ) -> Result<RedisStore, StoreError> {
-        use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
-
         #[cfg(feature = "tls")]
         if tls {
             ensure_crypto_provider();
         }
         #[cfg(feature = "tls")]
-        let certificates = self.certificates();
-        #[cfg(feature = "tls")]
-        if certificates.is_some() && !tls {
+        if self.certificates().is_some() && !tls {
             return Err(config_error(
                 "TLS certificates are set but the Sentinel connection is not TLS \
                  (TLS needs a rediss+sentinel:// URL, given to connect)",
             )
             .into());
         }
-        // A client of these Sentinels, with every setting.
-        let client = |sentinels: Vec<redis::ConnectionAddr>| -> Result<SentinelClient, RedisError> {
-            let mut builder =
-                SentinelClientBuilder::new(sentinels, &parsed.service, SentinelServerType::Master)?;
-            if tls {
-                builder = builder.set_client_to_redis_tls_mode(redis::TlsMode::Secure);
-            }
-            if let Some(username) = &parsed.username {
-                builder = builder.set_client_to_redis_username(username);
-            }
-            if let Some(password) = &parsed.password {
-                builder = builder.set_client_to_redis_password(password);
-            }
-            if parsed.db != 0 {
-                builder = builder.set_client_to_redis_db(parsed.db);
-            }
-            if let Some((username, password)) = &self.sentinel_credentials {
-                if let Some(username) = username {
-                    builder = builder.set_client_to_sentinel_username(username);
-                }
-                builder = builder.set_client_to_sentinel_password(password);
-            }
-            #[cfg(feature = "tls")]
-            if let Some(certificates) = &certificates {
-                builder = builder
-                    .set_client_to_redis_certificates(certificates.clone())
-                    .set_client_to_sentinel_certificates(certificates.clone());
-            }
-            builder.build()
-        };
         // The Sentinels are asked one at a time, each through a client of
         // its own.
         let each = parsed
             .sentinels
             .iter()
-            .map(|sentinel| client(vec![sentinel.clone()]))
+            .map(|sentinel| self.sentinel_client(vec![sentinel.clone()], &parsed, tls))
             .collect::<Result<Vec<_>, _>>()?;
-        let all = client(parsed.sentinels.clone())?;
+        let all = self.sentinel_client(parsed.sentinels.clone(), &parsed, tls)?;
         let manager = TrackedManager::from_sentinels(all, each, &parsed.service);
         self.pooled(manager).await
+    }
+
+    /// A client of `sentinels` for the service of `parsed`, with every
+    /// setting of the URL and of this builder.
+    #[cfg(feature = "sentinel")]
+    fn sentinel_client(
+        &self,
+        sentinels: Vec<redis::ConnectionAddr>,
+        parsed: &ParsedSentinel,
+        tls: bool,
+    ) -> Result<redis::sentinel::SentinelClient, RedisError> {
+        use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+
+        let mut builder =
+            SentinelClientBuilder::new(sentinels, &parsed.service, SentinelServerType::Master)?;
+        if tls {
+            builder = builder.set_client_to_redis_tls_mode(redis::TlsMode::Secure);
+        }
+        if let Some(username) = &parsed.username {
+            builder = builder.set_client_to_redis_username(username);
+        }
+        if let Some(password) = &parsed.password {
+            builder = builder.set_client_to_redis_password(password);
+        }
+        if parsed.db != 0 {
+            builder = builder.set_client_to_redis_db(parsed.db);
+        }
+        if let Some((username, password)) = &self.sentinel_credentials {
+            if let Some(username) = username {
+                builder = builder.set_client_to_sentinel_username(username);
+            }
+            builder = builder.set_client_to_sentinel_password(password);
+        }
+        #[cfg(feature = "tls")]
+        if let Some(certificates) = self.certificates() {
+            builder = builder
+                .set_client_to_redis_certificates(certificates.clone())
+                .set_client_to_sentinel_certificates(certificates);
+        }
+        builder.build()
     }
 }
 

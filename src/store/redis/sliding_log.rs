@@ -64,15 +64,7 @@ pub(super) async fn transaction<C: ConnectionLike>(
 ) -> Result<Decision, StoreError> {
     let key = keys.state;
     loop {
-        let (now, refresh) = match clock.now() {
-            Some(now) => now,
-            None => {
-                clock.measure(conn).await?;
-                clock.now().ok_or_else(|| {
-                    StoreError::UnexpectedReply("TIME gave no usable clock sample".to_owned())
-                })?
-            }
-        };
+        let (now, refresh) = clock_now(conn, clock).await?;
         let tolerance = clock.tolerance();
         let sent = clock.local_micros();
         let reply = send(conn, keys, policy, members, now, tolerance, clock.seen()).await?;
@@ -103,13 +95,7 @@ pub(super) async fn transaction<C: ConnectionLike>(
             // once Redis's clock is at `now + tolerance + shortest` (its
             // shortest window, or the spacing). The restamp ran at most
             // `took` after the transaction, which ran at `redis_now`.
-            let shortest = policy
-                .rates()
-                .iter()
-                .map(|rate| rate.window_micros())
-                .chain(policy.min_spacing().map(duration_micros))
-                .min()
-                .unwrap_or(0);
+            let shortest = shortest_window(policy);
             if redis_now.saturating_add(took)
                 >= now.saturating_add(tolerance).saturating_add(shortest)
             {
@@ -118,6 +104,32 @@ pub(super) async fn transaction<C: ConnectionLike>(
         }
         return Ok(decision);
     }
+}
+
+/// The clock estimate's reading of Redis's time and whether it asks for a
+/// refresh, measured first when there is none yet.
+async fn clock_now<C: ConnectionLike>(
+    conn: &mut C,
+    clock: &ClockSync,
+) -> Result<(u64, bool), StoreError> {
+    if let Some(now) = clock.now() {
+        return Ok(now);
+    }
+    clock.measure(conn).await?;
+    clock
+        .now()
+        .ok_or_else(|| StoreError::UnexpectedReply("TIME gave no usable clock sample".to_owned()))
+}
+
+/// The shortest window of `policy`, or its spacing if shorter (µs).
+fn shortest_window(policy: &Policy) -> u64 {
+    policy
+        .rates()
+        .iter()
+        .map(|rate| rate.window_micros())
+        .chain(policy.min_spacing().map(duration_micros))
+        .min()
+        .unwrap_or(0)
 }
 
 /// Date the entries of an admitted request at `stamp` (later only).
@@ -149,7 +161,6 @@ async fn send<C: ConnectionLike>(
     clock_seen: u64,
 ) -> Result<Vec<Value>, StoreError> {
     let key = keys.state;
-    let rates = policy.rates();
     let longest = policy.longest_window_micros();
     let stamp = now.saturating_add(tolerance);
     let from = now.saturating_sub(tolerance);
@@ -170,6 +181,26 @@ async fn send<C: ConnectionLike>(
         zadd.arg(stamp).arg(member);
     }
     zadd.ignore();
+    read_log(&mut pipe, key, policy.rates(), members.len(), from);
+    pipe.cmd("PEXPIRE")
+        .arg(key)
+        .arg(
+            longest
+                .saturating_add(tolerance.saturating_mul(2))
+                .div_ceil(1_000),
+        )
+        .ignore();
+    // The key's block, read in the same transaction.
+    pipe.cmd("GET").arg(keys.block);
+    // When Redis really ran it.
+    pipe.cmd("TIME");
+    Ok(pipe.query_async(conn).await?)
+}
+
+/// Add to `pipe` the reads of the log a decision needs, counted from
+/// `from`: each rate's count and blocking entry, and the newest entries
+/// (the request's `ours` entries among them).
+fn read_log(pipe: &mut redis::Pipeline, key: &str, rates: &[Rate], ours: usize, from: u64) {
     for rate in rates {
         pipe.cmd("ZCOUNT")
             .arg(key)
@@ -190,21 +221,8 @@ async fn send<C: ConnectionLike>(
     pipe.cmd("ZREVRANGE")
         .arg(key)
         .arg(0)
-        .arg(members.len())
+        .arg(ours)
         .arg("WITHSCORES");
-    pipe.cmd("PEXPIRE")
-        .arg(key)
-        .arg(
-            longest
-                .saturating_add(tolerance.saturating_mul(2))
-                .div_ceil(1_000),
-        )
-        .ignore();
-    // The key's block, read in the same transaction.
-    pipe.cmd("GET").arg(keys.block);
-    // When Redis really ran it.
-    pipe.cmd("TIME");
-    Ok(pipe.query_async(conn).await?)
 }
 
 /// The decision from the transaction's replies, and Redis's time when it

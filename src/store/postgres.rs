@@ -246,54 +246,9 @@ impl PostgresStore {
         let key: &str = &key;
         let mut conn = inner.pool.get().await.map_err(pool_error)?;
         let tx = conn.transaction().await.map_err(postgres)?;
-        let row = tx
-            .query_typed(
-                &inner.sql.lock,
-                &[(&key as &(dyn ToSql + Sync), Type::TEXT)],
-            )
-            .await
-            .map_err(postgres)?;
-        let row = row
-            .first()
-            .ok_or_else(|| StoreError::UnexpectedReply("no row locked".to_owned()))?;
-        let (bytes, expires_at, db_now): (&[u8], i64, i64) = (
-            row.try_get(0).map_err(postgres)?,
-            row.try_get(1).map_err(postgres)?,
-            row.try_get(2).map_err(postgres)?,
-        );
-        let now = match &inner.clock {
-            Some(clock) => clock.now(),
-            None => Duration::from_micros(u64::try_from(db_now).unwrap_or(0)),
-        };
-        let expired = u128::try_from(expires_at).unwrap_or(0) <= now.as_micros();
-        let mut state = if bytes.is_empty() || expired {
-            KeyState::new()
-        } else {
-            KeyState::from_bytes(bytes).map_err(|e| StoreError::backend("postgres", e))?
-        };
+        let (mut state, now) = self.lock(&tx, key).await?;
         let out = f(&mut state, now);
-        let expires_at = state.expires_at();
-        if expires_at <= now {
-            tx.query_typed(
-                &inner.sql.delete,
-                &[(&key as &(dyn ToSql + Sync), Type::TEXT)],
-            )
-            .await
-            .map_err(postgres)?;
-        } else {
-            let micros = i64::try_from(expires_at.as_micros()).unwrap_or(i64::MAX);
-            let bytes = state.to_bytes();
-            tx.query_typed(
-                &inner.sql.write,
-                &[
-                    (&key as &(dyn ToSql + Sync), Type::TEXT),
-                    (&bytes, Type::BYTEA),
-                    (&micros, Type::INT8),
-                ],
-            )
-            .await
-            .map_err(postgres)?;
-        }
+        self.write(&tx, key, &state, now).await?;
         tx.commit().await.map_err(postgres)?;
         if inner.writes.fetch_add(1, Ordering::Relaxed) % CLEANUP_EVERY == CLEANUP_EVERY - 1 {
             let micros = i64::try_from(now.as_micros()).unwrap_or(i64::MAX);
@@ -303,6 +258,67 @@ impl PostgresStore {
                 .await;
         }
         Ok(out)
+    }
+
+    /// Lock (or make) the row of `key` in `tx`: its state (a fresh one
+    /// once expired) and the decision's time, read once the lock is held.
+    async fn lock(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        key: &str,
+    ) -> Result<(KeyState, Duration), StoreError> {
+        let inner = &*self.inner;
+        let rows = tx
+            .query_typed(
+                &inner.sql.lock,
+                &[(&key as &(dyn ToSql + Sync), Type::TEXT)],
+            )
+            .await
+            .map_err(postgres)?;
+        let row = rows
+            .first()
+            .ok_or_else(|| StoreError::UnexpectedReply("no row locked".to_owned()))?;
+        let bytes: &[u8] = row.try_get(0).map_err(postgres)?;
+        let expires_at: i64 = row.try_get(1).map_err(postgres)?;
+        let db_now: i64 = row.try_get(2).map_err(postgres)?;
+        let now = match &inner.clock {
+            Some(clock) => clock.now(),
+            None => Duration::from_micros(u64::try_from(db_now).unwrap_or(0)),
+        };
+        let expired = u128::try_from(expires_at).unwrap_or(0) <= now.as_micros();
+        let state = if bytes.is_empty() || expired {
+            KeyState::new()
+        } else {
+            KeyState::from_bytes(bytes).map_err(|e| StoreError::backend("postgres", e))?
+        };
+        Ok((state, now))
+    }
+
+    /// Write `state` to the row of `key` in `tx`; a state that no longer
+    /// matters deletes the row.
+    async fn write(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        key: &str,
+        state: &KeyState,
+        now: Duration,
+    ) -> Result<(), StoreError> {
+        let sql = &self.inner.sql;
+        let key = &key as &(dyn ToSql + Sync);
+        let expires_at = state.expires_at();
+        let written = if expires_at <= now {
+            tx.query_typed(&sql.delete, &[(key, Type::TEXT)]).await
+        } else {
+            let micros = i64::try_from(expires_at.as_micros()).unwrap_or(i64::MAX);
+            let bytes = state.to_bytes();
+            let params = [
+                (key, Type::TEXT),
+                (&bytes, Type::BYTEA),
+                (&micros, Type::INT8),
+            ];
+            tx.query_typed(&sql.write, &params).await
+        };
+        written.map(drop).map_err(postgres)
     }
 }
 

@@ -183,8 +183,18 @@ fn read_counted(input: &mut Input<'_>) -> Result<Counted, StateError> {
         Algorithm::SlidingWindow | Algorithm::Gcra => 32,
         Algorithm::Concurrency => 24,
     })?;
+    let state = read_records(input, algorithm, m)?;
+    Ok(Counted { state, expires_at })
+}
+
+/// The `m` records of a state under `algorithm`.
+fn read_records(
+    input: &mut Input<'_>,
+    algorithm: Algorithm,
+    m: usize,
+) -> Result<State, StateError> {
     let invalid = StateError::Invalid;
-    let state = match algorithm {
+    Ok(match algorithm {
         Algorithm::SlidingLog => {
             let entries = (0..m).map(|_| input.word()).collect::<Result<_, _>>()?;
             let entries: std::collections::VecDeque<u64> = entries;
@@ -224,8 +234,7 @@ fn read_counted(input: &mut Input<'_>) -> Result<Counted, StateError> {
                 .map(|_| Ok((Lease::new(input.id()?), input.word()?)))
                 .collect::<Result<_, StateError>>()?,
         )),
-    };
-    Ok(Counted { state, expires_at })
+    })
 }
 
 /// A fixed window counter's slot: its window in µs, or its calendar by

@@ -163,3 +163,69 @@ async fn counts_outlive_a_restart_of_the_server() {
         "the fourth request of five"
     );
 }
+
+/// What a client reads of the example server's answer: the status, the
+/// header names, the limit and remaining, whether a `Retry-After` came.
+fn answered(server: &crate::example_server::Server) -> (u16, Vec<String>, Vec<String>) {
+    let (status, headers) = server.get("/", &[]);
+    let mut names: Vec<String> = headers
+        .iter()
+        .map(|(name, _)| name.to_ascii_lowercase())
+        .filter(|name| name != "date")
+        .collect();
+    names.sort();
+    let values = headers
+        .iter()
+        .filter(|(name, _)| {
+            let name = name.to_ascii_lowercase();
+            name == "x-ratelimit-limit" || name == "x-ratelimit-remaining"
+        })
+        .map(|(name, value)| format!("{}: {value}", name.to_ascii_lowercase()))
+        .collect();
+    (status, names, values)
+}
+
+/// The example server on `DATABASE_URL` answers as on `REDIS_URL`: two
+/// servers share one count, with the same statuses and headers; with the
+/// database stopped, the fail modes answer as with Redis down.
+#[test]
+fn the_example_server_on_postgres_answers_as_on_redis() {
+    use crate::example_server::Server;
+    let postgres = PostgresServer::start();
+    let redis = crate::support::RedisServer::start();
+    let two_servers = |var: &str, url: &str| {
+        let first = Server::start(&[("RATE_LIMIT", "3/min"), (var, url)]);
+        let second = Server::start(&[("RATE_LIMIT", "3/min"), (var, url)]);
+        (0..5)
+            .map(|i| answered(if i % 2 == 0 { &first } else { &second }))
+            .collect::<Vec<_>>()
+    };
+    let on_postgres = two_servers("DATABASE_URL", &postgres.url());
+    let on_redis = two_servers("REDIS_URL", &redis.url());
+    assert_eq!(on_postgres, on_redis);
+    let statuses: Vec<u16> = on_postgres.iter().map(|a| a.0).collect();
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+    assert!(
+        on_postgres[3].1.contains(&"retry-after".to_owned()),
+        "{on_postgres:?}"
+    );
+
+    // A database of its own: the first one holds the counts above.
+    let mut postgres = PostgresServer::start();
+    let url = postgres.url();
+    let closed = Server::start(&[
+        ("RATE_LIMIT", "1/min"),
+        ("DATABASE_URL", &url),
+        ("FAIL_MODE", "closed"),
+    ]);
+    let open = Server::start(&[("RATE_LIMIT", "1/min"), ("DATABASE_URL", &url)]);
+    assert_eq!(closed.status(&[]), 200, "PostgreSQL up: limited as usual");
+    postgres.stop();
+    assert_eq!(closed.status(&[]), 503);
+    assert_eq!(
+        open.status(&[]),
+        200,
+        "open admits while PostgreSQL is down"
+    );
+    assert_eq!(closed.get("/health", &[]).0, 200, "health is never limited");
+}

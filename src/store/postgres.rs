@@ -181,8 +181,11 @@ impl PostgresStoreBuilder {
             )));
         }
         let config: tokio_postgres::Config = self.url.parse().map_err(postgres)?;
+        // No test query at each checkout (a round trip more per decision):
+        // a connection the server closed is known closed, and dropped.
         let pool = Pool::builder()
             .max_size(self.pool_size)
+            .test_on_check_out(false)
             .connection_timeout(self.timeout)
             .build(Manager::new(config, NoTls))
             .await
@@ -245,6 +248,12 @@ impl PostgresStore {
         let key = bounded_key(key);
         let key: &str = &key;
         let mut conn = inner.pool.get().await.map_err(pool_error)?;
+        if conn.is_closed() {
+            // Closed by the server since it was last used (a restart, a
+            // terminated backend): dropped, and another taken.
+            drop(conn);
+            conn = inner.pool.get().await.map_err(pool_error)?;
+        }
         let tx = conn.transaction().await.map_err(postgres)?;
         let (mut state, now) = self.lock(&tx, key).await?;
         let out = f(&mut state, now);

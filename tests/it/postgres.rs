@@ -229,3 +229,55 @@ fn the_example_server_on_postgres_answers_as_on_redis() {
     );
     assert_eq!(closed.get("/health", &[]).0, 200, "health is never limited");
 }
+
+/// Rows whose state stopped mattering are deleted as the store writes, a
+/// bounded batch at a time; rows that still count stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_rows_are_deleted_in_bounded_batches() {
+    let server = PostgresServer::start();
+    let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
+    let store = PostgresStore::builder(&server.url())
+        .clock(clock.clone())
+        .connect()
+        .await
+        .unwrap();
+    let (client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let rows = || async {
+        let row = client
+            .query_one("SELECT count(*) FROM rate_limits", &[])
+            .await
+            .unwrap();
+        row.get::<_, i64>(0)
+    };
+    let short: Policy = "1/1s".parse().unwrap();
+    let long: Policy = "1/1h".parse().unwrap();
+    for i in 0..600 {
+        store.check(&format!("short-{i}"), &short).await.unwrap();
+    }
+    store.check("long", &long).await.unwrap();
+    assert_eq!(rows().await, 601);
+    clock.advance(Duration::from_secs(2));
+    // The next writes delete 256 expired rows each 256 decisions.
+    for i in 0..256 {
+        store
+            .check("long", &"1000/1h".parse::<Policy>().unwrap())
+            .await
+            .unwrap();
+        let _ = i;
+    }
+    let left = rows().await;
+    assert!(
+        (601 - 2 * 256..=601 - 256).contains(&left),
+        "{left} rows left after one or two cleanups"
+    );
+    for _ in 0..512 {
+        store
+            .check("long", &"1000/1h".parse::<Policy>().unwrap())
+            .await
+            .unwrap();
+    }
+    assert_eq!(rows().await, 1, "only the row that still counts");
+}

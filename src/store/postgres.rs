@@ -92,26 +92,28 @@ impl Sql {
         Self {
             table: table.to_owned(),
             lock: format!(
-                "INSERT INTO {table} (key, state, expires_at) VALUES ($1, ''::bytea, 0) \
-                 ON CONFLICT (key) DO UPDATE SET expires_at = {table}.expires_at \
+                "INSERT INTO \"{table}\" AS t (key, state, expires_at) VALUES ($1, ''::bytea, 0) \
+                 ON CONFLICT (key) DO UPDATE SET expires_at = t.expires_at \
                  RETURNING state, expires_at, \
                  (extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
             ),
-            write: format!("UPDATE {table} SET state = $2, expires_at = $3 WHERE key = $1"),
-            delete: format!("DELETE FROM {table} WHERE key = $1"),
+            write: format!("UPDATE \"{table}\" SET state = $2, expires_at = $3 WHERE key = $1"),
+            delete: format!("DELETE FROM \"{table}\" WHERE key = $1"),
             cleanup: format!(
-                "DELETE FROM {table} WHERE key IN (SELECT key FROM {table} \
+                "DELETE FROM \"{table}\" WHERE key IN (SELECT key FROM \"{table}\" \
                  WHERE expires_at <= $1 LIMIT {CLEANUP_BATCH} FOR UPDATE SKIP LOCKED)"
             ),
         }
     }
 
+    /// The statements that make the table and its index.
     fn schema(&self) -> String {
         let table = &self.table;
+        // The key as bytes: any key a client sends (a NUL, any encoding).
         format!(
-            "CREATE TABLE IF NOT EXISTS {table} (key text PRIMARY KEY, state bytea NOT NULL, \
-             expires_at bigint NOT NULL); \
-             CREATE INDEX IF NOT EXISTS {table}_expires_at ON {table} (expires_at)"
+            "CREATE TABLE IF NOT EXISTS \"{table}\" (key bytea PRIMARY KEY, \
+             state bytea NOT NULL, expires_at bigint NOT NULL); \
+             CREATE INDEX IF NOT EXISTS \"{table}_expires_at\" ON \"{table}\" (expires_at)"
         )
     }
 }
@@ -139,7 +141,8 @@ impl std::fmt::Debug for PostgresStoreBuilder {
 
 impl PostgresStoreBuilder {
     /// The table the states are kept in (made when missing): a plain SQL
-    /// name, letters, digits and `_`, at most 63 bytes. [`DEFAULT_TABLE`]
+    /// name, letters, digits and `_`, not starting with a digit, at most 52
+    /// bytes (its index adds `_expires_at`). [`DEFAULT_TABLE`]
     /// by default.
     pub fn table(mut self, table: &str) -> Self {
         table.clone_into(&mut self.table);
@@ -171,13 +174,13 @@ impl PostgresStoreBuilder {
         let plain = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
         let table = &self.table;
         if table.is_empty()
-            || table.len() > 63
+            || table.len() > 52
             || table.as_bytes()[0].is_ascii_digit()
             || !table.bytes().all(plain)
         {
             return Err(StoreError::UnexpectedReply(format!(
                 "PostgresStore: the table name {table:?} is not a plain SQL name \
-                 (letters, digits and _, at most 63 bytes, not starting with a digit)"
+                 (letters, digits and _, at most 52 bytes, not starting with a digit)"
             )));
         }
         let config: tokio_postgres::Config = self.url.parse().map_err(postgres)?;
@@ -192,7 +195,16 @@ impl PostgresStoreBuilder {
             .map_err(postgres)?;
         let sql = Sql::new(table);
         let conn = pool.get().await.map_err(pool_error)?;
-        conn.batch_execute(&sql.schema()).await.map_err(postgres)?;
+        // Made only when missing: a user with no right to create tables
+        // uses a table made for it.
+        let quoted = format!("\"{table}\"");
+        let found = conn
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&quoted])
+            .await
+            .map_err(postgres)?;
+        if !found.get::<_, bool>(0) {
+            conn.batch_execute(&sql.schema()).await.map_err(postgres)?;
+        }
         drop(conn);
         Ok(PostgresStore {
             inner: Arc::new(Inner {
@@ -233,40 +245,66 @@ impl PostgresStore {
         f: impl FnOnce(&mut KeyState, Duration) -> T,
     ) -> Result<T, StoreError> {
         let timeout = self.inner.timeout;
-        match tokio::time::timeout(timeout, self.transaction(key, f)).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(StoreError::Timeout(timeout)),
+        let (out, now) = match tokio::time::timeout(timeout, self.transaction(key, f)).await {
+            Ok(outcome) => outcome?,
+            Err(_) => return Err(StoreError::Timeout(timeout)),
+        };
+        let writes = self.inner.writes.fetch_add(1, Ordering::Relaxed);
+        if writes % CLEANUP_EVERY == CLEANUP_EVERY - 1 {
+            // Apart from the decision, which is already counted: neither
+            // its time nor its outcome.
+            tokio::spawn(self.clone().clean_up(now));
+        }
+        Ok(out)
+    }
+
+    /// Delete a bounded batch of rows expired by `now`, skipping rows in
+    /// use. Best effort: rows a failed cleanup leaves go with the next.
+    async fn clean_up(self, now: Duration) {
+        let micros = i64::try_from(now.as_micros()).unwrap_or(i64::MAX);
+        if let Ok(conn) = self.inner.pool.get().await {
+            let sql = &self.inner.sql.cleanup;
+            let _ = conn.query_typed(sql, &[(&micros, Type::INT8)]).await;
         }
     }
 
+    /// `f` run on the state of `key` in one transaction holding its row:
+    /// its outcome, and the decision's time.
     async fn transaction<T>(
         &self,
         key: &str,
         f: impl FnOnce(&mut KeyState, Duration) -> T,
-    ) -> Result<T, StoreError> {
+    ) -> Result<(T, Duration), StoreError> {
         let inner = &*self.inner;
         let key = bounded_key(key);
         let key: &str = &key;
         let mut conn = inner.pool.get().await.map_err(pool_error)?;
-        if conn.is_closed() {
-            // Closed by the server since it was last used (a restart, a
-            // terminated backend): dropped, and another taken.
-            drop(conn);
-            conn = inner.pool.get().await.map_err(pool_error)?;
+        match conn.transaction().await {
+            Ok(tx) => return self.decide_in(tx, key, f).await,
+            Err(error) if error.is_closed() => {}
+            Err(error) => return Err(postgres(error)),
         }
+        // Closed by the server since it was last used (a restart, a
+        // terminated backend), before anything was sent: dropped, and the
+        // transaction begun on another.
+        drop(conn);
+        let mut conn = inner.pool.get().await.map_err(pool_error)?;
         let tx = conn.transaction().await.map_err(postgres)?;
+        self.decide_in(tx, key, f).await
+    }
+
+    /// `f` run on the state of `key` in `tx`, committed.
+    async fn decide_in<T>(
+        &self,
+        tx: tokio_postgres::Transaction<'_>,
+        key: &str,
+        f: impl FnOnce(&mut KeyState, Duration) -> T,
+    ) -> Result<(T, Duration), StoreError> {
         let (mut state, now) = self.lock(&tx, key).await?;
         let out = f(&mut state, now);
         self.write(&tx, key, &state, now).await?;
         tx.commit().await.map_err(postgres)?;
-        if inner.writes.fetch_add(1, Ordering::Relaxed) % CLEANUP_EVERY == CLEANUP_EVERY - 1 {
-            let micros = i64::try_from(now.as_micros()).unwrap_or(i64::MAX);
-            // Best effort: a failed cleanup leaves rows for the next one.
-            let _ = conn
-                .query_typed(&inner.sql.cleanup, &[(&micros, Type::INT8)])
-                .await;
-        }
-        Ok(out)
+        Ok((out, now))
     }
 
     /// Lock (or make) the row of `key` in `tx`: its state (a fresh one
@@ -280,7 +318,7 @@ impl PostgresStore {
         let rows = tx
             .query_typed(
                 &inner.sql.lock,
-                &[(&key as &(dyn ToSql + Sync), Type::TEXT)],
+                &[(&key.as_bytes() as &(dyn ToSql + Sync), Type::BYTEA)],
             )
             .await
             .map_err(postgres)?;
@@ -313,15 +351,16 @@ impl PostgresStore {
         now: Duration,
     ) -> Result<(), StoreError> {
         let sql = &self.inner.sql;
+        let key = key.as_bytes();
         let key = &key as &(dyn ToSql + Sync);
         let expires_at = state.expires_at();
         let written = if expires_at <= now {
-            tx.query_typed(&sql.delete, &[(key, Type::TEXT)]).await
+            tx.query_typed(&sql.delete, &[(key, Type::BYTEA)]).await
         } else {
             let micros = i64::try_from(expires_at.as_micros()).unwrap_or(i64::MAX);
             let bytes = state.to_bytes();
             let params = [
-                (key, Type::TEXT),
+                (key, Type::BYTEA),
                 (&bytes, Type::BYTEA),
                 (&micros, Type::INT8),
             ];

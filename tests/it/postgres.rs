@@ -281,3 +281,26 @@ async fn expired_rows_are_deleted_in_bounded_batches() {
     }
     assert_eq!(rows().await, 1, "only the row that still counts");
 }
+
+/// Any key a client sends is a key: a NUL, bytes of any script.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_with_any_characters_are_counted() {
+    let server = PostgresServer::start();
+    let store = PostgresStore::connect(&server.url()).await.unwrap();
+    let policy: Policy = "1/1min".parse().unwrap();
+    for key in [
+        "nul\0key",
+        "ключ",
+        "{brace}",
+        "'; DROP TABLE rate_limits; --",
+    ] {
+        assert!(
+            store.check(key, &policy).await.unwrap().allowed(),
+            "{key:?}"
+        );
+        assert!(
+            !store.check(key, &policy).await.unwrap().allowed(),
+            "{key:?}"
+        );
+    }
+}

@@ -176,7 +176,7 @@ impl KeyState {
         {
             Some(held) => {
                 if let Some(expires_at) = held.state.count(now, policy, command, lease_ids) {
-                    held.expires_at = expires_at;
+                    held.expires_at = held.expires_at.max(expires_at);
                 }
             }
             None if matches!(command, Command::Refund { .. }) => {}
@@ -258,7 +258,7 @@ impl State {
     }
 
     /// Decide one request; `expires_at` becomes when the state stops
-    /// mattering (returned through it: a decision returned alone is built
+    /// mattering, never earlier than it was (returned through it: a decision returned alone is built
     /// in the caller's place, where a pair with the time was copied twice).
     /// `lease` is asked only by an admitted concurrency check, for the id
     /// of its slot.
@@ -273,20 +273,27 @@ impl State {
         if !self.matches(policy.algorithm()) {
             *self = Self::new(policy.algorithm());
         }
-        match self {
+        let before = *expires_at;
+        let decision = match self {
             Self::Log(log) => {
                 let decision = sliding_log::check(log, now, policy, expires_at);
                 if decision.allowed() {
                     // What a refund of this check removes.
-                    return decision.with_entries(sliding_log::entries_of(now));
+                    decision.with_entries(sliding_log::entries_of(now))
+                } else {
+                    decision
                 }
-                decision
             }
             Self::Fixed(counters) => fixed_window::check(counters, now, policy, expires_at),
             Self::Sliding(counters) => sliding_window::check(counters, now, policy, expires_at),
             Self::Gcra(tats) => gcra::check(tats, now, policy, expires_at),
             Self::Leases(leases) => concurrency::check(leases, now, policy, lease, expires_at),
-        }
+        };
+        // Never shortened (as a Redis key's expiry): what another policy
+        // counts on this key (a longer window, a rollout's old rates) may
+        // matter longer than this policy's rates say.
+        *expires_at = (*expires_at).max(before);
+        decision
     }
 
     /// The decision a request would get now, changing nothing.

@@ -300,7 +300,7 @@ impl MemoryStore {
                     Some(entry) => {
                         if let Some(expires_at) = entry.state.count(now, policy, command, lease_ids)
                         {
-                            entry.expires_at = expires_at;
+                            entry.expires_at = entry.expires_at.max(expires_at);
                         }
                     }
                     // A refund of a key not held gives back nothing.

@@ -42,11 +42,13 @@ impl Counter {
     }
 
     /// A counter read back from [`words`](Self::words), unless its slot
-    /// is zero or its window's end is past the clock's range.
+    /// is zero, its window's end is past the clock's range or its count
+    /// past any a state holds.
     pub(crate) fn from_words([slot, index, count]: [u64; 3]) -> Option<Self> {
         let fits = Calendar::from_slot(slot).is_some()
             || (slot > 0 && index.checked_add(1)?.checked_mul(slot).is_some());
-        fits.then_some(Self { slot, index, count })
+        // A count is at most MAX_UNITS (a penalty stops there).
+        (fits && count <= super::MAX_UNITS).then_some(Self { slot, index, count })
     }
 }
 

@@ -62,10 +62,17 @@ impl Tat {
     }
 
     /// A TAT read back from [`words`](Self::words), unless its window is
-    /// zero or its fraction is not in [0, 1).
+    /// zero, its fraction not in [0, 1), or its time or max past any a
+    /// state holds.
     pub(crate) fn from_words([window, whole, fraction, max]: [u64; 4]) -> Option<Self> {
         let fraction = f64::from_bits(fraction);
-        (window > 0 && (0.0..1.0).contains(&fraction)).then_some(Self {
+        // A TAT is at most MAX_OFFSET past a time below 2^53 µs (year
+        // 2255), and a max at most MAX_MAX.
+        let fits = window > 0
+            && (0.0..1.0).contains(&fraction)
+            && whole <= (1 << 53) + MAX_OFFSET as u64
+            && (1..=crate::policy::MAX_MAX).contains(&max);
+        fits.then_some(Self {
             window,
             whole,
             fraction,

@@ -41,9 +41,13 @@ impl Counters {
     }
 
     /// Counters read back from [`words`](Self::words), unless the window
-    /// is zero or the next one ends past the clock's range.
+    /// is zero, the next one ends past the clock's range or a count is past
+    /// any a state holds.
     pub(crate) fn from_words([window, index, current, previous]: [u64; 4]) -> Option<Self> {
-        let fits = window > 0 && index.checked_add(2)?.checked_mul(window).is_some();
+        let fits = window > 0
+            && index.checked_add(2)?.checked_mul(window).is_some()
+            && current <= super::MAX_UNITS
+            && previous <= super::MAX_UNITS;
         fits.then_some(Self {
             window,
             index,

@@ -29,6 +29,10 @@ use crate::algorithm::{concurrency, fixed_window, gcra, sliding_window};
 use crate::decision::Lease;
 use crate::policy::{Algorithm, Calendar};
 
+/// No time a state holds is later (µs since the epoch, 2^53: the year
+/// 2255); one that is would overflow the arithmetic on it.
+const MAX_TIME: u64 = 1 << 53;
+
 /// The version of the encoding [`KeyState::to_bytes`] writes, and the only
 /// one [`KeyState::from_bytes`] reads.
 pub const STATE_ENCODING_VERSION: u8 = 1;
@@ -198,12 +202,14 @@ fn read_records(
         Algorithm::SlidingLog => {
             let entries = (0..m).map(|_| input.word()).collect::<Result<_, _>>()?;
             let entries: std::collections::VecDeque<u64> = entries;
-            if !entries
+            let ordered = entries
                 .iter()
                 .zip(entries.iter().skip(1))
-                .all(|(a, b)| a <= b)
-            {
-                return Err(invalid("a sliding log out of order"));
+                .all(|(a, b)| a <= b);
+            if !ordered || entries.back().is_some_and(|&t| t > MAX_TIME) {
+                return Err(invalid(
+                    "a sliding log out of order or past the clock's range",
+                ));
             }
             State::Log(entries)
         }

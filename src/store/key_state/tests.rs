@@ -200,3 +200,38 @@ fn bad_bytes_are_an_error() {
         }
     }
 }
+
+/// Each record of each algorithm with its words at the extremes: an error,
+/// or a state every policy checks without overflowing.
+#[test]
+fn extreme_words_are_refused_or_harmless() {
+    // (tag, record bytes) of one record whose words are all `word`.
+    let records = |word: u64| {
+        let w = word.to_le_bytes();
+        let words = |n: usize| w.repeat(n);
+        let mut fixed = vec![0];
+        fixed.extend(words(3));
+        let mut lease = u128::from(word).to_le_bytes().to_vec();
+        lease.extend(words(1));
+        [(1u8, words(1)), (2, fixed), (3, words(4)), (4, words(4)), (5, lease)]
+    };
+    for word in [0, 1, 1 << 53, (1 << 53) + 1, u64::MAX / 2, u64::MAX] {
+        for (tag, record) in records(word) {
+            let mut bytes = vec![1];
+            bytes.extend_from_slice(&[0; 16]);
+            bytes.extend_from_slice(&[1, tag]);
+            bytes.extend_from_slice(&u64::MAX.to_le_bytes());
+            bytes.extend_from_slice(&1u32.to_le_bytes());
+            bytes.extend_from_slice(&record);
+            if let Ok(state) = KeyState::from_bytes(&bytes) {
+                for policy in every_algorithm() {
+                    let mut state = state.clone();
+                    state.check(NOW, &policy);
+                    state.command(NOW, &policy, Command::Penalty(3));
+                    state.command(NOW, &policy, Command::Reward(3));
+                    state.check(NOW, &policy);
+                }
+            }
+        }
+    }
+}

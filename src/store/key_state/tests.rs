@@ -213,7 +213,13 @@ fn extreme_words_are_refused_or_harmless() {
         fixed.extend(words(3));
         let mut lease = u128::from(word).to_le_bytes().to_vec();
         lease.extend(words(1));
-        [(1u8, words(1)), (2, fixed), (3, words(4)), (4, words(4)), (5, lease)]
+        [
+            (1u8, words(1)),
+            (2, fixed),
+            (3, words(4)),
+            (4, words(4)),
+            (5, lease),
+        ]
     };
     for word in [0, 1, 1 << 53, (1 << 53) + 1, u64::MAX / 2, u64::MAX] {
         for (tag, record) in records(word) {

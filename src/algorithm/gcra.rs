@@ -253,7 +253,11 @@ fn check_many(
     if allowed && !in_place {
         *state = next;
     }
-    *expires = expires_at;
+    // Denied, the state is left as it was, and so is its expiry (it may
+    // hold another policy's longer rates).
+    if allowed {
+        *expires = expires_at;
+    }
     built(builder)
 }
 
@@ -272,10 +276,12 @@ fn check_one(
     let allowed = plan.after <= plan.window * (1.0 + EPSILON);
     let kept = Kept::of(if allowed { plan.after } else { plan.now });
     let status = status(rate, allowed, plan, kept);
-    *expires_at = if kept.up > 0 { now + kept.up } else { 0 };
-    // Admitted, the offset is at least one interval (a cost is at least 1):
-    // the state becomes this rate's TAT alone.
+    // Denied, the state is left as it was, and so is its expiry (it may
+    // hold another policy's longer rates). Admitted, the offset is at
+    // least one interval (a cost is at least 1): the state becomes this
+    // rate's TAT alone.
     if allowed {
+        *expires_at = now + kept.up;
         let tat = tat(rate, now, kept);
         match state.as_mut_slice() {
             [only] => *only = tat,
@@ -455,7 +461,8 @@ mod tests {
                     });
                 }
                 for (step, now) in super::super::burst_times(base) {
-                    let (mut expires_a, mut expires_b) = (0, 1);
+                    // Written alike when admitted, left alike when denied.
+                    let (mut expires_a, mut expires_b) = (7, 7);
                     let a = check_one(&mut fast, now, cost as f64, &rate, &mut expires_a);
                     let b = check_many(&mut general, now, cost as f64, &[rate], &mut expires_b);
                     assert_eq!(

@@ -258,7 +258,7 @@ impl State {
     }
 
     /// Decide one request; `expires_at` becomes when the state stops
-    /// mattering, never earlier than it was (returned through it: a decision returned alone is built
+    /// mattering (returned through it: a decision returned alone is built
     /// in the caller's place, where a pair with the time was copied twice).
     /// `lease` is asked only by an admitted concurrency check, for the id
     /// of its slot.
@@ -273,27 +273,20 @@ impl State {
         if !self.matches(policy.algorithm()) {
             *self = Self::new(policy.algorithm());
         }
-        let before = *expires_at;
-        let decision = match self {
+        match self {
             Self::Log(log) => {
                 let decision = sliding_log::check(log, now, policy, expires_at);
                 if decision.allowed() {
                     // What a refund of this check removes.
-                    decision.with_entries(sliding_log::entries_of(now))
-                } else {
-                    decision
+                    return decision.with_entries(sliding_log::entries_of(now));
                 }
+                decision
             }
             Self::Fixed(counters) => fixed_window::check(counters, now, policy, expires_at),
             Self::Sliding(counters) => sliding_window::check(counters, now, policy, expires_at),
             Self::Gcra(tats) => gcra::check(tats, now, policy, expires_at),
             Self::Leases(leases) => concurrency::check(leases, now, policy, lease, expires_at),
-        };
-        // Never shortened (as a Redis key's expiry): what another policy
-        // counts on this key (a longer window, a rollout's old rates) may
-        // matter longer than this policy's rates say.
-        *expires_at = (*expires_at).max(before);
-        decision
+        }
     }
 
     /// The decision a request would get now, changing nothing.

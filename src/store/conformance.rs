@@ -8,8 +8,9 @@
 //!
 //! - for every algorithm and several policies (one rate, two rates, a cost
 //!   of 2, a calendar quota), then for all five algorithms on the same
-//!   keys at once, and for two policies of one algorithm on the same keys
-//!   (a limit and its tightened rollout), long seeded sequences of checks (through
+//!   keys at once, and for two policies of one counting algorithm other
+//!   than the sliding log on the same keys (a limit and its tightened
+//!   rollout), long seeded sequences of checks (through
 //!   [`Store::check`] and [`Store::check_in_process`]), every operator
 //!   [`Command`], refunds and releases of concurrency slots, and moves of
 //!   the clock: small ones, past a window, and to the microsecond before
@@ -170,6 +171,9 @@ type Answer = Result<Decision, StoreError>;
 
 /// Two policies of each counting algorithm on the same keys (a limit and
 /// its tightened rollout share a key): their counts and expiries meet.
+/// Not the sliding log's: a check under the shorter window trims the log
+/// to it (in Redis too), and `MemoryStore` then keeps or drops the rest by
+/// its sweep's schedule, which no other store need follow.
 fn two_per_algorithm() -> Vec<Vec<Policy>> {
     [
         Algorithm::FixedWindow,

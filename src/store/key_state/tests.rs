@@ -241,3 +241,77 @@ fn extreme_words_are_refused_or_harmless() {
         }
     }
 }
+
+/// Version 1's bytes of every other algorithm, written down as the
+/// encoding's documentation says: each reads back as written, and holds a
+/// full quota at `NOW` (a whole second, 1_699_920_000 s the day's start).
+#[test]
+fn version_1_bytes_of_every_algorithm_read_back_as_written() {
+    let us = |s: u64| s * 1_000_000;
+    let now = us(1_700_000_000);
+    let state = |tag: u8, expires: u64, records: &[&[u8]]| {
+        let mut bytes = vec![1];
+        bytes.extend_from_slice(&0u64.to_le_bytes());
+        bytes.extend_from_slice(&9u64.to_le_bytes());
+        bytes.extend_from_slice(&[1, tag]);
+        bytes.extend_from_slice(&expires.to_le_bytes());
+        bytes.extend_from_slice(&(records.len() as u32).to_le_bytes());
+        for record in records {
+            bytes.extend_from_slice(record);
+        }
+        bytes
+    };
+    let words = |ws: &[u64]| ws.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
+    let window = |kind: u8, head: &[u8], index: u64, count: u64| {
+        let mut record = vec![kind];
+        record.extend_from_slice(head);
+        record.extend(words(&[index, count]));
+        record
+    };
+    let calendar = [&[7u8][..], b"day:UTC"].concat();
+    let lease = |id: u128, expiry: u64| [&id.to_le_bytes()[..], &expiry.to_le_bytes()].concat();
+    let cases: Vec<(Policy, Vec<u8>)> = vec![
+        (
+            policy("2/s"),
+            state(
+                1,
+                now + us(1),
+                &[&words(&[now - 500_000]), &words(&[now - 200_000])],
+            ),
+        ),
+        (
+            policy("2/s").fixed_window().unwrap(),
+            state(
+                2,
+                now + us(1),
+                &[&window(0, &us(1).to_le_bytes(), 1_700_000_000, 2)],
+            ),
+        ),
+        (
+            policy("2/day"),
+            state(
+                2,
+                now + us(6_400),
+                &[&window(1, &calendar, us(1_699_920_000), 2)],
+            ),
+        ),
+        (
+            policy("2/s").sliding_window().unwrap(),
+            state(3, now + us(2), &[&words(&[us(1), 1_700_000_000, 2, 0])]),
+        ),
+        (
+            Policy::concurrency(2).unwrap(),
+            state(
+                5,
+                now + us(30),
+                &[&lease(1, now + us(30)), &lease(2, now + us(30))],
+            ),
+        ),
+    ];
+    for (policy, bytes) in cases {
+        let mut state = KeyState::from_bytes(&bytes).unwrap_or_else(|e| panic!("{policy}: {e}"));
+        assert_eq!(state.to_bytes(), bytes, "{policy}");
+        let denied = state.check(NOW, &policy);
+        assert!(!denied.allowed(), "{policy}: the stored quota is full");
+    }
+}

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bb8_postgres::PostgresConnectionManager;
-use bb8_postgres::bb8::{Pool, RunError};
+use bb8_postgres::bb8::{Pool, PooledConnection, RunError};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::{ToSql, Type};
 
@@ -59,6 +59,10 @@ pub struct PostgresStore {
 
 struct Inner {
     pool: Pool<Manager>,
+    /// Where the pool connects, for the connections opened apart from it
+    /// ([`PostgresStore::connection`]).
+    config: tokio_postgres::Config,
+    pool_size: u32,
     /// The statements, written for the table.
     sql: Sql,
     /// The clock decisions are taken on; `None`: the database's.
@@ -190,11 +194,13 @@ impl PostgresStoreBuilder {
             .max_size(self.pool_size)
             .test_on_check_out(false)
             .connection_timeout(self.timeout)
-            .build(Manager::new(config, NoTls))
+            .build(Manager::new(config.clone(), NoTls))
             .await
             .map_err(postgres)?;
         let sql = Sql::new(table);
-        let conn = pool.get().await.map_err(pool_error)?;
+        // The first connection opened here: a wrong address, user or
+        // password is told as the database says it.
+        let conn = open(&config).await?;
         // Made only when missing: a user with no right to create tables
         // uses a table made for it.
         let quoted = format!("\"{table}\"");
@@ -205,10 +211,13 @@ impl PostgresStoreBuilder {
         if !found.get::<_, bool>(0) {
             conn.batch_execute(&sql.schema()).await.map_err(postgres)?;
         }
-        drop(conn);
+        // Into the pool, as its first connection.
+        let _ = pool.add(conn);
         Ok(PostgresStore {
             inner: Arc::new(Inner {
                 pool,
+                config,
+                pool_size: self.pool_size,
                 sql,
                 clock: self.clock,
                 timeout: self.timeout,
@@ -275,10 +284,9 @@ impl PostgresStore {
         key: &str,
         f: impl FnOnce(&mut KeyState, Duration) -> T,
     ) -> Result<(T, Duration), StoreError> {
-        let inner = &*self.inner;
         let key = bounded_key(key);
         let key: &str = &key;
-        let mut conn = inner.pool.get().await.map_err(pool_error)?;
+        let mut conn = self.connection().await?;
         match conn.transaction().await {
             Ok(tx) => return self.decide_in(tx, key, f).await,
             Err(error) if error.is_closed() => {}
@@ -288,9 +296,23 @@ impl PostgresStore {
         // terminated backend), before anything was sent: dropped, and the
         // transaction begun on another.
         drop(conn);
-        let mut conn = inner.pool.get().await.map_err(pool_error)?;
+        let mut conn = self.connection().await?;
         let tx = conn.transaction().await.map_err(postgres)?;
         self.decide_in(tx, key, f).await
+    }
+
+    /// A connection from the pool. With none idle and room for more, one
+    /// is opened here first and put in the pool: a database that refuses
+    /// connections fails the decision at once, with its error (the pool
+    /// would wait out its timeout, and tell only that).
+    async fn connection(&self) -> Result<PooledConnection<'_, Manager>, StoreError> {
+        let inner = &*self.inner;
+        let state = inner.pool.state();
+        if state.idle_connections == 0 && state.connections < inner.pool_size {
+            // A full pool (another caller's connection came first) drops it.
+            let _ = inner.pool.add(open(&inner.config).await?);
+        }
+        inner.pool.get().await.map_err(pool_error)
     }
 
     /// `f` run on the state of `key` in `tx`, committed.
@@ -393,6 +415,16 @@ impl Store for PostgresStore {
     async fn release(&self, key: &str, _: &Policy, lease: Lease) -> Result<(), StoreError> {
         self.update(key, |state, _| state.release(lease)).await
     }
+}
+
+/// A connection to the database of `config`, its I/O driven by a task of
+/// its own.
+async fn open(config: &tokio_postgres::Config) -> Result<tokio_postgres::Client, StoreError> {
+    let (client, connection) = config.connect(NoTls).await.map_err(postgres)?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
 }
 
 fn postgres(error: impl std::error::Error + Send + Sync + 'static) -> StoreError {

@@ -304,3 +304,47 @@ async fn keys_with_any_characters_are_counted() {
         );
     }
 }
+
+/// A database that refuses connections fails a decision at once, with its
+/// error, not after the store's timeout; so does a store connecting to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_fails_at_once_with_its_error() {
+    let mut server = PostgresServer::start();
+    let url = server.url();
+    let store = PostgresStore::builder(&url)
+        .timeout(Duration::from_secs(20))
+        .connect()
+        .await
+        .unwrap();
+    let policy: Policy = "5/1min".parse().unwrap();
+    assert!(store.check("k", &policy).await.unwrap().allowed());
+    server.stop();
+    for attempt in 0..3 {
+        let asked = std::time::Instant::now();
+        let error = store
+            .check("k", &policy)
+            .await
+            .expect_err("the server is stopped");
+        // Well within the store's 20 s timeout (a refusal takes
+        // milliseconds); not a pool timeout.
+        assert!(
+            asked.elapsed() < Duration::from_secs(10),
+            "attempt {attempt}: {error}"
+        );
+        assert!(
+            !matches!(error, tower_redis_ratelimit::StoreError::PoolTimeout),
+            "{error}"
+        );
+    }
+    let error = PostgresStore::builder(&url)
+        .timeout(Duration::from_secs(20))
+        .connect()
+        .await
+        .expect_err("the server is stopped");
+    assert!(error.to_string().contains("postgres"), "{error}");
+    server.restart();
+    assert!(
+        store.check("k", &policy).await.unwrap().allowed(),
+        "back with the server"
+    );
+}

@@ -348,3 +348,52 @@ async fn a_refused_connection_fails_at_once_with_its_error() {
         "back with the server"
     );
 }
+
+/// The rules' engine and the deny cache on PostgreSQL: a rule counts in
+/// the database, and a flood after a denial is answered without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_and_the_deny_cache_work_on_postgres() {
+    use http::Method;
+    use tower_redis_ratelimit::rules::{Call, RuleSet, Rules};
+
+    let server = PostgresServer::start();
+    let store = PostgresStore::connect(&server.url()).await.unwrap();
+    let text = "[[rules]]\nname = \"jobs\"\ngrpc = \"/jobs.Queue/*\"\nkey = \"global\"\n\
+                policy = \"2/h\"\nalgorithm = \"fixed_window\"\n";
+    let rules = Rules::new(store, RuleSet::from_toml(text).unwrap());
+    let check = || {
+        rules
+            .current()
+            .check(&Method::POST, "/jobs.Queue/Run", None, |_| {
+                Ok::<_, std::convert::Infallible>(Some(Call::new("tenant-1")))
+            })
+            .unwrap()
+    };
+    let (client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    // Write transactions of the server so far.
+    let writes = || async {
+        let row = client
+            .query_one(
+                "SELECT txid_snapshot_xmax(txid_current_snapshot())::bigint",
+                &[],
+            )
+            .await
+            .unwrap();
+        row.get::<_, i64>(0)
+    };
+    assert!(check().await.unwrap().allowed());
+    assert!(check().await.unwrap().allowed());
+    assert!(!check().await.unwrap().allowed(), "the third of 2/h");
+    let before = writes().await;
+    for _ in 0..50 {
+        assert!(!check().await.unwrap().allowed());
+    }
+    assert_eq!(
+        writes().await,
+        before,
+        "the flood was answered by the deny cache"
+    );
+}

@@ -354,9 +354,10 @@ async fn retry_after_honest(rig: Rig, algo: Algo) {
 // Defect 10: a refused connection fails a check at once.
 
 /// How long a check may take to fail while every connection is refused:
-/// half the store-level timeout, so that a check that waits for a timeout
-/// is caught, while a loaded machine (a request once took 53 ms with a
-/// build beside the tests) is not mistaken for one.
+/// below the store timeouts of these tests (300 ms; the layer's, 250 ms),
+/// so that a check that waits for a timeout is caught, while a loaded
+/// machine (a request once took 53 ms with a build beside the tests) is
+/// not mistaken for one.
 const AT_ONCE: Duration = Duration::from_millis(150);
 
 /// Redis (the proxy) refuses connections and every open one is cut: each

@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
 use tower_redis_ratelimit::clock::{Clock, SystemClock};
 use tower_redis_ratelimit::decision::Lease;
@@ -31,22 +32,21 @@ impl<C: Clock> MapStore<C> {
         }
     }
 
-    /// Run `f` on the state of `key`, under the lock, dropping states that
-    /// stopped mattering.
-    fn with_state<T>(&self, key: &str, f: impl FnOnce(&mut KeyState) -> T) -> T {
-        let now = self.clock.now();
+    /// Run `f` on the state of `key` at the time read once the lock is
+    /// held, dropping states that stopped mattering.
+    fn with_state<T>(&self, key: &str, f: impl FnOnce(&mut KeyState, Duration) -> T) -> T {
         let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = self.clock.now();
         // A real store would bound its keys (MemoryStore keeps at most
         // 100,000); this one only forgets the expired ones.
         keys.retain(|_, state| state.expires_at() > now);
-        f(keys.entry(key.to_owned()).or_default())
+        f(keys.entry(key.to_owned()).or_default(), now)
     }
 }
 
 impl<C: Clock> Store for MapStore<C> {
     async fn check(&self, key: &str, policy: &Policy) -> Result<Decision, StoreError> {
-        let now = self.clock.now();
-        Ok(self.with_state(key, |state| state.check(now, policy)))
+        Ok(self.with_state(key, |state, now| state.check(now, policy)))
     }
 
     async fn command(
@@ -55,12 +55,11 @@ impl<C: Clock> Store for MapStore<C> {
         policy: &Policy,
         command: Command,
     ) -> Result<Decision, StoreError> {
-        let now = self.clock.now();
-        Ok(self.with_state(key, |state| state.command(now, policy, command)))
+        Ok(self.with_state(key, |state, now| state.command(now, policy, command)))
     }
 
     async fn release(&self, key: &str, _policy: &Policy, lease: Lease) -> Result<(), StoreError> {
-        self.with_state(key, |state| state.release(lease));
+        self.with_state(key, |state, _| state.release(lease));
         Ok(())
     }
 }

@@ -1,26 +1,7 @@
 //! A [`KeyState`] as bytes and back: a small, versioned encoding, for a
 //! store that keeps a key's state in a row, a document or a value.
 //!
-//! Version 1, every integer little-endian:
-//!
-//! | bytes | what |
-//! |---|---|
-//! | 1 | the version: 1 |
-//! | 8 | until when the key is blocked, µs since the Unix epoch (0: not) |
-//! | 8 | the next lease count |
-//! | 1 | n, the algorithms the key is counted under (at most 5) |
-//! | n × | each: 1 byte for the algorithm (1 sliding log, 2 fixed window, 3 sliding window, 4 GCRA, 5 concurrency), 8 bytes for when its counts stop mattering (µs), 4 bytes for m, then m records |
-//!
-//! A record is, by algorithm: a sliding log's entry time (8 bytes, oldest
-//! first); a fixed window's counter: 0 and its window in µs (1 + 8), or
-//! 1 and its calendar's name (1 + 1 + at most 255, e.g. `day:UTC`,
-//! `week:Europe/Paris:wed`, `month:+05:30:15`: a name, where the process
-//! knows a calendar's zone by a number of its own), then the window's
-//! index and count (2 × 8); a
-//! sliding window's window, index, current and previous counts (4 × 8); a
-//! GCRA rate's window, TAT in whole µs, the TAT's fraction (an IEEE 754
-//! double's bits) and max (4 × 8); a concurrency slot's lease id (16) and
-//! expiry (8).
+//! The layout is documented on [`KeyState::to_bytes`].
 
 use smallvec::SmallVec;
 
@@ -61,11 +42,31 @@ pub enum StateError {
 
 impl KeyState {
     /// The state as bytes, in the versioned encoding
-    /// [`from_bytes`](Self::from_bytes) reads (documented in the module
-    /// source, `src/store/key_state/encoding.rs`): for a store that keeps
-    /// it in a row, a document or a value. A few dozen bytes per
-    /// algorithm the key is counted under, plus 8 per sliding-log entry or
-    /// held concurrency slot.
+    /// [`from_bytes`](Self::from_bytes) reads: for a store that keeps it in
+    /// a row, a document or a value. A few dozen bytes per algorithm the
+    /// key is counted under, plus 8 per sliding-log entry and 24 per held
+    /// concurrency slot.
+    ///
+    /// Version 1, every integer little-endian:
+    ///
+    /// | bytes | what |
+    /// |---|---|
+    /// | 1 | the version: 1 |
+    /// | 8 | until when the key is blocked, µs since the Unix epoch (0: not) |
+    /// | 8 | the next lease count |
+    /// | 1 | n, the algorithms the key is counted under (at most 5) |
+    /// | n × | each: 1 byte for the algorithm (1 sliding log, 2 fixed window, 3 sliding window, 4 GCRA, 5 concurrency), 8 bytes for when its counts stop mattering (µs), 4 bytes for m, then m records |
+    ///
+    /// A record is, by algorithm: a sliding log's entry time (8 bytes, oldest
+    /// first); a fixed window's counter: 0 and its window in µs (1 + 8), or
+    /// 1 and its calendar's name (1 + 1 + at most 255, e.g. `day:UTC`,
+    /// `week:Europe/Paris:wed`, `month:+05:30:15`: a name, where the process
+    /// knows a calendar's zone by a number of its own), then the window's
+    /// index and count (2 × 8); a
+    /// sliding window's window, index, current and previous counts (4 × 8); a
+    /// GCRA rate's window, TAT in whole µs, the TAT's fraction (an IEEE 754
+    /// double's bits) and max (4 × 8); a concurrency slot's lease id (16) and
+    /// expiry (8).
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(18 + 45 * self.counted.len());
         out.push(STATE_ENCODING_VERSION);

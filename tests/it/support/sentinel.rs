@@ -186,7 +186,11 @@ impl Deployment {
         let dirs: Vec<Dir> = (0..2).map(|_| Dir::new("sentinel-tls")).collect();
         // Server `i` with `extra` arguments, and the port others reach it
         // on when it serves TLS.
-        let start = |i: usize, extra: Vec<String>| -> (RedisServer, Option<u16>) {
+        let start = |i: usize, mut extra: Vec<String>| -> (RedisServer, Option<u16>) {
+            // A full sync starts at once, not after Redis's default wait of
+            // 5 s for more replicas to join it (the replica at start, and
+            // the old primary after a failover).
+            extra.extend(["--repl-diskless-sync-delay".to_owned(), "0".to_owned()]);
             match (ca, &server_pair) {
                 (Some(ca), Some(pair)) => {
                     let (server, tls_port) = RedisServer::start_with_port(|tls_port| {

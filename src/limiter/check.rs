@@ -314,12 +314,14 @@ mod tests {
             )
             .with_name(name);
             assert!(fast.inner.memory.is_some() && general.inner.memory.is_none());
-            // Short keys; a long one (held by its hash); the longest whose
-            // store key is held as it is, and one byte longer (hashed).
+            // Short keys; one of the hashed form (held by its hash, as a
+            // long one is); the longest whose store key is held as it is,
+            // and one byte longer (hashed).
             let longest = crate::store::MAX_RAW_KEY_LEN - name.len() - 1;
             let keys = [
                 "k0".to_owned(),
                 "k1".to_owned(),
+                "#k".to_owned(),
                 "x".repeat(500),
                 "y".repeat(longest),
                 "z".repeat(longest + 1),

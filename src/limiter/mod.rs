@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use crate::decision::Decision;
 use crate::metrics::{Decider, Outcome};
 use crate::policy::{Policy, PolicyError};
-use crate::store::{Command, DynStore, MemoryStore, Store, StoreError, bounded, bounded_key};
+use crate::store::{
+    Command, DynStore, MemoryStore, Store, StoreError, StoreKey, bounded, bounded_key,
+};
 
 mod breaker;
 mod check;
@@ -327,22 +329,51 @@ impl Limiter {
             crate::metrics::decision(&self.inner.name, Outcome::Skipped, Decider::None);
             return Check::done(Ok(Verdict::unlimited(DecidedBy::AllowedKey)));
         }
+        if policy.is_none()
+            && self.inner.local.is_none()
+            && let Some(memory) = &self.inner.memory
+        {
+            return self.start_in_memory(memory, key);
+        }
         // As the limiter holds it everywhere (the store, the deny cache, the
         // local quota, the most denied keys): whatever a client sends, a
         // key held costs a bounded number of bytes, and a long key is shown
         // and steered by its hash.
         let key = bounded(key);
-        if policy.is_none() {
-            if let Some(local) = &self.inner.local {
-                return local.check(self, key);
-            }
-            if let Some(memory) = &self.inner.memory {
-                let (key, policy) = (self.store_key(key), &self.inner.policy);
-                let decision = memory.check_now(&key, policy);
-                return Check::done(self.decided(&key, policy, decision, None));
-            }
+        if policy.is_none()
+            && let Some(local) = &self.inner.local
+        {
+            return local.check(self, key);
         }
         self.start_in_store(key, policy)
+    }
+
+    /// The check of `key` (as given) in `memory`, the limiter's store,
+    /// under the limiter's policy: the store key is read once, by the
+    /// [`StoreKey`] the store checks, when it and `key` are held as they
+    /// are (the common case); any other key is bounded first, as every
+    /// path bounds it.
+    fn start_in_memory(&self, memory: &MemoryStore, key: String) -> Check {
+        if !StoreKey::raw_follows_whole(&key) {
+            return self.start_in_memory_bounded(memory, &key);
+        }
+        let (key, policy) = (self.store_key(key), &self.inner.policy);
+        let held = StoreKey::new(&key, memory.hasher());
+        if !held.is_as_given() {
+            return self.start_in_memory_bounded(memory, self.raw_key(&key));
+        }
+        let decision = memory.check_key(&held, policy);
+        Check::done(self.decided(&key, policy, decision, None))
+    }
+
+    /// [`start_in_memory`](Self::start_in_memory) of a key not held as
+    /// it is: long, with a brace, or starting with `#`.
+    #[cold]
+    fn start_in_memory_bounded(&self, memory: &MemoryStore, key: &str) -> Check {
+        let key = self.store_key(bounded_key(key).into_owned());
+        let policy = &self.inner.policy;
+        let decision = memory.check_now(&key, policy);
+        Check::done(self.decided(&key, policy, decision, None))
     }
 
     /// Check `key` until it is admitted, sleeping each denial's

@@ -52,6 +52,22 @@ impl<'a> StoreKey<'a> {
         }
     }
 
+    /// Whether a store key that is `raw` behind a prefix is read once for
+    /// both ([`is_as_given`](Self::is_as_given) of the whole then says
+    /// `raw` is held as it is too): a part of a key that fits and holds no
+    /// brace fits and holds none too; only a leading `#` is the raw key's
+    /// own. The limiter checks its memory store this way.
+    #[inline(always)]
+    pub(crate) fn raw_follows_whole(raw: &str) -> bool {
+        !raw.starts_with('#')
+    }
+
+    /// Whether the key is held as it was given (not as its hash).
+    #[inline(always)]
+    pub(crate) fn is_as_given(&self) -> bool {
+        matches!(self.text, Cow::Borrowed(_))
+    }
+
     /// The key as held, for a table to keep (a new key: the only copy).
     pub(crate) fn to_text<T: for<'s> From<&'s str>>(&self) -> T {
         T::from(&self.text)
@@ -137,6 +153,41 @@ mod tests {
                 assert!(text.starts_with('#') && text.len() == 41);
                 // A hashed key is hashed again, never held as it is.
                 assert_ne!(bounded_key(&text), text);
+            }
+        }
+    }
+
+    /// A prefixed key is read once only when that is what bounding its raw
+    /// key first, then the whole, gives: for every prefix and raw key
+    /// above, and the ones that reach the bound together.
+    #[test]
+    fn a_prefixed_key_is_read_once_only_when_its_raw_key_is_held_as_is() {
+        let hasher = KeyHasher::new();
+        let raws = [
+            "",
+            "k",
+            "#k",
+            "k#",
+            "{k}",
+            "a{",
+            &"i".repeat(MAX_RAW_KEY_LEN - 4),
+        ];
+        for prefix in ["api:", "{api}:", "#api:", ":", ""] {
+            for raw in raws
+                .iter()
+                .copied()
+                .chain([&*"r".repeat(MAX_RAW_KEY_LEN - prefix.len() + 1)])
+            {
+                let key = format!("{prefix}{raw}");
+                let held = StoreKey::new(&key, &hasher);
+                let read_once = StoreKey::raw_follows_whole(raw) && held.is_as_given();
+                let bounded_twice =
+                    bounded_key(&format!("{prefix}{}", bounded_key(raw))).into_owned();
+                let as_is = bounded_key(raw) == raw && bounded_twice == key;
+                assert_eq!(read_once, as_is, "{prefix} {raw}");
+                if read_once {
+                    assert!(held.is(&bounded_twice) && held.hash() == hasher.hash(key.as_bytes()));
+                }
             }
         }
     }

@@ -218,9 +218,16 @@ impl MemoryStore {
         self.check_key(&key, policy)
     }
 
-    /// The check of `key`.
+    /// The hasher of this store's tables, for a [`StoreKey`] built by a
+    /// caller (the limiter reads its key once).
+    #[inline]
+    pub(crate) fn hasher(&self) -> &KeyHasher {
+        &self.inner.hasher
+    }
+
+    /// The check of `key`, hashed by [`hasher`](Self::hasher).
     #[inline(always)]
-    fn check_key(&self, key: &StoreKey<'_>, policy: &Policy) -> Decision {
+    pub(crate) fn check_key(&self, key: &StoreKey<'_>, policy: &Policy) -> Decision {
         let now = self.now();
         let (hash, index) = (key.hash(), Self::shard_of(key.hash()));
         let algorithm = policy.algorithm().index();

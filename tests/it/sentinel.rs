@@ -83,7 +83,7 @@ async fn failover_under(limiter: &Limiter, deployment: &mut Deployment, key: &st
 }
 
 async fn follows_a_failover(fail_mode: FailMode, name: &str) {
-    let _slot = support::sentinel::one_of_two().await;
+    let _slot = support::sentinel::one_of_three().await;
     let mut deployment = Deployment::start();
     // Any process would: connect through the Sentinels, with the URL form.
     let store = RedisStore::connect(&deployment.url()).await.unwrap();
@@ -139,7 +139,7 @@ async fn follows_a_failover_with_a_fallback() {
 /// next window is exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreplicated_counts_are_lost_with_the_primary_and_over_admit_by_them_only() {
-    let _slot = support::sentinel::one_of_two().await;
+    let _slot = support::sentinel::one_of_three().await;
     let into_day = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -261,7 +261,7 @@ fn watch_clients(sentinel: &support::sentinel::Sentinel) -> Vec<String> {
 }
 
 async fn a_demoted_primary_is_left(first: FirstSentinel) {
-    let _slot = support::sentinel::one_of_two().await;
+    let _slot = support::sentinel::one_of_three().await;
     let deployment = Deployment::start();
     // The store reaches the first Sentinel through a proxy (the tests ask
     // it directly).
@@ -421,7 +421,7 @@ async fn kill_the_primary(store: &RedisStore, deployment: &mut Deployment) -> Du
 /// Without any Sentinel that knows the service, connecting fails and says so.
 #[tokio::test]
 async fn an_unknown_service_is_refused() {
-    let _slot = support::sentinel::one_of_two().await;
+    let _slot = support::sentinel::one_of_three().await;
     let deployment = Deployment::start();
     let error = RedisStore::connect_sentinel(&deployment.sentinel_addresses(), "no-such-service")
         .await
@@ -447,7 +447,7 @@ async fn an_unknown_service_is_refused() {
 #[cfg(feature = "tls")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_sentinel_urls_follow_a_failover() {
-    let _slot = support::sentinel::one_of_two().await;
+    let _slot = support::sentinel::one_of_three().await;
     use support::tls::Ca;
 
     let ca = Ca::new("sentinel CA");
@@ -487,7 +487,7 @@ async fn tls_sentinel_urls_follow_a_failover() {
 /// password is refused, and does not show in the error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_acl_user_is_enough_behind_sentinel() {
-    let _slot = support::sentinel::one_of_two().await;
+    let _slot = support::sentinel::one_of_three().await;
     let mut deployment = Deployment::start();
     deployment.primary.least_privileged_url("rl");
     deployment.replica.least_privileged_url("rl");
@@ -526,7 +526,7 @@ async fn the_acl_user_is_enough_behind_sentinel() {
 /// Sentinels at once: 9 `ROLE` in this test.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_opened_at_once_ask_the_sentinels_once() {
-    let _slot = support::sentinel::one_of_two().await;
+    let _slot = support::sentinel::one_of_three().await;
     let deployment = Deployment::start();
     let store = RedisStore::connect(&deployment.url()).await.unwrap();
     let policy: Policy = "1000000/60s".parse().unwrap();
@@ -590,7 +590,7 @@ fn connections_received(server: &support::RedisServer) -> u64 {
 /// builder's `Debug`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinels_with_a_password_take_the_builders_credentials() {
-    let _slot = support::sentinel::one_of_two().await;
+    let _slot = support::sentinel::one_of_three().await;
     let mut deployment = Deployment::start_with_sentinel_password("sentinel-secret");
     let error = RedisStore::connect(&deployment.url())
         .await

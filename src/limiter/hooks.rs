@@ -15,7 +15,7 @@ use crate::policy::Policy;
 use crate::store::{Command, StoreError};
 
 impl Limiter {
-    /// Count the verdict of a check of `key` (as held: [`limited`](super::limited), not
+    /// Count the verdict of a check of `key` (as held: [`bounded_key`](crate::store::bounded_key), not
     /// namespaced) in the metrics, and a denial among the limiter's most denied keys
     /// (sharing them through the store when a share is due).
     #[inline(always)]
@@ -117,7 +117,7 @@ impl Limiter {
     }
 
     /// [`cached_denial`](Self::cached_denial) of `key` as this limiter
-    /// holds it ([`limited`](super::limited)).
+    /// holds it ([`bounded_key`](crate::store::bounded_key)).
     pub(crate) fn cached_denial_held(&self, key: &str) -> Option<Decision> {
         self.cached(&self.store_key(key.to_owned()))
     }
@@ -139,7 +139,7 @@ impl Limiter {
     }
 
     /// Run `command` on `key` as this limiter holds it: as given when it
-    /// is short, else its hashed form ([`limited`](super::limited)), the form
+    /// is short, else its hashed form ([`bounded_key`](crate::store::bounded_key)), the form
     /// [`most_denied`](Self::most_denied) shows (so an operator can steer
     /// a key too long to be shown).
     pub(crate) async fn command_limited(
@@ -210,7 +210,7 @@ impl Limiter {
     }
 
     /// [`refund`](Self::refund) of `key` as this limiter holds it
-    /// ([`limited`](super::limited)), under `policy` (the one that took
+    /// ([`bounded_key`](crate::store::bounded_key)), under `policy` (the one that took
     /// the units).
     pub(crate) async fn give_back(
         &self,

@@ -4,6 +4,8 @@
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 
+use super::store_key::brace_bytes;
+
 /// Hashes keys for the in-process tables (a [`MemoryStore`](crate::MemoryStore)'s
 /// shards, a local quota's held units, the deny cache): SipHash-1-3 under a
 /// random key, as std's `HashMap`, so a client who picks its keys cannot
@@ -54,7 +56,8 @@ impl KeyHasher {
 /// SipHash-`C`-`D` of `bytes` under `keys` (Aumasson and Bernstein's
 /// reference: 8-byte little-endian words, the last one padded and topped by
 /// the length's low byte), and a word whose high bits are set where a byte
-/// of `bytes` is a brace (zero when none is).
+/// of `bytes` is a brace (zero when none is; the key rule's
+/// [`brace_bytes`]).
 #[inline(always)]
 fn sip<const C: usize, const D: usize>(keys: [u64; 2], bytes: &[u8]) -> (u64, u64) {
     let [k0, k1] = keys;
@@ -82,17 +85,6 @@ fn sip<const C: usize, const D: usize>(keys: [u64; 2], bytes: &[u8]) -> (u64, u6
     v[2] ^= 0xff;
     rounds::<D>(&mut v);
     (v[0] ^ v[1] ^ v[2] ^ v[3], braces)
-}
-
-/// Whether `key` holds a `{` or a `}`, for a key not hashed here (what
-/// [`KeyHasher::hash_and_braces`] finds while hashing; a test holds the two
-/// to every byte value at every place). Every byte looked at: a loop the
-/// compiler vectorises, for the long keys clients send (an API key of 38
-/// bytes took 231 instructions fewer than a loop stopping at the first).
-#[inline]
-pub(crate) fn has_brace(key: &[u8]) -> bool {
-    key.iter()
-        .fold(false, |found, &b| found | (b == b'{') | (b == b'}'))
 }
 
 /// An 8-byte chunk as a little-endian word.
@@ -140,18 +132,6 @@ fn tail(rest: &[u8]) -> u64 {
     } else {
         0
     }
-}
-
-/// The high bit of each byte of `word` that is `{` or `}`, and maybe of
-/// bytes above such a byte: zero exactly when no byte is a brace. (A byte
-/// equal to `b` is a zero byte of `word ^ b…b`, which the borrow of
-/// subtracting 1 from each byte finds.)
-#[inline(always)]
-fn brace_bytes(word: u64) -> u64 {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    let zero_bytes = |x: u64| x.wrapping_sub(ONES) & !x;
-    (zero_bytes(word ^ (ONES * u64::from(b'{'))) | zero_bytes(word ^ (ONES * u64::from(b'}'))))
-        & (ONES * 0x80)
 }
 
 /// Whether two keys of a table are the same: short keys compared as two

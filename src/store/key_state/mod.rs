@@ -161,7 +161,7 @@ impl KeyState {
     }
 
     /// A penalty, reward or refund on the counts under `policy`'s
-    /// algorithm (a refund of counts no longer held gives back nothing).
+    /// algorithm.
     fn count(&mut self, now: u64, policy: &Policy, command: Command) {
         let algorithm = policy.algorithm();
         let Self {
@@ -170,40 +170,25 @@ impl KeyState {
             ..
         } = self;
         let lease_ids = |n| key_lease_ids(next_lease, now, n).id();
-        match counted
+        let held = counted
             .iter_mut()
             .find(|c| c.state.algorithm() == algorithm)
+            .map(|c| (&mut c.state, &mut c.expires_at));
+        if let Some((state, expires_at)) = State::count_held(held, now, policy, command, lease_ids)
         {
-            Some(held) => {
-                if let Some(expires_at) = held.state.count(now, policy, command, lease_ids) {
-                    held.expires_at = held.expires_at.max(expires_at);
-                }
-            }
-            None if matches!(command, Command::Refund { .. }) => {}
-            None => {
-                let mut state = State::new(algorithm);
-                let expires_at = state.count(now, policy, command, lease_ids);
-                if let Some(expires_at) = expires_at.filter(|&at| at > now) {
-                    counted.push(Counted { state, expires_at });
-                }
-            }
+            counted.push(Counted { state, expires_at });
         }
     }
 
     /// The decision a request would get at `now` (µs), changing nothing.
     fn peek(&self, now: u64, policy: &Policy) -> Decision {
-        if let Some(left) = algorithm::block_left(self.blocked_until, now) {
-            return algorithm::blocked(policy, left);
-        }
         let algorithm = policy.algorithm();
-        match self
+        let held = self
             .counted
             .iter()
-            .find(|c| c.state.algorithm() == algorithm)
-        {
-            Some(counted) => counted.state.peek(now, policy),
-            None => State::new(algorithm).peek(now, policy),
-        }
+            .find(|c| c.state.algorithm() == algorithm);
+        let block_left = algorithm::block_left(self.blocked_until, now);
+        State::peek_held(block_left, held.map(|c| &c.state), now, policy)
     }
 }
 
@@ -328,6 +313,54 @@ impl State {
             Command::Refund { id, units } => self.refund(now, policy, id, algorithm::units(units)),
             Command::Peek | Command::Reset | Command::Block(_) => return None,
         })
+    }
+
+    /// A penalty, reward or refund (`command`) on `held`, a key's state
+    /// under `policy`'s algorithm and when it expires (µs), or on none:
+    /// then the new state to hold and its expiry, when it matters after
+    /// `now` (a refund of counts no longer held gives back nothing). An
+    /// expiry only moves later: the state may hold another policy's longer
+    /// rates. The one way every store of the crate counts a command.
+    pub(crate) fn count_held(
+        held: Option<(&mut Self, &mut u64)>,
+        now: u64,
+        policy: &Policy,
+        command: Command,
+        lease_ids: impl FnOnce(u64) -> u128,
+    ) -> Option<(Self, u64)> {
+        match held {
+            Some((state, expires_at)) => {
+                if let Some(at) = state.count(now, policy, command, lease_ids) {
+                    *expires_at = (*expires_at).max(at);
+                }
+                None
+            }
+            None if matches!(command, Command::Refund { .. }) => None,
+            None => {
+                let mut state = Self::new(policy.algorithm());
+                let expires_at = state.count(now, policy, command, lease_ids)?;
+                (expires_at > now).then_some((state, expires_at))
+            }
+        }
+    }
+
+    /// The decision a request of `policy` would get at `now` (µs) from a
+    /// key blocked for `block_left` more µs, else from `held`, its state
+    /// under the policy's algorithm (none: a fresh one), changing nothing.
+    /// The one way every store of the crate answers a command.
+    pub(crate) fn peek_held(
+        block_left: Option<u64>,
+        held: Option<&Self>,
+        now: u64,
+        policy: &Policy,
+    ) -> Decision {
+        if let Some(left) = block_left {
+            return algorithm::blocked(policy, left);
+        }
+        match held {
+            Some(state) => state.peek(now, policy),
+            None => Self::new(policy.algorithm()).peek(now, policy),
+        }
     }
 
     /// Take `units` of quota (anonymous slots from lease `first` on, for the

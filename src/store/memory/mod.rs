@@ -303,38 +303,26 @@ impl MemoryStore {
             }
             Command::Penalty(_) | Command::Reward(_) | Command::Refund { .. } => {
                 let lease_ids = |n| shard_lease_ids(&mut shard.leases, index, n);
-                match shard.keys[algorithm].find_mut(hash, |e| key.is(&e.key)) {
-                    Some(entry) => {
-                        if let Some(expires_at) = entry.state.count(now, policy, command, lease_ids)
-                        {
-                            entry.expires_at = entry.expires_at.max(expires_at);
-                        }
-                    }
-                    // A refund of a key not held gives back nothing.
-                    None if matches!(command, Command::Refund { .. }) => {}
-                    None => {
-                        let mut state = State::new(policy.algorithm());
-                        let expires_at = state.count(now, policy, command, lease_ids);
-                        if let Some(expires_at) = expires_at.filter(|&at| at > now) {
-                            let entry = Entry {
-                                key: key.to_text(),
-                                state,
-                                expires_at,
-                            };
-                            self.insert(shard, algorithm, hash, entry, now);
-                        }
-                    }
+                let held = shard.keys[algorithm]
+                    .find_mut(hash, |e| key.is(&e.key))
+                    .map(|e| (&mut e.state, &mut e.expires_at));
+                if let Some((state, expires_at)) =
+                    State::count_held(held, now, policy, command, lease_ids)
+                {
+                    let key = key.to_text();
+                    let entry = Entry {
+                        key,
+                        state,
+                        expires_at,
+                    };
+                    self.insert(shard, algorithm, hash, entry, now);
                 }
             }
             Command::Peek => {}
         }
-        if let Some(left) = shard.block_left(&key, now) {
-            return algorithm::blocked(policy, left);
-        }
-        match shard.keys[algorithm].find(hash, |e| key.is(&e.key)) {
-            Some(entry) => entry.state.peek(now, policy),
-            None => State::new(policy.algorithm()).peek(now, policy),
-        }
+        let block_left = shard.block_left(&key, now);
+        let held = shard.keys[algorithm].find(hash, |e| key.is(&e.key));
+        State::peek_held(block_left, held.map(|e| &e.state), now, policy)
     }
 
     /// Hold the new `entry` (found by `hash`), making room first when the

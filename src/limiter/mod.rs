@@ -366,8 +366,9 @@ impl Limiter {
         Check::done(self.decided(&key, policy, decision, None))
     }
 
-    /// [`start_in_memory`](Self::start_in_memory) of a key not held as
-    /// it is: long, with a brace, or starting with `#`.
+    /// [`start_in_memory`](Self::start_in_memory) of a key whose store key
+    /// is not read once: the key, or the name before it, is long, holds a
+    /// brace or starts with `#`, or the two together pass the bound.
     #[cold]
     fn start_in_memory_bounded(&self, memory: &MemoryStore, key: &str) -> Check {
         let key = self.store_key(bounded_key(key).into_owned());

@@ -90,10 +90,7 @@ async fn a_connection_cut_mid_transaction_counts_nothing() {
     let policy: Policy = "5/1min".parse().unwrap();
     assert_eq!(store.check("k", &policy).await.unwrap().remaining(), 4);
     // Another session holds the key's row...
-    let (holder, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let holder = server.client().await;
     holder
         .batch_execute("BEGIN; SELECT * FROM rate_limits WHERE key = 'k' FOR UPDATE")
         .await
@@ -241,10 +238,7 @@ async fn expired_rows_are_deleted_in_bounded_batches() {
         .connect()
         .await
         .unwrap();
-    let (client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let client = server.client().await;
     let rows = || async {
         let row = client
             .query_one("SELECT count(*) FROM rate_limits", &[])
@@ -369,10 +363,7 @@ async fn rules_and_the_deny_cache_work_on_postgres() {
             })
             .unwrap()
     };
-    let (client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let client = server.client().await;
     // Write transactions of the server so far.
     let writes = || async {
         let row = client

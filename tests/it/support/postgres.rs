@@ -57,6 +57,16 @@ impl PostgresServer {
         )
     }
 
+    /// A session of the test's own on the server (the store's are apart),
+    /// its connection driven on a task of its own.
+    pub async fn client(&self) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::connect(&self.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client
+    }
+
     /// Stop the server (a fast shutdown) and start it again on its data.
     pub fn restart(&mut self) {
         self.stop();

@@ -3,6 +3,7 @@
 //! every gateway built on it. See the guide's
 //! [Envoy and gateways](crate::guide::envoy) page.
 
+mod decide;
 mod plan;
 mod service;
 mod unit;

@@ -2,11 +2,13 @@
 //! domain and entries match, or its own `limit`.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 
 use crate::key;
 use crate::limiter::Limiter;
+use crate::policy::Rate;
 use crate::rules::{ActiveRules, Rule};
 
 /// What one descriptor is checked against.
@@ -17,8 +19,8 @@ pub(super) struct DescriptorPlan<'a> {
     pub(super) limits: Vec<Limit<'a>>,
     /// An `unlimited` rule matched it.
     pub(super) unlimited: bool,
-    /// The rules refusing every request it matches.
-    pub(super) refused: Vec<&'a Rule>,
+    /// The limits refusing every request it matches.
+    pub(super) refused: Vec<Refusal>,
 }
 
 pub(super) struct Limit<'a> {
@@ -33,9 +35,26 @@ pub(super) struct Limit<'a> {
     pub(super) charge: bool,
 }
 
+impl Limit<'_> {
+    /// The name its status reports (a descriptor's own `limit` has none).
+    pub(super) fn shown_name(&self) -> Option<&Arc<str>> {
+        self.rule.and_then(|rule| rule.envoy().shown_name.as_ref())
+    }
+}
+
+/// A limit of 0: every request it matches is over the limit, uncounted.
+pub(super) struct Refusal {
+    /// The name its status reports.
+    pub(super) name: Option<Arc<str>>,
+    /// The rate whose unit and reset its status reports.
+    pub(super) rate: Option<Rate>,
+    /// Reported, never refusing.
+    pub(super) shadow: bool,
+}
+
 impl<'a> DescriptorPlan<'a> {
     /// A plan of no limit yet, at `cost`.
-    fn new(descriptor: &RateLimitDescriptor, cost: u64) -> Self {
+    pub(super) fn new(descriptor: &RateLimitDescriptor, cost: u64) -> Self {
         Self {
             cost,
             negative: descriptor.is_negative_hits,
@@ -56,10 +75,26 @@ impl<'a> DescriptorPlan<'a> {
         let mut plan = Self::new(descriptor, cost);
         plan.limits.push(Limit {
             rule: None,
-            key: format!("{domain}.{}", key_of(descriptor, None)),
+            key: own_key(domain, descriptor),
             limiter,
             shadow: false,
             charge: false,
+        });
+        plan
+    }
+
+    /// The plan of a descriptor carrying its own `limit` of 0 requests per
+    /// the unit of `rate`: every request over it.
+    pub(super) fn own_refusal(
+        descriptor: &RateLimitDescriptor,
+        cost: u64,
+        rate: Option<Rate>,
+    ) -> Self {
+        let mut plan = Self::new(descriptor, cost);
+        plan.refused.push(Refusal {
+            name: None,
+            rate,
+            shadow: false,
         });
         plan
     }
@@ -81,18 +116,23 @@ impl<'a> DescriptorPlan<'a> {
             .collect();
         let mut plan = Self::new(descriptor, cost);
         for (rule, limiters) in active.descriptor_rules(domain, &entries) {
-            replaced.extend(rule.envoy().replaces.iter().map(String::as_str));
-            if rule.envoy().unlimited {
+            let envoy = rule.envoy();
+            replaced.extend(envoy.replaces.iter().map(String::as_str));
+            if envoy.unlimited {
                 plan.unlimited = true;
                 continue;
             }
-            if rule.envoy().refuse {
-                plan.refused.push(rule);
+            if envoy.refuse {
+                plan.refused.push(Refusal {
+                    name: envoy.shown_name.clone(),
+                    rate: envoy.refused_rate,
+                    shadow: envoy.shadow,
+                });
                 continue;
             }
             // The tier is the value of the rule's `tier_entry`, which
             // is not part of the key: a rule's tiers share a count.
-            let tier_entry = rule.envoy().tier_entry.as_deref();
+            let tier_entry = envoy.tier_entry.as_deref();
             let tier = tier_entry
                 .and_then(|name| entries.iter().find(|(k, _)| *k == name))
                 .map(|(_, value)| *value);
@@ -100,7 +140,7 @@ impl<'a> DescriptorPlan<'a> {
                 rule: Some(rule),
                 key: key_of(descriptor, tier_entry),
                 limiter: limiters.pick(tier).clone(),
-                shadow: rule.envoy().shadow,
+                shadow: envoy.shadow,
                 // The descriptor Envoy sends again when the stream
                 // is done, with the cost the response reported.
                 charge: descriptor.hits_addend.as_ref().is_some_and(|h| h.value > 0)
@@ -110,11 +150,12 @@ impl<'a> DescriptorPlan<'a> {
         plan
     }
 
-    /// Drop the rules another rule of the request replaces.
+    /// Drop the limits another limit of the request replaces (by the name
+    /// their statuses report, as the reference server does).
     pub(super) fn drop_replaced(&mut self, replaced: &HashSet<&str>) {
-        self.limits
-            .retain(|l| l.rule.is_none_or(|rule| !replaced.contains(rule.name())));
-        self.refused.retain(|rule| !replaced.contains(rule.name()));
+        let kept = |name: Option<&Arc<str>>| name.is_none_or(|name| !replaced.contains(&**name));
+        self.limits.retain(|l| kept(l.shown_name()));
+        self.refused.retain(|r| kept(r.name.as_ref()));
     }
 }
 
@@ -128,4 +169,19 @@ fn key_of(descriptor: &RateLimitDescriptor, tier_entry: Option<&str>) -> String 
         .map(|entry| entry.value.clone())
         .collect();
     key::joined(&values)
+}
+
+/// The key of a descriptor's own `limit`: the domain and every entry's key
+/// and value, joined so that two different descriptors (or domains) never
+/// share a count.
+fn own_key(domain: &str, descriptor: &RateLimitDescriptor) -> String {
+    let parts: Vec<String> = std::iter::once(domain.to_owned())
+        .chain(
+            descriptor
+                .entries
+                .iter()
+                .flat_map(|entry| [entry.key.clone(), entry.value.clone()]),
+        )
+        .collect();
+    key::joined(&parts)
 }

@@ -6,6 +6,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
@@ -17,12 +19,13 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use http::HeaderMap;
 
-use super::plan::{DescriptorPlan, Limit};
+use super::decide::{Outcome, Outcomes, decide};
+use super::plan::{DescriptorPlan, Refusal};
 use super::unit;
 use crate::decision::Decision;
 use crate::http::{HeaderStyle, Rendering};
-use crate::limiter::{DecidedBy, Limiter};
-use crate::rules::{Planned, Rule, Rules, RulesCheck};
+use crate::limiter::Limiter;
+use crate::rules::{self, Rules};
 
 /// The most descriptors one request may carry (Envoy sends one per rate
 /// limit action of a route, a handful).
@@ -130,24 +133,48 @@ impl RateLimitService {
         RateLimitServiceServer::new(self).max_decoding_message_size(MAX_MESSAGE)
     }
 
-    /// The limiter of a descriptor's own `limit`.
-    fn override_limiter(&self, requests: u32, unit_code: i32) -> Result<Limiter, String> {
+    /// The limiter of a descriptor's own `limit` of `requests` (at least
+    /// one) per `unit`.
+    fn override_limiter(&self, requests: u32, unit: Unit) -> Result<Limiter, String> {
         let mut overrides = self
             .overrides
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(limiter) = overrides.get(&(unit_code, requests)) {
+        if let Some(limiter) = overrides.get(&(unit as i32, requests)) {
             return Ok(limiter.clone());
         }
-        let unit = Unit::try_from(unit_code).map_err(|_| format!("unknown unit {unit_code}"))?;
         let limiter = self
             .rules
             .limiter_for(OVERRIDE_NAME, unit::policy(requests, unit)?);
         if overrides.len() >= MAX_OVERRIDES {
             overrides.clear();
         }
-        overrides.insert((unit_code, requests), limiter.clone());
+        overrides.insert((unit as i32, requests), limiter.clone());
         Ok(limiter)
+    }
+
+    /// The plan of a descriptor carrying its own `limit`, in a domain the
+    /// rules know.
+    fn own_plan<'a>(
+        &self,
+        domain: &str,
+        descriptor: &RateLimitDescriptor,
+        cost: u64,
+        limit: &RateLimitOverride,
+    ) -> Result<DescriptorPlan<'a>, tonic::Status> {
+        let refuse = |e: String| tonic::Status::invalid_argument(format!("descriptor limit: {e}"));
+        let unit = Unit::try_from(limit.unit)
+            .map_err(|_| refuse(format!("unknown unit {}", limit.unit)))?;
+        if limit.requests_per_unit == 0 {
+            let rate = rules::rate_of_unit(unit.as_str_name()).ok_or_else(|| {
+                refuse(format!("unit {} is not a unit of time", unit.as_str_name()))
+            })?;
+            return Ok(DescriptorPlan::own_refusal(descriptor, cost, Some(rate)));
+        }
+        let limiter = self
+            .override_limiter(limit.requests_per_unit, unit)
+            .map_err(refuse)?;
+        Ok(DescriptorPlan::own_limit(domain, descriptor, cost, limiter))
     }
 
     /// The answer to `request`.
@@ -166,15 +193,21 @@ impl RateLimitService {
                 .hits_addend
                 .as_ref()
                 .map_or(request_cost, |hits| hits.value);
-            let plan = if let Some(limit) = &descriptor.limit {
-                let limiter = self
-                    .override_limiter(limit.requests_per_unit, limit.unit)
-                    .map_err(|e| {
-                        tonic::Status::invalid_argument(format!("descriptor limit: {e}"))
-                    })?;
-                DescriptorPlan::own_limit(&request.domain, descriptor, cost, limiter)
-            } else {
-                DescriptorPlan::of_rules(&active, &request.domain, descriptor, cost, &mut replaced)
+            let plan = match &descriptor.limit {
+                // The reference server looks the domain up first: a
+                // descriptor's own limit in a domain it does not know
+                // is no limit.
+                Some(_) if !active.knows_domain(&request.domain) => {
+                    DescriptorPlan::new(descriptor, cost)
+                }
+                Some(limit) => self.own_plan(&request.domain, descriptor, cost, limit)?,
+                None => DescriptorPlan::of_rules(
+                    &active,
+                    &request.domain,
+                    descriptor,
+                    cost,
+                    &mut replaced,
+                ),
             };
             plans.push(plan);
         }
@@ -191,7 +224,7 @@ impl RateLimitService {
         let mut statuses = Vec::with_capacity(plans.len());
         let mut shown: Option<&Outcome> = None;
         for (i, plan) in plans.iter().enumerate() {
-            let decided = decided(&outcomes.of(i));
+            let decided = decided(outcomes.of(i));
             statuses.push(descriptor_status(plan, decided));
             if let Some(outcome) = decided
                 && outcome.decision.is_some()
@@ -214,27 +247,28 @@ impl RateLimitService {
 }
 
 /// The outcome deciding a descriptor of outcomes `mine`: the denying
-/// check waiting longest, else the one with the fewest units left.
-fn decided<'o>(mine: &[&'o Outcome]) -> Option<&'o Outcome> {
-    mine.iter().copied().max_by_key(|o| {
-        let denied = o.denies();
-        let remaining = o.decision.as_ref().map_or(u64::MAX, Decision::remaining);
-        (denied, std::cmp::Reverse(remaining))
-    })
+/// check, else the one with the fewest units left.
+fn decided<'o>(mine: impl Iterator<Item = &'o Outcome>) -> Option<&'o Outcome> {
+    mine.max_by_key(|o| (o.denies, std::cmp::Reverse(o.remaining)))
 }
 
 /// The status of the descriptor of `plan`, decided by `decided`.
 fn descriptor_status(plan: &DescriptorPlan<'_>, decided: Option<&Outcome>) -> DescriptorStatus {
-    match decided {
-        Some(outcome) if !outcome.denies() && !plan.refused.is_empty() => refused(),
-        None if !plan.refused.is_empty() => refused(),
-        Some(outcome) => status_of(outcome),
-        None if plan.unlimited => DescriptorStatus {
+    let refusal = plan
+        .refused
+        .iter()
+        .find(|r| !r.shadow)
+        .or(plan.refused.first());
+    match (decided, refusal) {
+        (Some(outcome), Some(refusal)) if !outcome.denies && !refusal.shadow => refused(refusal),
+        (None, Some(refusal)) => refused(refusal),
+        (Some(outcome), _) => status_of(outcome),
+        (None, None) if plan.unlimited => DescriptorStatus {
             code: Code::Ok as i32,
             limit_remaining: u32::MAX,
             ..DescriptorStatus::default()
         },
-        None => DescriptorStatus {
+        (None, None) => DescriptorStatus {
             code: Code::Ok as i32,
             ..DescriptorStatus::default()
         },
@@ -308,229 +342,70 @@ fn check_shape(request: &RateLimitRequest) -> Result<(), tonic::Status> {
     Ok(())
 }
 
-/// One check's outcome.
-struct Outcome {
-    descriptor: usize,
-    limiter: Limiter,
-    decision: Option<Decision>,
-    decided_by: DecidedBy,
-    shadow: bool,
-    /// A peek (a cost of 0): its decision says what a check of the
-    /// policy's cost would leave, and the status the units left now.
-    peek: bool,
-    /// Refused whatever the count (a cost no window can hold).
-    refused: bool,
-}
-
-impl Outcome {
-    fn denies(&self) -> bool {
-        self.refused || !self.shadow && self.decision.as_ref().is_some_and(|d| !d.allowed())
-    }
-
-    /// Whether this outcome's fields are shown rather than `other`'s: a
-    /// denial before an admission, then the fewest units left.
-    fn shows_before(&self, other: &Outcome) -> bool {
-        let remaining = |o: &Outcome| o.decision.as_ref().map_or(u64::MAX, Decision::remaining);
-        (self.denies(), std::cmp::Reverse(remaining(self)))
-            > (other.denies(), std::cmp::Reverse(remaining(other)))
-    }
-}
-
-struct Outcomes {
-    all: Vec<Outcome>,
-    /// Whether the request is refused.
-    denied: bool,
-}
-
-impl Outcomes {
-    fn of(&self, descriptor: usize) -> Vec<&Outcome> {
-        self.all
-            .iter()
-            .filter(|o| o.descriptor == descriptor)
-            .collect()
-    }
-}
-
-/// Check every descriptor: the enforced limits all-or-nothing, a cost of
-/// 0 as a peek, a cost no rate can ever admit denied without counting,
-/// shadow limits each on its own.
-async fn decide(plans: &[DescriptorPlan<'_>]) -> Result<Outcomes, tonic::Status> {
-    let mut all = Vec::new();
-    let mut planned = Vec::new();
-    let mut planned_at = Vec::new();
-    let mut side = Vec::new();
-    let mut too_costly = false;
-    for (i, plan) in plans.iter().enumerate() {
-        for limit in &plan.limits {
-            let policy = limit.limiter.policy();
-            if plan.negative || plan.cost == 0 || limit.shadow || limit.charge {
-                side.push((i, limit));
-            } else if plan.cost > policy.max_cost() {
-                // More than a whole window holds: never admitted.
-                too_costly |= !limit.shadow;
-                all.push(Outcome {
-                    descriptor: i,
-                    limiter: limit.limiter.clone(),
-                    decision: limit.limiter.peek(&limit.key).await.ok(),
-                    decided_by: DecidedBy::Store,
-                    shadow: false,
-                    peek: true,
-                    refused: true,
-                });
-            } else {
-                let name = limit.rule.map_or(OVERRIDE_NAME, Rule::name);
-                planned_at.push((i, name, limit.key.clone()));
-                planned.push(match limit.rule {
-                    Some(rule) => {
-                        Planned::new(rule, limit.limiter.clone(), limit.key.clone(), plan.cost)
-                    }
-                    None => Planned::anonymous(limit.limiter.clone(), limit.key.clone(), plan.cost),
-                });
-            }
-        }
-    }
-    let mut denied = too_costly || plans.iter().any(|plan| !plan.refused.is_empty());
-    // A request refused already counts nowhere.
-    if !denied && !planned.is_empty() {
-        denied |= enforced(planned, &planned_at, &mut all).await?;
-    }
-    for (i, limit) in side {
-        let Some(outcome) = on_the_side(&plans[i], limit, i).await else {
-            continue;
-        };
-        // A peek over its limit refuses; a shadow never does.
-        denied |= outcome.peek && outcome.denies();
-        all.push(outcome);
-    }
-    Ok(Outcomes { all, denied })
-}
-
-/// The enforced limits `planned` (of the descriptors and rules
-/// `planned_at`), checked all-or-nothing: their outcomes into `all`, and
-/// whether they deny.
-async fn enforced(
-    planned: Vec<Planned>,
-    planned_at: &[(usize, &str, String)],
-    all: &mut Vec<Outcome>,
-) -> Result<bool, tonic::Status> {
-    let admission = RulesCheck::run(planned, Vec::new())
-        .await
-        .map_err(|error| tonic::Status::unavailable(format!("rate limit store: {error}")))?;
-    for (rule, key, decision, decided_by, limiter) in admission.checked() {
-        let Some(&(i, _, _)) = planned_at
-            .iter()
-            .find(|(_, name, k)| *name == rule && k == key)
-        else {
-            continue;
-        };
-        all.push(Outcome {
-            descriptor: i,
-            limiter: limiter.clone(),
-            decision: decision.cloned(),
-            decided_by,
-            shadow: false,
-            peek: false,
-            refused: false,
-        });
-    }
-    Ok(!admission.allowed())
-}
-
-/// A limit of descriptor `i` checked on its own: a give-back, a charge, a
-/// peek (a cost of 0) or a shadow's check. `None` when the store failed
-/// (logged: reported as admitted).
-async fn on_the_side(plan: &DescriptorPlan<'_>, limit: &Limit<'_>, i: usize) -> Option<Outcome> {
-    let limiter = &limit.limiter;
-    let decided: Result<Option<Decision>, String> = if plan.negative {
-        limiter
-            .reward(&limit.key, plan.cost)
-            .await
-            .map(Some)
-            .map_err(|e| e.to_string())
-    } else if limit.charge {
-        limiter
-            .penalty(&limit.key, plan.cost)
-            .await
-            .map(Some)
-            .map_err(|e| e.to_string())
-    } else if plan.cost == 0 {
-        limiter
-            .peek(&limit.key)
-            .await
-            .map(Some)
-            .map_err(|e| e.to_string())
-    } else {
-        limiter
-            .check_n(&limit.key, plan.cost)
-            .await
-            .map(|verdict| verdict.into_parts().0)
-            .map_err(|e| e.to_string())
-    };
-    let decision = match decided {
-        Ok(decision) => decision,
-        Err(error) => {
-            tracing::warn!(%error, "envoy: a shadow check, a peek or a give-back failed; reported as admitted");
-            return None;
-        }
-    };
-    if limit.shadow && decision.as_ref().is_some_and(|d| !d.allowed()) {
-        tracing::info!(
-            rule = limit.rule.map_or(OVERRIDE_NAME, Rule::name),
-            "envoy: a shadow rule would deny; not refused"
-        );
-    }
-    Some(Outcome {
-        descriptor: i,
-        limiter: limit.limiter.clone(),
-        decision,
-        decided_by: DecidedBy::Store,
-        // A charge never refuses: it is reported as a shadow's is.
-        shadow: limit.shadow || limit.charge,
-        peek: plan.cost == 0 && !plan.negative && !limit.charge,
-        refused: false,
-    })
-}
-
-/// The status of a descriptor a rule refuses whatever its count (the
-/// reference server's `requests_per_unit: 0`).
-fn refused() -> DescriptorStatus {
+/// The status of a descriptor a limit of 0 refuses: its name, the unit
+/// and reset of its rate, nothing left (`OK` for a shadow's).
+fn refused(refusal: &Refusal) -> DescriptorStatus {
     DescriptorStatus {
-        code: Code::OverLimit as i32,
+        code: if refusal.shadow {
+            Code::Ok
+        } else {
+            Code::OverLimit
+        } as i32,
         current_limit: Some(RateLimit {
+            name: refusal.name.as_deref().unwrap_or_default().to_owned(),
             requests_per_unit: 0,
-            ..RateLimit::default()
+            unit: refusal.rate.as_ref().map_or(Unit::Unknown, unit::of_rate) as i32,
         }),
+        limit_remaining: 0,
+        duration_until_reset: refusal
+            .rate
+            .as_ref()
+            .map(|rate| proto_duration(unit::reset(rate))),
         ..DescriptorStatus::default()
     }
 }
 
 /// A descriptor's status from the outcome that decided it.
 fn status_of(outcome: &Outcome) -> DescriptorStatus {
-    let Some(decision) = &outcome.decision else {
+    let code = if outcome.denies {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    } as i32;
+    let rate = match &outcome.decision {
+        Some(decision) => decision.rate(),
+        // Refused with the store's state unknown: the policy's rate.
+        None if outcome.denies => match outcome.limiter.policy().rates().first() {
+            Some(rate) => *rate,
+            None => {
+                return DescriptorStatus {
+                    code,
+                    ..DescriptorStatus::default()
+                };
+            }
+        },
         // Admitted uncounted (the store failed, failing open).
-        return DescriptorStatus {
-            code: Code::Ok as i32,
-            ..DescriptorStatus::default()
-        };
+        None => {
+            return DescriptorStatus {
+                code,
+                ..DescriptorStatus::default()
+            };
+        }
     };
-    let rate = decision.rate();
-    let mut remaining = decision.remaining();
-    if outcome.peek && decision.allowed() {
-        remaining += outcome.limiter.policy().cost();
-    }
     DescriptorStatus {
-        code: if outcome.denies() {
-            Code::OverLimit
-        } else {
-            Code::Ok
-        } as i32,
+        code,
         current_limit: Some(RateLimit {
-            name: outcome.limiter.name().to_owned(),
+            name: outcome.name.as_deref().unwrap_or_default().to_owned(),
             requests_per_unit: u32::try_from(rate.max()).unwrap_or(u32::MAX),
             unit: unit::of_rate(&rate) as i32,
         }),
-        limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
-        duration_until_reset: Some(proto_duration(decision.reset())),
+        limit_remaining: u32::try_from(outcome.remaining).unwrap_or(u32::MAX),
+        duration_until_reset: Some(proto_duration(
+            outcome
+                .decision
+                .as_ref()
+                .map_or_else(|| unit::reset(&rate), Decision::reset),
+        )),
         ..DescriptorStatus::default()
     }
 }

@@ -14,9 +14,6 @@ use crate::rules::window_of_unit;
 pub(crate) fn policy(requests: u32, unit: Unit) -> Result<Policy, String> {
     let window = window_of_unit(unit.as_str_name())
         .ok_or_else(|| format!("unit {} is not a unit of time", unit.as_str_name()))?;
-    if requests == 0 {
-        return Err("requests_per_unit is 0: no request could ever be admitted".to_owned());
-    }
     format!("{requests}/{window}")
         .parse::<Policy>()
         .and_then(Policy::fixed_window)
@@ -44,4 +41,13 @@ pub(crate) fn of_rate(rate: &Rate) -> Unit {
         31_536_000 => Unit::Year,
         _ => Unit::Unknown,
     }
+}
+
+/// The time until the fixed window of `rate` holding now ends, by this
+/// process's clock (as the reference server tells a limit's reset).
+pub(crate) fn reset(rate: &Rate) -> Duration {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    Duration::from_micros(rate.window_end(now).saturating_sub(now))
 }

@@ -103,6 +103,16 @@ impl Limiter {
         })
     }
 
+    /// This limiter asking its count under `policy` (of the same
+    /// algorithm) instead of its own: the same name, store and settings,
+    /// so the same count.
+    pub(crate) fn with_policy(&self, policy: Policy) -> Self {
+        self.clone().map(|s| {
+            s.final_denials = s.store.denials_are_final_dyn(&policy);
+            s.policy = Arc::new(policy);
+        })
+    }
+
     /// Whether this limiter's circuit breaker is open (or probing): a check
     /// now is failed fast, or is the one probe let through.
     pub(crate) fn circuit_open(&self) -> bool {

@@ -309,6 +309,29 @@ impl Policy {
         }
     }
 
+    /// This policy with every rate's max one higher, a cost of 1 and no
+    /// spacing: its check admits exactly when the count this policy keeps
+    /// is at most its max (what a request of no cost asks: is the key past
+    /// its limit?). `None` where a max is already the largest, or for a
+    /// concurrency limit.
+    pub(crate) fn one_past_the_max(&self) -> Option<Self> {
+        if self.algorithm == Algorithm::Concurrency {
+            return None;
+        }
+        let rates = self
+            .rates
+            .iter()
+            .map(|r| (r.max < MAX_MAX).then(|| Rate::of(r.max + 1, r.window(), r.calendar)))
+            .collect::<Option<Vec<_>>>()?;
+        Some(Self {
+            rates,
+            min_spacing: None,
+            cost: 1,
+            execution: self.execution,
+            algorithm: self.algorithm,
+        })
+    }
+
     /// Require at least `spacing` between two admitted requests of one key
     /// (`minDifference` in rolling-rate-limiter). Zero turns it off.
     ///

@@ -188,7 +188,7 @@ impl Rate {
 
     /// A rate of a window already checked (at most
     /// [`MAX_WINDOW`](crate::policy::MAX_WINDOW), whose µs fit a `u64`).
-    fn of(max: u64, window: Duration, calendar: Option<Calendar>) -> Self {
+    pub(super) fn of(max: u64, window: Duration, calendar: Option<Calendar>) -> Self {
         Self {
             max,
             micros: duration_micros(window),
@@ -202,6 +202,16 @@ impl Rate {
     #[inline]
     pub(crate) fn window_micros(&self) -> u64 {
         self.micros
+    }
+
+    /// When (µs since the epoch) the fixed window holding `now` ends: the
+    /// next calendar boundary, or the next multiple of the window since
+    /// the Unix epoch.
+    pub(crate) fn window_end(&self, now: u64) -> u64 {
+        match self.calendar {
+            Some(calendar) => calendar.window_at(now).1,
+            None => (now / self.micros.max(1) + 1) * self.micros.max(1),
+        }
     }
 }
 

@@ -34,11 +34,15 @@ pub(super) struct Checked {
     pub(super) permit: Option<Permit>,
     /// When the check was sent.
     pub(super) at: Instant,
+    /// Its place among the planned checks.
+    pub(super) plan: usize,
+    /// Its units were given back (the request was denied).
+    pub(super) given_back: bool,
 }
 
 impl Checked {
     pub(super) fn new(
-        p: &Planned,
+        (plan, p): (usize, &Planned),
         decision: Option<Decision>,
         decided_by: DecidedBy,
         permit: Option<Permit>,
@@ -54,6 +58,8 @@ impl Checked {
             decided_by,
             permit,
             at: Instant::now(),
+            plan,
+            given_back: false,
         }
     }
 
@@ -70,6 +76,18 @@ impl Checked {
         };
         decision.refundable_since(self.at)
     }
+}
+
+/// One check of an admission, as a front end reports it.
+#[cfg(feature = "envoy")]
+pub(crate) struct CheckedView<'a> {
+    /// Its place among the planned checks.
+    pub(crate) plan: usize,
+    /// `None`: admitted without limit.
+    pub(crate) decision: Option<&'a Decision>,
+    pub(crate) decided_by: DecidedBy,
+    /// Its units were given back (the request was denied).
+    pub(crate) given_back: bool,
 }
 
 /// The verdict of every matching rule on one request.
@@ -119,20 +137,14 @@ impl Admission {
         Some((&c.rule, &c.limiter, c.decision.as_ref()?, c.decided_by))
     }
 
-    /// Every check: its rule, key, decision (`None`: admitted without
-    /// limit) and who decided, with the rule's limiter.
+    /// Every check that answered, by its place among the planned checks.
     #[cfg(feature = "envoy")]
-    pub(crate) fn checked(
-        &self,
-    ) -> impl Iterator<Item = (&str, &str, Option<&Decision>, DecidedBy, &Limiter)> {
-        self.checks.iter().map(|c| {
-            (
-                &*c.rule,
-                c.key.as_str(),
-                c.decision.as_ref(),
-                c.decided_by,
-                &c.limiter,
-            )
+    pub(crate) fn checked(&self) -> impl Iterator<Item = CheckedView<'_>> {
+        self.checks.iter().map(|c| CheckedView {
+            plan: c.plan,
+            decision: c.decision.as_ref(),
+            decided_by: c.decided_by,
+            given_back: c.given_back,
         })
     }
 

@@ -174,15 +174,21 @@ async fn decide(planned: Vec<Planned>) -> Result<Admission, LimitError> {
 fn first_cached_denial(planned: &[Planned]) -> Option<Admission> {
     // (The cache holds denials at the policy's own cost: a cheaper request
     // might be admitted.)
-    let (p, denied) = planned
+    let (i, p, denied) = planned
         .iter()
-        .filter(|p| p.cost == p.limiter.policy().cost())
-        .find_map(|p| Some((p, p.limiter.cached_denial(&p.key)?)))?;
+        .enumerate()
+        .filter(|(_, p)| p.cost == p.limiter.policy().cost())
+        .find_map(|(i, p)| Some((i, p, p.limiter.cached_denial(&p.key)?)))?;
     p.limiter.count_cached_denial(&p.key, &denied);
     Some(Admission {
         allowed: false,
         shown: Some(0),
-        checks: vec![Checked::new(p, Some(denied), DecidedBy::DenyCache, None)],
+        checks: vec![Checked::new(
+            (i, p),
+            Some(denied),
+            DecidedBy::DenyCache,
+            None,
+        )],
         forbidden: None,
         unchecked: Vec::new(),
     })
@@ -214,11 +220,11 @@ async fn check_all(planned: &[Planned]) -> (Vec<Checked>, Option<LimitError>) {
     verdicts.extend(futures_util::future::join_all(rest.iter().map(check)).await);
     let mut checks = Vec::with_capacity(planned.len());
     let mut failure = None;
-    for (p, verdict) in planned.iter().zip(verdicts) {
+    for (plan, verdict) in planned.iter().enumerate().zip(verdicts) {
         match verdict {
             Ok(verdict) => {
                 let (decision, decided_by, permit) = verdict.into_parts();
-                let mut checked = Checked::new(p, decision, decided_by, permit);
+                let mut checked = Checked::new(plan, decision, decided_by, permit);
                 checked.at = started;
                 checks.push(checked);
             }
@@ -232,27 +238,34 @@ async fn check_all(planned: &[Planned]) -> (Vec<Checked>, Option<LimitError>) {
 /// and block the keys of breached rules that block (their denial then
 /// shows the block, once it is written).
 async fn compensate(checks: &mut [Checked], planned: &[Planned]) {
-    let mut undo: Vec<BoxFuture<()>> = Vec::new();
+    let mut undo: Vec<BoxFuture<(usize, bool)>> = Vec::new();
     let mut blocks: Vec<BoxFuture<(usize, Option<Decision>)>> = Vec::new();
-    for (i, (c, p)) in checks.iter_mut().zip(planned).enumerate() {
+    for (i, c) in checks.iter_mut().enumerate() {
+        // A check that failed is left out of `checks`: each finds its
+        // own plan by its place.
+        let block = planned.get(c.plan).and_then(|p| p.block);
         if c.allowed() {
             if let Some(permit) = c.permit.take() {
                 undo.push(Box::pin(async move {
-                    if let Err(error) = permit.release().await {
+                    let released = permit.release().await;
+                    if let Err(error) = &released {
                         tracing::warn!(%error, "rules: could not give back a concurrency slot of a denied request");
                     }
+                    (i, released.is_ok())
                 }));
             } else if c.decided_by == DecidedBy::Store && c.cost > 0 && c.refundable() {
                 let (limiter, key, cost) = (c.limiter.clone(), c.key.clone(), c.cost);
                 let id = c.decision.as_ref().and_then(Decision::refund_id);
                 undo.push(Box::pin(async move {
-                    if let Err(error) = limiter.refund(&key, id, cost).await {
+                    let refunded = limiter.refund(&key, id, cost).await;
+                    if let Err(error) = &refunded {
                         tracing::warn!(%error, "rules: could not give back the quota a denied request took");
                     }
+                    (i, refunded.is_ok())
                 }));
             }
         } else if let (Some(block), DecidedBy::Store, Some(decision)) =
-            (p.block, c.decided_by, &c.decision)
+            (block, c.decided_by, &c.decision)
             && !decision.blocked()
         {
             let (limiter, key) = (c.limiter.clone(), c.key.clone());
@@ -268,11 +281,16 @@ async fn compensate(checks: &mut [Checked], planned: &[Planned]) {
             }));
         }
     }
-    let (blocked, _) = futures_util::future::join(
+    let (blocked, undone) = futures_util::future::join(
         futures_util::future::join_all(blocks),
         futures_util::future::join_all(undo),
     )
     .await;
+    for (i, given_back) in undone {
+        if let Some(check) = checks.get_mut(i) {
+            check.given_back = given_back;
+        }
+    }
     for (i, decision) in blocked {
         if let (Some(decision), Some(check)) = (decision, checks.get_mut(i)) {
             check.decision = Some(decision);

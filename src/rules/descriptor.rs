@@ -37,13 +37,20 @@ impl Descriptor {
     /// `key` (any value), `key=value`, or a value with `*` standing for
     /// any text (`key=/api/*`).
     pub(super) fn parse(domain: &str, entries: &[String]) -> Result<Self, String> {
-        if domain.trim().is_empty() {
-            return Err("the domain is empty".to_owned());
-        }
         if entries.is_empty() {
             return Err(
                 "a descriptor needs at least one entry (`\"key\"` or `\"key=value\"`)".to_owned(),
             );
+        }
+        Self::place(domain, entries)
+    }
+
+    /// A place of a reference-server configuration, written as
+    /// [`parse`](Self::parse) reads a descriptor: its domain alone when
+    /// `entries` is empty.
+    pub(super) fn place(domain: &str, entries: &[String]) -> Result<Self, String> {
+        if domain.trim().is_empty() {
+            return Err("the domain is empty".to_owned());
         }
         let entries = entries
             .iter()
@@ -197,21 +204,38 @@ impl Node {
 #[cfg(feature = "envoy")]
 impl DescriptorIndex {
     /// The index of the descriptor rules among `rules` (`descriptor(i)`:
-    /// rule `i`'s descriptor, if it is a descriptor rule).
+    /// rule `i`'s descriptor, if it is a descriptor rule), and of `places`
+    /// that hold no rule: a descriptor that reaches one is limited by
+    /// nothing, as a value the reference server whitelists.
     pub(super) fn new<'a>(
         count: usize,
         descriptor: impl Fn(usize) -> Option<&'a Descriptor>,
+        places: &[Descriptor],
     ) -> Self {
         let mut index = Self::default();
+        for place in places {
+            index.node(place);
+        }
         for i in 0..count {
             let Some(d) = descriptor(i) else { continue };
-            let mut node = index.domains.entry(d.domain.clone()).or_default();
-            for entry in &d.entries {
-                node = node.child(entry);
-            }
-            node.rules.push(i);
+            index.node(d).rules.push(i);
         }
         index
+    }
+
+    /// The node of `descriptor`, made if need be.
+    fn node(&mut self, descriptor: &Descriptor) -> &mut Node {
+        let mut node = self.domains.entry(descriptor.domain.clone()).or_default();
+        for entry in &descriptor.entries {
+            node = node.child(entry);
+        }
+        node
+    }
+
+    /// Whether `domain` is a domain of the rules (the reference server
+    /// looks a descriptor's own `limit` up only in a domain it knows).
+    pub(super) fn knows(&self, domain: &str) -> bool {
+        self.domains.contains_key(domain)
     }
 
     /// The rules a descriptor of `domain` with `entries` (key, value)
@@ -290,7 +314,7 @@ mod tests {
             d(&["key", "nested"]),    // 7
             d(&["remote_address"]),   // 8: a second rule on one node
         ];
-        let index = DescriptorIndex::new(rules.len(), |i| rules.get(i));
+        let index = DescriptorIndex::new(rules.len(), |i| rules.get(i), &[]);
         let find = |entries: &[(&str, &str)]| index.rules("edge", entries).to_vec();
         assert_eq!(find(&[("remote_address", "10.0.0.1")]), [0, 8]);
         assert_eq!(find(&[("path", "/login")]), [1]);

@@ -258,8 +258,11 @@ impl ActiveRules {
             .collect();
         let index = PathIndex::new(set.rules());
         #[cfg(feature = "envoy")]
-        let descriptors =
-            DescriptorIndex::new(set.rules().len(), |i| set.rules().get(i)?.descriptor());
+        let descriptors = DescriptorIndex::new(
+            set.rules().len(),
+            |i| set.rules().get(i)?.descriptor(),
+            &set.places,
+        );
         Self {
             set,
             limiters,
@@ -293,6 +296,13 @@ impl ActiveRules {
             .rules(domain, entries)
             .iter()
             .map(|&i| (&self.set.rules()[i], &self.limiters[i]))
+    }
+
+    /// Whether `domain` is a domain of the descriptor rules (or of a
+    /// reference-server configuration, even one without limits).
+    #[cfg(feature = "envoy")]
+    pub(crate) fn knows_domain(&self, domain: &str) -> bool {
+        self.descriptors.knows(domain)
     }
 
     /// Start the check of a request of `method` to `path` by a caller of

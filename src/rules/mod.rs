@@ -81,7 +81,7 @@ pub use check::RulesCheck;
 pub use descriptor::Descriptor;
 pub use engine::{ActiveRules, Call, Rules};
 #[cfg(feature = "envoy")]
-pub(crate) use envoy_yaml::window_of_unit;
+pub(crate) use envoy_yaml::{rate_of_unit, window_of_unit};
 
 #[cfg(feature = "redis")]
 pub use redis_source::{PublishError, publish};
@@ -99,6 +99,11 @@ pub struct RuleSet {
     version: Option<u64>,
     tier: TierFrom,
     rules: Vec<Rule>,
+    /// The places of a reference-server configuration that hold no limit:
+    /// each domain (no entries), and each descriptor without a
+    /// `rate_limit`. A descriptor reaching one is matched, and limited by
+    /// nothing (the reference's whitelisted values).
+    places: Vec<Descriptor>,
 }
 
 /// Where a request's tier (plan) comes from, when the rule set names it
@@ -261,6 +266,13 @@ pub(crate) struct EnvoyFlags {
     pub(crate) replaces: Vec<String>,
     /// The entry of the descriptor whose value picks the tier's policy.
     pub(crate) tier_entry: Option<String>,
+    /// The name a descriptor's status reports and `replaces` names: the
+    /// rule's own name, or a reference-server limit's `name` (none when it
+    /// has none). Not the rule's counting identity.
+    pub(crate) shown_name: Option<Arc<str>>,
+    /// The rate whose unit and reset a refusing rule's status reports
+    /// (a reference-server `requests_per_unit: 0` of that unit).
+    pub(crate) refused_rate: Option<crate::policy::Rate>,
 }
 
 impl fmt::Debug for Rule {

@@ -110,6 +110,7 @@ impl RuleSet {
             version: spec.version,
             tier,
             rules,
+            places: Vec::new(),
         })
     }
 }
@@ -120,7 +121,7 @@ impl Rule {
     fn validate(spec: RuleSpec, label: &str) -> Result<Self, RulesError> {
         // In the order of the fields, so a rule with several faults is
         // told the first.
-        let name = name(spec.name, label)?;
+        let name: Arc<str> = Arc::from(name(spec.name, label)?);
         let methods = spec.methods.map(|m| methods(&m, label)).transpose()?;
         let envoy = EnvoyFlags {
             shadow: spec.shadow,
@@ -128,6 +129,8 @@ impl Rule {
             refuse: spec.refuse,
             replaces: spec.replaces,
             tier_entry: spec.tier_entry,
+            shown_name: Some(Arc::clone(&name)),
+            refused_rate: None,
         };
         let descriptor = descriptor_for(spec.domain, spec.descriptor, &envoy, label)?;
         let http = Http {
@@ -149,7 +152,7 @@ impl Rule {
         let only = spec.only.map(|only| only_list(only, label)).transpose()?;
         let settle = spec.settle.map(|s| settle(s, label)).transpose()?;
         let rule = Self {
-            name: Arc::from(name),
+            name,
             methods,
             target,
             key,

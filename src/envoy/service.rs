@@ -36,7 +36,7 @@ pub const MAX_ENTRIES: usize = 16;
 /// route's are refused before they are decoded.
 pub const MAX_MESSAGE: usize = 64 * 1024;
 /// Limits a descriptor sets itself (`limit` in Envoy's descriptor) count
-/// under this name, by domain and entries.
+/// under this name, by the domain and each entry's key and value.
 pub const OVERRIDE_NAME: &str = "envoy-override";
 /// The most distinct `limit`s of descriptors held at once.
 const MAX_OVERRIDES: usize = 256;
@@ -54,9 +54,10 @@ const MAX_OVERRIDES: usize = 256;
 /// descriptor's checks are all-or-nothing: a request is `OVER_LIMIT` if
 /// any rule denies it, and then counts nowhere. A `shadow` rule is counted
 /// and reported but never refuses; an `unlimited` rule is never counted; a
-/// rule `replaces` others matched by the same request. A descriptor's own
-/// `limit` is a fixed window of its own. Each status says the rule's rate
-/// that decided, the units left and the time to its reset, and the
+/// rule `replaces` others matched by the same request (by the name its
+/// status reports). A descriptor's own `limit` is a fixed window of its
+/// own, in a domain the rules know. Each status says the rule's rate
+/// that decided and its name, the units left and the time to its reset, and the
 /// response carries the rate-limit header fields for Envoy to add (by
 /// default `X-RateLimit-*`, as [`RateLimitLayer`](crate::RateLimitLayer)
 /// writes them; a denial adds `Retry-After`).
@@ -332,9 +333,10 @@ fn check_shape(request: &RateLimitRequest) -> Result<(), tonic::Status> {
         ));
     }
     for descriptor in &request.descriptors {
-        if descriptor.entries.is_empty() || descriptor.entries.len() > MAX_ENTRIES {
+        // A descriptor of no entries matches nothing, as in the reference.
+        if descriptor.entries.len() > MAX_ENTRIES {
             return refuse(format!(
-                "a descriptor of {} entries: from 1 to {MAX_ENTRIES}",
+                "a descriptor of {} entries: at most {MAX_ENTRIES}",
                 descriptor.entries.len()
             ));
         }

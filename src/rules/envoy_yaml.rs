@@ -18,8 +18,9 @@ use crate::policy::{Policy, Rate};
 #[serde(deny_unknown_fields)]
 struct Root {
     domain: Option<String>,
+    /// `descriptors:` with nothing after it is none, as an absent list.
     #[serde(default)]
-    descriptors: Vec<Node>,
+    descriptors: Option<Vec<Node>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -29,7 +30,7 @@ struct Node {
     value: Option<String>,
     rate_limit: Option<Limit>,
     #[serde(default)]
-    descriptors: Vec<Node>,
+    descriptors: Option<Vec<Node>>,
     #[serde(default)]
     shadow_mode: bool,
     #[serde(default)]
@@ -118,7 +119,11 @@ impl RuleSet {
             loaded.place(&domain, &[]).map_err(fault)?;
             let mut path = Vec::new();
             loaded
-                .walk(&domain, &root.descriptors, &mut path)
+                .walk(
+                    &domain,
+                    root.descriptors.as_deref().unwrap_or_default(),
+                    &mut path,
+                )
                 .map_err(fault)?;
         }
         let spec: RuleSetSpec =
@@ -196,7 +201,11 @@ impl Loaded {
                 Some(limit) => self.rule(domain, path, limit, node.shadow_mode)?,
                 None => self.place(domain, path)?,
             }
-            self.walk(domain, &node.descriptors, path)?;
+            self.walk(
+                domain,
+                node.descriptors.as_deref().unwrap_or_default(),
+                path,
+            )?;
             path.pop();
         }
         Ok(())

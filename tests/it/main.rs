@@ -23,6 +23,7 @@ mod demotion;
 mod deny_cache;
 #[cfg(feature = "envoy")]
 mod envoy;
+mod envoy_reference;
 mod example_server;
 mod faults;
 mod fixed_window;

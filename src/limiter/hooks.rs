@@ -106,6 +106,7 @@ impl Limiter {
     /// This limiter asking its count under `policy` (of the same
     /// algorithm) instead of its own: the same name, store and settings,
     /// so the same count.
+    #[cfg_attr(not(feature = "envoy"), allow(dead_code))]
     pub(crate) fn with_policy(&self, policy: Policy) -> Self {
         self.clone().map(|s| {
             s.final_denials = s.store.denials_are_final_dyn(&policy);

@@ -314,6 +314,7 @@ impl Policy {
     /// is at most its max (what a request of no cost asks: is the key past
     /// its limit?). `None` where a max is already the largest, or for a
     /// concurrency limit.
+    #[cfg_attr(not(feature = "envoy"), allow(dead_code))]
     pub(crate) fn one_past_the_max(&self) -> Option<Self> {
         if self.algorithm == Algorithm::Concurrency {
             return None;

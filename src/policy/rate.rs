@@ -207,6 +207,7 @@ impl Rate {
     /// When (µs since the epoch) the fixed window holding `now` ends: the
     /// next calendar boundary, or the next multiple of the window since
     /// the Unix epoch.
+    #[cfg_attr(not(feature = "envoy"), allow(dead_code))]
     pub(crate) fn window_end(&self, now: u64) -> u64 {
         match self.calendar {
             Some(calendar) => calendar.window_at(now).1,

@@ -103,6 +103,7 @@ pub struct RuleSet {
     /// each domain (no entries), and each descriptor without a
     /// `rate_limit`. A descriptor reaching one is matched, and limited by
     /// nothing (the reference's whitelisted values).
+    #[cfg_attr(not(feature = "envoy"), allow(dead_code))]
     places: Vec<Descriptor>,
 }
 

@@ -522,42 +522,43 @@ async fn a_descriptors_own_limit_as_the_reference() {
 }
 
 /// A peek (`hits_addend: 0`) on a key spent exactly to its limit is `OK`
-/// with 0 left; a count past the limit refuses.
+/// with 0 left; a count past the limit refuses: under every algorithm
+/// that counts units.
 #[tokio::test]
 async fn a_peek_at_the_limit_is_ok_and_past_it_refuses() {
-    let set = RuleSet::from_toml(
-        r#"
+    for algorithm in ["fixed-window", "sliding-window", "sliding-log", "gcra"] {
+        let set = RuleSet::from_toml(&format!(
+            r#"
 [[rules]]
 name = "tokens"
 domain = "d"
 descriptor = ["api_key"]
 policy = "3/1h"
-algorithm = "fixed-window"
-settle = { hits_addend = true }
-"#,
-    )
-    .unwrap();
-    for on in BOTH {
-        let mut service = Service::start(set.clone(), on).await;
-        let peek = || costing(&[("api_key", "k")], 0);
-        let charge = |hits| costing(&[("api_key", "k")], hits);
-        assert_eq!(
-            service.ask("d", vec![peek()]).await.statuses[0].limit_remaining,
-            3
-        );
-        service.ask("d", vec![charge(3)]).await;
-        let at = service.ask("d", vec![peek()]).await;
-        assert!(!over(&at), "{on:?}: spent exactly to the limit");
-        assert_eq!(at.statuses[0].code, Code::Ok as i32);
-        assert_eq!(at.statuses[0].limit_remaining, 0);
-        assert_eq!(
-            limit(&at.statuses[0]),
-            Some((3, Unit::Hour, "tokens".to_owned()))
-        );
-        service.ask("d", vec![charge(1)]).await;
-        let past = service.ask("d", vec![peek()]).await;
-        assert!(over(&past), "{on:?}: past the limit");
-        assert_eq!(past.statuses[0].code, Code::OverLimit as i32);
+algorithm = "{algorithm}"
+settle = {{ hits_addend = true }}
+"#
+        ))
+        .unwrap();
+        for on in BOTH {
+            let mut service = Service::start(set.clone(), on).await;
+            let peek = || costing(&[("api_key", "k")], 0);
+            let charge = |hits| costing(&[("api_key", "k")], hits);
+            let fresh = service.ask("d", vec![peek()]).await;
+            assert_eq!(fresh.statuses[0].limit_remaining, 3, "{algorithm} {on:?}");
+            service.ask("d", vec![charge(3)]).await;
+            let at = service.ask("d", vec![peek()]).await;
+            assert!(!over(&at), "{algorithm} {on:?}: spent exactly to the limit");
+            assert_eq!(at.statuses[0].code, Code::Ok as i32);
+            assert_eq!(at.statuses[0].limit_remaining, 0);
+            assert_eq!(
+                limit(&at.statuses[0]),
+                Some((3, Unit::Hour, "tokens".to_owned()))
+            );
+            service.ask("d", vec![charge(1)]).await;
+            let past = service.ask("d", vec![peek()]).await;
+            assert!(over(&past), "{algorithm} {on:?}: past the limit");
+            assert_eq!(past.statuses[0].code, Code::OverLimit as i32);
+        }
     }
 }
 

@@ -28,7 +28,7 @@ use crate::support::harness::away_from_a_boundary;
 type Client = RateLimitServiceClient<tonic::transport::Channel>;
 
 /// The service over `rules`, on a port of its own, and a client of it.
-async fn serve(rules: Rules) -> Client {
+pub(crate) async fn serve(rules: Rules) -> Client {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(
@@ -41,7 +41,7 @@ async fn serve(rules: Rules) -> Client {
         .unwrap()
 }
 
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+pub(crate) fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
     RateLimitDescriptor {
         entries: entries
             .iter()
@@ -70,7 +70,7 @@ async fn ask(client: &mut Client, request: RateLimitRequest) -> RateLimitRespons
         .into_inner()
 }
 
-fn over(response: &RateLimitResponse) -> bool {
+pub(crate) fn over(response: &RateLimitResponse) -> bool {
     response.overall_code == Code::OverLimit as i32
 }
 

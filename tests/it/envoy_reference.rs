@@ -8,7 +8,6 @@
 
 use std::time::Duration;
 
-use tower_redis_ratelimit::envoy::RateLimitService;
 use tower_redis_ratelimit::envoy::envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
     RateLimitDescriptor, rate_limit_descriptor,
 };
@@ -24,6 +23,7 @@ use tower_redis_ratelimit::envoy::envoy_types::pb::google::protobuf::UInt64Value
 use tower_redis_ratelimit::rules::{RuleSet, Rules};
 use tower_redis_ratelimit::{MemoryStore, RedisStore};
 
+use crate::envoy::{descriptor, over, serve};
 use crate::support::RedisServer;
 use crate::support::harness::away_from_a_boundary;
 
@@ -53,16 +53,7 @@ impl Service {
                 (Rules::new(store, set), Some(server))
             }
         };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(RateLimitService::new(rules).into_server())
-                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
-        );
-        let client = RateLimitServiceClient::connect(format!("http://{addr}"))
-            .await
-            .unwrap();
+        let client = serve(rules).await;
         Self {
             client,
             _server: server,
@@ -94,19 +85,6 @@ impl Service {
         let response = self.ask(domain, vec![descriptor(entries)]).await;
         assert_eq!(response.statuses.len(), 1);
         response.statuses[0].clone()
-    }
-}
-
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(key, value)| rate_limit_descriptor::Entry {
-                key: (*key).to_owned(),
-                value: (*value).to_owned(),
-            })
-            .collect(),
-        ..RateLimitDescriptor::default()
     }
 }
 
@@ -142,10 +120,6 @@ fn limit(status: &DescriptorStatus) -> Option<(u32, Unit, String)> {
 
 fn rate(requests: u32, unit: Unit) -> Option<(u32, Unit, String)> {
     Some((requests, unit, String::new()))
-}
-
-fn over(response: &RateLimitResponse) -> bool {
-    response.overall_code == Code::OverLimit as i32
 }
 
 const BOTH: [On; 2] = [On::Memory, On::Redis];

@@ -41,11 +41,10 @@ impl Outcome {
         }
     }
 
-    /// Whether this outcome's fields are shown rather than `other`'s: a
+    /// How it ranks to decide a descriptor and to show its fields: a
     /// denial before an admission, then the fewest units left.
-    pub(super) fn shows_before(&self, other: &Outcome) -> bool {
+    pub(super) fn rank(&self) -> (bool, std::cmp::Reverse<u64>) {
         (self.denies, std::cmp::Reverse(self.remaining))
-            > (other.denies, std::cmp::Reverse(other.remaining))
     }
 }
 

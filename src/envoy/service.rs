@@ -229,7 +229,7 @@ impl RateLimitService {
             statuses.push(descriptor_status(plan, decided));
             if let Some(outcome) = decided
                 && outcome.decision.is_some()
-                && shown.is_none_or(|s| outcome.shows_before(s))
+                && shown.is_none_or(|s| outcome.rank() > s.rank())
             {
                 shown = Some(outcome);
             }
@@ -250,7 +250,7 @@ impl RateLimitService {
 /// The outcome deciding a descriptor of outcomes `mine`: the denying
 /// check, else the one with the fewest units left.
 fn decided<'o>(mine: impl Iterator<Item = &'o Outcome>) -> Option<&'o Outcome> {
-    mine.max_by_key(|o| (o.denies, std::cmp::Reverse(o.remaining)))
+    mine.max_by_key(|o| o.rank())
 }
 
 /// The status of the descriptor of `plan`, decided by `decided`.

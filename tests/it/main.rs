@@ -23,6 +23,8 @@ mod demotion;
 mod deny_cache;
 #[cfg(feature = "envoy")]
 mod envoy;
+#[cfg(feature = "envoy")]
+mod envoy_program;
 mod example_server;
 mod faults;
 mod fixed_window;

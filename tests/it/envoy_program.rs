@@ -1,0 +1,276 @@
+//! The ready program, `examples/envoy_rls.rs`, run as a process: the
+//! files it reads are bounded in what they expand to, and the library
+//! calls behind it are too.
+//!
+//! The program's binary is built by `cargo test` (every target); run
+//! alone, build it first with `cargo build --all-features --example envoy_rls`.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use tower_redis_ratelimit::envoy::envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    RateLimitDescriptor, rate_limit_descriptor,
+};
+use tower_redis_ratelimit::envoy::envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use tower_redis_ratelimit::envoy::envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use tower_redis_ratelimit::envoy::envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tower_redis_ratelimit::rules::{MAX_VALUES, RuleSet};
+
+type Client = RateLimitServiceClient<tonic::transport::Channel>;
+
+/// The program's binary, beside this test's in the target directory.
+fn binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let debug = exe.parent().and_then(|deps| deps.parent()).unwrap();
+    let path = debug.join("examples").join("envoy_rls");
+    assert!(
+        path.exists(),
+        "{} is missing: build it with `cargo build --all-features --example envoy_rls` \
+         (`cargo test --all-features` builds it)",
+        path.display()
+    );
+    path
+}
+
+/// The program with `GRPC_BIND=127.0.0.1:0` and nothing else in its
+/// environment; with `open_files`, under that limit of open files.
+fn command(open_files: Option<u32>) -> Command {
+    let mut command = match open_files {
+        None => Command::new(binary()),
+        Some(limit) => {
+            let mut shell = Command::new("sh");
+            shell
+                .arg("-c")
+                .arg(format!("ulimit -n {limit} && exec \"$0\""))
+                .arg(binary());
+            shell
+        }
+    };
+    command.env_clear().env("GRPC_BIND", "127.0.0.1:0");
+    command
+}
+
+/// The running program; killed when dropped.
+struct Program {
+    child: Child,
+    /// Where it serves gRPC.
+    addr: String,
+    /// Every line it logged, in order.
+    log: Mutex<Receiver<String>>,
+}
+
+impl Program {
+    fn start(vars: &[(&str, &str)]) -> Self {
+        Self::spawn(command(None), vars)
+    }
+
+    fn spawn(mut command: Command, vars: &[(&str, &str)]) -> Self {
+        command
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .envs(vars.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = command.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (log_tx, log) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("rate limit service listening on ").nth(1) {
+                    let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
+                    let _ = addr_tx.send(addr);
+                }
+                let _ = log_tx.send(line);
+            }
+        });
+        let addr = addr_rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the program says where it listens");
+        Self {
+            child,
+            addr,
+            log: Mutex::new(log),
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The first line logged from now on that holds `needle`, waiting at
+    /// most `within`.
+    fn logged(&self, needle: &str, within: Duration) -> Option<String> {
+        let log = self.log.lock().unwrap();
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            match log.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return Some(line),
+                Ok(_) => {}
+                Err(_) => return None,
+            }
+        }
+    }
+
+    async fn client(&self) -> Client {
+        RateLimitServiceClient::connect(format!("http://{}", self.addr))
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A directory of the test's own, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> Self {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("envoy-program-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A request for domain `edge` with one descriptor `api_key=key`.
+fn api_key(key: &str) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "edge".to_owned(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![rate_limit_descriptor::Entry {
+                key: "api_key".to_owned(),
+                value: key.to_owned(),
+            }],
+            ..RateLimitDescriptor::default()
+        }],
+        hits_addend: 0,
+    }
+}
+
+/// Whether the program answers `request` over the limit.
+async fn over(client: &mut Client, request: RateLimitRequest) -> bool {
+    let answer = client.should_rate_limit(request).await.unwrap();
+    answer.into_inner().overall_code == Code::OverLimit as i32
+}
+
+/// Two calls a minute for each `api_key`, in the reference server's YAML.
+const TWO_A_MINUTE: &str = "domain: edge
+descriptors:
+  - key: api_key
+    rate_limit:
+      unit: minute
+      requests_per_unit: 2
+";
+
+/// 190 KB of the reference server's YAML that stands for 9 million
+/// descriptors: an anchor of 3,000 aliased 3,000 times.
+fn expanding_yaml() -> String {
+    let mut text = String::from("domain: edge\ndescriptors:\n  - key: a\n    descriptors: &d\n");
+    for i in 0..3000 {
+        text += &format!("      - {{key: k, value: v{i}}}\n");
+    }
+    for i in 0..3000 {
+        text += &format!("  - {{key: b{i}, descriptors: *d}}\n");
+    }
+    text
+}
+
+/// The resident memory of `pid`, from `/proc/PID/status`.
+fn resident(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024
+}
+
+/// Each library call that reads a rule set's text refuses one that
+/// expands past the bound, naming it, at once and without the memory the
+/// expansion would take.
+#[test]
+fn a_text_that_expands_past_the_bound_is_refused_naming_it() {
+    let bound = format!("{MAX_VALUES} values");
+    let yaml = expanding_yaml();
+    assert!(yaml.len() < 200_000, "{} bytes", yaml.len());
+    let started = Instant::now();
+    let error = RuleSet::from_envoy_yaml([("rules.yaml", yaml.as_str())]).unwrap_err();
+    assert!(error.to_string().contains(&bound), "{error}");
+    assert!(error.to_string().contains("rules.yaml"), "{error}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    let dir = Scratch::new();
+    let path = dir.0.join("rules.yml");
+    std::fs::write(&path, &yaml).unwrap();
+    let error = RuleSet::from_file(&path).unwrap_err();
+    assert!(error.to_string().contains(&bound), "{error}");
+
+    // JSON cannot alias, but is held to the same bound.
+    let json = format!(
+        "{{\"rules\": [], \"x\": [{}]}}",
+        vec!["0"; MAX_VALUES].join(",")
+    );
+    let error = RuleSet::from_json(&json).unwrap_err();
+    assert!(error.to_string().contains(&bound), "{error}");
+    let error = RuleSet::parse(&json).unwrap_err();
+    assert!(error.to_string().contains(&bound), "{error}");
+}
+
+/// The expanding file saved over the watched one: refused as a file that
+/// does not validate, naming the bound; the program's memory stays small,
+/// and the rules in force stay in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expanding_rules_file_is_refused_and_the_rules_in_force_stay() {
+    let dir = Scratch::new();
+    let path = dir.0.join("rules.yaml");
+    std::fs::write(&path, TWO_A_MINUTE).unwrap();
+    let program = Program::start(&[("RULES", path.to_str().unwrap())]);
+    let mut client = program.client().await;
+    for _ in 0..2 {
+        assert!(!over(&mut client, api_key("a")).await);
+    }
+    assert!(over(&mut client, api_key("a")).await);
+
+    std::fs::write(&path, expanding_yaml()).unwrap();
+    let refused = program
+        .logged("rule set rejected", Duration::from_secs(10))
+        .expect("the watch refuses the file");
+    assert!(
+        refused.contains(&format!("{MAX_VALUES} values")),
+        "{refused}"
+    );
+    let memory = resident(program.pid());
+    assert!(memory < 200 << 20, "{} MiB resident", memory >> 20);
+    for _ in 0..2 {
+        assert!(!over(&mut client, api_key("b")).await);
+    }
+    assert!(over(&mut client, api_key("b")).await);
+}
+
+/// A directory holding the expanding file: the program refuses to start,
+/// with status 2, naming the bound.
+#[test]
+fn an_expanding_file_in_the_rules_directory_is_refused_at_start() {
+    let dir = Scratch::new();
+    std::fs::write(dir.0.join("a.yaml"), expanding_yaml()).unwrap();
+    let (status, stderr) =
+        crate::example_server::refused_by(command(None), &[("RULES", dir.0.to_str().unwrap())]);
+    assert_eq!(status, Some(2), "{stderr}");
+    assert!(stderr.contains(&format!("{MAX_VALUES} values")), "{stderr}");
+}

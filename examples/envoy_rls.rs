@@ -32,8 +32,11 @@
 //! - `ADMIN_BIND`, `ADMIN_TOKEN` (`--features admin`): the admin router
 //!   (rules in force, key commands, console) and `/metrics`.
 //!
-//! `SIGTERM` or Ctrl-C stops it gracefully: calls in flight finish (at most
-//! 10 s), then it exits 0. Each connection carries at most 128 calls at
+//! `SIGTERM` or Ctrl-C stops it gracefully: it stops accepting, calls in
+//! flight finish, and it exits 0 within 10 s whatever its clients do (the
+//! connections still open then are closed); `SIGHUP` is logged and
+//! ignored. Out of file descriptors, it waits before accepting again (10 ms
+//! doubling up to a second) instead of spinning. Each connection carries at most 128 calls at
 //! once and a call is answered within 5 s (the store's own timeout is far
 //! shorter); a message over 64 KiB is refused.
 
@@ -41,10 +44,21 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use futures_util::Stream;
+use tokio::net::{TcpListener, TcpStream};
+
 use tower_redis_ratelimit::envoy::RateLimitService;
 use tower_redis_ratelimit::response::HeaderStyle;
 use tower_redis_ratelimit::rules::{RuleSet, Rules, Watch};
 use tower_redis_ratelimit::{FailMode, MemoryStore, RedisStore, Store};
+
+#[path = "server/accept.rs"]
+mod accept;
+#[path = "server/signals.rs"]
+mod signals;
+
+/// How long the calls in flight have after `SIGTERM`.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// A setting the program cannot run with.
 struct BadSetting(&'static str, String);
@@ -220,6 +234,10 @@ async fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
+    // Listening for SIGTERM from the start: one sent while the program
+    // starts stops it gracefully too; a SIGHUP never kills it.
+    let stop = signals::shared(signals::shutdown_signal());
+    signals::ignore_hangups();
     let (settings, rules, watch) = match setup().await {
         Ok(ready) => ready,
         Err(BadSetting(variable, problem)) => {
@@ -232,7 +250,7 @@ async fn main() -> ExitCode {
         Some(style) => service.with_headers(style),
         None => service.without_headers(),
     };
-    let listener = match tokio::net::TcpListener::bind(settings.bind).await {
+    let listener = match TcpListener::bind(settings.bind).await {
         Ok(listener) => listener,
         Err(e) => {
             eprintln!("GRPC_BIND: cannot listen on {}: {e}", settings.bind);
@@ -262,14 +280,26 @@ async fn main() -> ExitCode {
         .concurrency_limit_per_connection(128)
         .max_concurrent_streams(Some(128))
         .timeout(Duration::from_secs(5))
-        .tcp_keepalive(Some(Duration::from_secs(60)))
         .add_service(health_service)
         .add_service(service.into_server())
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener),
-            shutdown(),
-        )
-        .await;
+        .serve_with_incoming_shutdown(incoming(listener), stop());
+    // tonic waits for every connection to close, however long its client
+    // keeps it open: the grace period bounds the wait.
+    let served = tokio::select! {
+        served = served => served,
+        () = async {
+            stop().await;
+            tracing::info!(grace = ?SHUTDOWN_GRACE, "shutting down: finishing the calls in flight");
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => {
+            // Returning from main closes them.
+            tracing::warn!(
+                grace = ?SHUTDOWN_GRACE,
+                "grace period over: closing the connections still open"
+            );
+            Ok(())
+        }
+    };
     drop(watch);
     match served {
         Ok(()) => ExitCode::SUCCESS,
@@ -320,19 +350,14 @@ async fn admin(
     Ok(())
 }
 
-/// `SIGTERM` or Ctrl-C.
-async fn shutdown() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending().await,
+/// The listener's connections, as tonic takes them.
+fn incoming(listener: TcpListener) -> impl Stream<Item = std::io::Result<TcpStream>> {
+    futures_util::stream::unfold(accept::Acceptor::new(listener), |mut acceptor| async move {
+        let (stream, _) = acceptor.accept().await;
+        // As tonic's own listener sets it: answers are small and not batched.
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!(%error, "cannot set TCP_NODELAY");
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
-    }
-    tracing::info!("shutting down: finishing the calls in flight");
+        Some((Ok(stream), acceptor))
+    })
 }

@@ -48,6 +48,7 @@
 
 use std::process::ExitCode;
 
+mod accept;
 #[cfg(feature = "admin")]
 mod admin;
 mod app;

@@ -1,13 +1,14 @@
 //! The ready program, `examples/envoy_rls.rs`, run as a process: the
-//! files it reads are bounded in what they expand to, and the library
-//! calls behind it are too.
+//! files it reads are bounded in what they expand to (and the library
+//! calls behind it are too), it stops within its grace period whatever
+//! its clients do, and it backs off when file descriptors run out.
 //!
 //! The program's binary is built by `cargo test` (every target); run
 //! alone, build it first with `cargo build --all-features --example envoy_rls`.
 
 use std::io::{BufRead as _, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Mutex;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
@@ -68,6 +69,11 @@ impl Program {
         Self::spawn(command(None), vars)
     }
 
+    /// Start it under a limit of `open_files` open files.
+    fn with_open_files(open_files: u32, vars: &[(&str, &str)]) -> Self {
+        Self::spawn(command(Some(open_files)), vars)
+    }
+
     fn spawn(mut command: Command, vars: &[(&str, &str)]) -> Self {
         command
             .env("RUST_LOG", "info")
@@ -115,6 +121,29 @@ impl Program {
                 Err(_) => return None,
             }
         }
+    }
+
+    /// Its exit status, if it exits within `within`.
+    fn exits_within(&mut self, within: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Send it `SIGTERM`, as an orchestrator stops it.
+    fn terminate(&self) {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill -TERM");
     }
 
     async fn client(&self) -> Client {
@@ -273,4 +302,119 @@ fn an_expanding_file_in_the_rules_directory_is_refused_at_start() {
         crate::example_server::refused_by(command(None), &[("RULES", dir.0.to_str().unwrap())]);
     assert_eq!(status, Some(2), "{stderr}");
     assert!(stderr.contains(&format!("{MAX_VALUES} values")), "{stderr}");
+}
+
+/// The program's promise: `SIGTERM` stops it within 10 s.
+const GRACE: Duration = Duration::from_secs(10);
+
+/// An HTTP/2 connection to `addr` with one call opened and never sent:
+/// the preface, empty settings, and the headers of a `ShouldRateLimit`
+/// call without its message.
+fn idle_call(addr: &str) -> std::net::TcpStream {
+    use std::io::Write as _;
+    // HPACK, literals without indexing (no Huffman): `:method: POST` and
+    // `:scheme: http` from the static table, `:path` and `:authority`
+    // under the static table's names, and two new names.
+    let literal = |name: &str, value: &str| {
+        let mut field = vec![0, u8::try_from(name.len()).unwrap()];
+        field.extend(name.as_bytes());
+        field.push(u8::try_from(value.len()).unwrap());
+        field.extend(value.as_bytes());
+        field
+    };
+    let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    let mut block = vec![0x83, 0x86, 0x04, u8::try_from(path.len()).unwrap()];
+    block.extend(path.as_bytes());
+    block.extend([0x01, u8::try_from(addr.len()).unwrap()]);
+    block.extend(addr.as_bytes());
+    block.extend(literal("content-type", "application/grpc"));
+    block.extend(literal("te", "trailers"));
+    let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    // SETTINGS, empty.
+    bytes.extend([0, 0, 0, 0x4, 0, 0, 0, 0, 0]);
+    // HEADERS on stream 1: END_HEADERS, not END_STREAM.
+    let length = u32::try_from(block.len()).unwrap().to_be_bytes();
+    bytes.extend(&length[1..]);
+    bytes.extend([0x1, 0x4, 0, 0, 0, 1]);
+    bytes.extend(block);
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.write_all(&bytes).unwrap();
+    stream
+}
+
+/// A connection that never sends a byte, and one whose call never sends
+/// its message, do not hold the stop: after `SIGTERM` the program exits 0
+/// within its grace period (and a margin for a loaded machine), having
+/// said that it closed them.
+#[test]
+fn sigterm_stops_the_program_within_its_grace_period_whatever_its_clients_do() {
+    let dir = Scratch::new();
+    let path = dir.0.join("rules.yaml");
+    std::fs::write(&path, TWO_A_MINUTE).unwrap();
+    let mut program = Program::start(&[("RULES", path.to_str().unwrap())]);
+    let silent = std::net::TcpStream::connect(&program.addr).unwrap();
+    let idle = idle_call(&program.addr);
+    // The program has both connections (and the call) before the stop.
+    std::thread::sleep(Duration::from_millis(300));
+    program.terminate();
+    let asked = Instant::now();
+    let status = program
+        .exits_within(GRACE + Duration::from_secs(5))
+        .expect("the program still runs after its grace period");
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert!(asked.elapsed() < GRACE + Duration::from_secs(5));
+    drop((silent, idle));
+}
+
+/// Out of file descriptors (a limit of 64, and 100 connections that send
+/// nothing), the accept loop waits instead of spinning: little CPU over
+/// two seconds; once the connections close, the program answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_file_descriptors_the_program_waits_instead_of_spinning() {
+    let dir = Scratch::new();
+    let path = dir.0.join("rules.yaml");
+    std::fs::write(&path, TWO_A_MINUTE).unwrap();
+    let program = Program::with_open_files(64, &[("RULES", path.to_str().unwrap())]);
+    let flood: Vec<_> = (0..100)
+        .map(|_| std::net::TcpStream::connect(&program.addr).unwrap())
+        .collect();
+    let pid = program.pid();
+    let open = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count()
+    };
+    let flooded = Instant::now();
+    while open() < 64 {
+        assert!(
+            flooded.elapsed() < Duration::from_secs(5),
+            "{} files open",
+            open()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let cpu = crate::hostile_clients::cpu_time(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let spent = crate::hostile_clients::cpu_time(pid) - cpu;
+    // Spinning, it took 1.4 s to 2.6 s of every 3 s.
+    assert!(
+        spent < Duration::from_millis(500),
+        "{spent:?} of CPU in 2 s"
+    );
+    let said = program
+        .logged("cannot accept", Duration::from_secs(1))
+        .expect("the program says it cannot accept");
+    assert!(said.contains("Too many open files"), "{said}");
+    drop(flood);
+    // The longest wait between two accepts is a second.
+    let freed = Instant::now();
+    let mut client = loop {
+        let connected = RateLimitServiceClient::connect(format!("http://{}", program.addr));
+        if let Ok(Ok(client)) = tokio::time::timeout(Duration::from_secs(2), connected).await {
+            break client;
+        }
+        assert!(freed.elapsed() < Duration::from_secs(10), "still refused");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(!over(&mut client, api_key("a")).await);
 }

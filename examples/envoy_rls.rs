@@ -38,7 +38,7 @@
 //! ignored. Out of file descriptors, it waits before accepting again (10 ms
 //! doubling up to a second) instead of spinning. Each connection carries at most 128 calls at
 //! once and a call is answered within 5 s (the store's own timeout is far
-//! shorter); a message over 64 KiB is refused.
+//! shorter); a message over 64 KiB is refused with `RESOURCE_EXHAUSTED`.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -280,6 +280,9 @@ async fn main() -> ExitCode {
         .concurrency_limit_per_connection(128)
         .max_concurrent_streams(Some(128))
         .timeout(Duration::from_secs(5))
+        .layer(tower::util::MapResponseLayer::new(
+            over_size_as_resource_exhausted,
+        ))
         .add_service(health_service)
         .add_service(service.into_server())
         .serve_with_incoming_shutdown(incoming(listener), stop());
@@ -348,6 +351,20 @@ async fn admin(
         }
     });
     Ok(())
+}
+
+/// A message over the size limit answered as gRPC says
+/// (`RESOURCE_EXHAUSTED`, in its table of status codes; grpc-go and
+/// grpc-java answer so): tonic answers `OUT_OF_RANGE`, which neither
+/// service here answers for anything else.
+fn over_size_as_resource_exhausted(
+    mut response: http::Response<tonic::body::Body>,
+) -> http::Response<tonic::body::Body> {
+    let status = response.headers_mut().get_mut("grpc-status");
+    if let Some(status) = status.filter(|s| *s == "11") {
+        *status = http::HeaderValue::from_static("8");
+    }
+    response
 }
 
 /// The listener's connections, as tonic takes them.

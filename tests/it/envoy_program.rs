@@ -1,7 +1,8 @@
 //! The ready program, `examples/envoy_rls.rs`, run as a process: the
 //! files it reads are bounded in what they expand to (and the library
 //! calls behind it are too), it stops within its grace period whatever
-//! its clients do, and it backs off when file descriptors run out.
+//! its clients do, it backs off when file descriptors run out, and it
+//! refuses an over-size message as gRPC says.
 //!
 //! The program's binary is built by `cargo test` (every target); run
 //! alone, build it first with `cargo build --all-features --example envoy_rls`.
@@ -416,5 +417,27 @@ async fn out_of_file_descriptors_the_program_waits_instead_of_spinning() {
         assert!(freed.elapsed() < Duration::from_secs(10), "still refused");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    assert!(!over(&mut client, api_key("a")).await);
+}
+
+/// A message over 64 KiB (70,000 bytes) is refused with
+/// `RESOURCE_EXHAUSTED`, as gRPC says of a message over the size limit
+/// (tonic alone answers `OUT_OF_RANGE`); the program serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_64_kib_is_refused_with_resource_exhausted() {
+    let dir = Scratch::new();
+    let path = dir.0.join("rules.yaml");
+    std::fs::write(&path, TWO_A_MINUTE).unwrap();
+    let program = Program::start(&[("RULES", path.to_str().unwrap())]);
+    let mut client = program.client().await;
+    let refused = client
+        .should_rate_limit(api_key(&"v".repeat(70_000)))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
     assert!(!over(&mut client, api_key("a")).await);
 }

@@ -441,3 +441,87 @@ async fn a_message_over_64_kib_is_refused_with_resource_exhausted() {
     );
     assert!(!over(&mut client, api_key("a")).await);
 }
+
+/// The keys the program counted in, on `nodes`.
+fn keys_on(nodes: &[&crate::support::RedisServer]) -> u64 {
+    nodes
+        .iter()
+        .map(|node| {
+            node.command(&["DBSIZE"])
+                .trim()
+                .trim_start_matches(':')
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum()
+}
+
+/// Two calls a minute, then over the limit, counted in Redis.
+async fn counts_two_a_minute(program: &Program) {
+    let mut client = program.client().await;
+    for _ in 0..2 {
+        assert!(!over(&mut client, api_key("a")).await);
+    }
+    assert!(over(&mut client, api_key("a")).await);
+}
+
+/// `REDIS_CLUSTER`, the seed nodes of the 3-master cluster: the program
+/// counts there.
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_program_counts_in_a_redis_cluster() {
+    let cluster = crate::support::RedisCluster::start();
+    let dir = Scratch::new();
+    let path = dir.0.join("rules.yaml");
+    std::fs::write(&path, TWO_A_MINUTE).unwrap();
+    let nodes = cluster.urls().join(",");
+    let program = Program::start(&[("RULES", path.to_str().unwrap()), ("REDIS_CLUSTER", &nodes)]);
+    counts_two_a_minute(&program).await;
+    assert!(keys_on(&cluster.nodes().iter().collect::<Vec<_>>()) > 0);
+}
+
+/// `REDIS_URL=redis+sentinel://…/mymaster`: the program counts on the
+/// primary the Sentinels name.
+#[cfg(feature = "sentinel")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_program_counts_on_the_primary_sentinels_name() {
+    let _slot = crate::support::sentinel::one_of_three().await;
+    let deployment = crate::support::sentinel::Deployment::start();
+    let dir = Scratch::new();
+    let path = dir.0.join("rules.yaml");
+    std::fs::write(&path, TWO_A_MINUTE).unwrap();
+    let program = Program::start(&[
+        ("RULES", path.to_str().unwrap()),
+        ("REDIS_URL", &deployment.url()),
+    ]);
+    counts_two_a_minute(&program).await;
+    assert!(keys_on(&[&deployment.primary]) > 0);
+}
+
+/// A cluster and a single node at once, or a rule set followed in Redis
+/// through a cluster, are refused with status 2, naming the variable.
+#[test]
+fn redis_settings_that_cannot_work_together_are_refused() {
+    for (vars, named) in [
+        (
+            &[
+                ("RULES", "rules.yaml"),
+                ("REDIS_URL", "redis://127.0.0.1:1"),
+                ("REDIS_CLUSTER", "redis://127.0.0.1:2"),
+            ][..],
+            "REDIS_CLUSTER:",
+        ),
+        (
+            &[("RULES", "rules.yaml"), ("REDIS_CLUSTER", " , ")][..],
+            "REDIS_CLUSTER:",
+        ),
+        (
+            &[("RULES", "redis"), ("REDIS_CLUSTER", "redis://127.0.0.1:2")][..],
+            "RULES:",
+        ),
+    ] {
+        let (status, stderr) = crate::example_server::refused_by(command(None), vars);
+        assert_eq!(status, Some(2), "{vars:?}: {stderr}");
+        assert!(stderr.starts_with(named), "{vars:?}: {stderr}");
+    }
+}

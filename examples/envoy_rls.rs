@@ -95,8 +95,9 @@ enum RedisAt {
     /// `REDIS_URL`: one node, or (`redis+sentinel://`) the primary its
     /// Sentinels name.
     Url(String),
-    /// `REDIS_CLUSTER`: seed nodes of a Redis Cluster.
-    Cluster(Vec<String>),
+    /// `REDIS_CLUSTER`: seed nodes of a Redis Cluster (refused at start
+    /// without the `cluster` feature).
+    Cluster(#[cfg_attr(not(feature = "cluster"), allow(dead_code))] Vec<String>),
 }
 
 impl RedisAt {
@@ -173,6 +174,7 @@ struct Settings {
     bind: SocketAddr,
     fail_mode: FailMode,
     headers: Option<HeaderStyle>,
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
     admin: Option<(String, String)>,
 }
 

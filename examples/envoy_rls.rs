@@ -5,9 +5,15 @@
 //! ```sh
 //! # The reference server's YAML, unchanged (a file, or a directory of them):
 //! RULES=config.yaml cargo run --example envoy_rls --features envoy
-//! # The crate's own rules (TOML or JSON, descriptor rules), shared through Redis:
+//! # The crate's own rules (TOML or JSON, descriptor rules), counted in Redis
+//! # (`cluster` and `sentinel` reach every deployment: one node, a Redis
+//! # Cluster, a primary behind Sentinel):
 //! RULES=rules.toml REDIS_URL=redis://127.0.0.1:6379 \
-//!   cargo run --example envoy_rls --features envoy
+//!   cargo run --example envoy_rls --features envoy,cluster,sentinel
+//! RULES=config.yaml REDIS_CLUSTER=redis://10.0.0.1:6379,redis://10.0.0.2:6379 \
+//!   cargo run --example envoy_rls --features envoy,cluster,sentinel
+//! RULES=config.yaml REDIS_URL=redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster \
+//!   cargo run --example envoy_rls --features envoy,cluster,sentinel
 //! # The operator's admin router and Prometheus metrics on a port of their own:
 //! ADMIN_BIND=127.0.0.1:8082 ADMIN_TOKEN=$(openssl rand -hex 32) RULES=config.yaml \
 //!   cargo run --example envoy_rls --features envoy,admin
@@ -21,7 +27,18 @@
 //!   force); or a directory of reference-server YAML files, read at start;
 //!   or `redis`: the rule set published at `RULES_KEY` (default
 //!   `rl:rules`), followed as it changes.
-//! - `REDIS_URL`: unset, counts in this process; set, in Redis.
+//! - `REDIS_URL`: unset, counts in this process; set, in Redis: one node
+//!   (`redis://`, `rediss://` with `--features tls`), or the primary that
+//!   Sentinels name, followed across failovers
+//!   (`redis+sentinel://host:port,host:port/service`, `--features sentinel`).
+//! - `REDIS_CLUSTER` (`--features cluster`), in place of `REDIS_URL`: the
+//!   counts in a Redis Cluster, found from the seed nodes listed
+//!   (`redis://host:port`, comma-separated; one is enough, more survive
+//!   its loss). The reference server's `REDIS_TYPE=cluster` with its list
+//!   of `host:port` in `REDIS_URL` reads here as that list, each written as
+//!   a URL, in `REDIS_CLUSTER`.
+//! - `RULES=redis` needs `REDIS_URL` of one node: the rule set's pub/sub
+//!   would follow neither a cluster nor a failover.
 //! - `GRPC_BIND` (default `127.0.0.1:8081`): where Envoy reaches the
 //!   service; `grpc.health.v1.Health` answers there too.
 //! - `FAIL_MODE` (`open`, default, or `closed`): when the store fails,
@@ -32,19 +49,34 @@
 //! - `ADMIN_BIND`, `ADMIN_TOKEN` (`--features admin`): the admin router
 //!   (rules in force, key commands, console) and `/metrics`.
 //!
-//! `SIGTERM` or Ctrl-C stops it gracefully: calls in flight finish (at most
-//! 10 s), then it exits 0. Each connection carries at most 128 calls at
-//! once and a call is answered within 5 s (the store's own timeout is far
-//! shorter); a message over 64 KiB is refused.
+//! `SIGTERM` or Ctrl-C stops it gracefully: it stops accepting, calls in
+//! flight finish, and it exits 0 within 10 s whatever its clients do (the
+//! connections still open then are closed); `SIGHUP` is logged and
+//! ignored. Out of file descriptors, it waits before accepting again (10 ms
+//! doubling up to a second) instead of spinning. Each connection carries
+//! at most 128 calls at once and a call is answered within 5 s (the
+//! store's own timeout is far shorter); a message over 64 KiB is refused
+//! with `RESOURCE_EXHAUSTED`.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use futures_util::Stream;
+use tokio::net::{TcpListener, TcpStream};
+
 use tower_redis_ratelimit::envoy::RateLimitService;
 use tower_redis_ratelimit::response::HeaderStyle;
 use tower_redis_ratelimit::rules::{RuleSet, Rules, Watch};
 use tower_redis_ratelimit::{FailMode, MemoryStore, RedisStore, Store};
+
+#[path = "server/accept.rs"]
+mod accept;
+#[path = "server/signals.rs"]
+mod signals;
+
+/// How long the calls in flight have after `SIGTERM`.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// A setting the program cannot run with.
 struct BadSetting(&'static str, String);
@@ -58,6 +90,77 @@ fn var(name: &'static str) -> Result<Option<String>, BadSetting> {
     }
 }
 
+/// Where the counts are kept, when in Redis.
+enum RedisAt {
+    /// `REDIS_URL`: one node, or (`redis+sentinel://`) the primary its
+    /// Sentinels name.
+    Url(String),
+    /// `REDIS_CLUSTER`: seed nodes of a Redis Cluster (refused at start
+    /// without the `cluster` feature).
+    Cluster(#[cfg_attr(not(feature = "cluster"), allow(dead_code))] Vec<String>),
+}
+
+impl RedisAt {
+    fn from_env() -> Result<Option<Self>, BadSetting> {
+        match (var("REDIS_URL")?, var("REDIS_CLUSTER")?) {
+            (None, None) => Ok(None),
+            (Some(_), Some(_)) => Err(BadSetting(
+                "REDIS_CLUSTER",
+                "set REDIS_URL (one node, or Sentinel) or REDIS_CLUSTER, not both".to_owned(),
+            )),
+            (Some(url), None) if is_sentinel(&url) && !cfg!(feature = "sentinel") => {
+                Err(BadSetting(
+                    "REDIS_URL",
+                    "a Sentinel URL needs `--features envoy,sentinel`".to_owned(),
+                ))
+            }
+            (Some(url), None) => Ok(Some(Self::Url(url))),
+            (None, Some(_)) if !cfg!(feature = "cluster") => Err(BadSetting(
+                "REDIS_CLUSTER",
+                "Redis Cluster needs `--features envoy,cluster`".to_owned(),
+            )),
+            (None, Some(nodes)) => {
+                let nodes: Vec<String> = nodes
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|node| !node.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+                if nodes.is_empty() {
+                    return Err(BadSetting(
+                        "REDIS_CLUSTER",
+                        "names no node: list them as redis://host:port, comma-separated".to_owned(),
+                    ));
+                }
+                Ok(Some(Self::Cluster(nodes)))
+            }
+        }
+    }
+
+    /// The store, connected.
+    async fn connect(&self) -> Result<RedisStore, BadSetting> {
+        match self {
+            Self::Url(url) => RedisStore::connect(url)
+                .await
+                .map_err(|e| BadSetting("REDIS_URL", e.to_string())),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(nodes) => RedisStore::connect_cluster(nodes)
+                .await
+                .map_err(|e| BadSetting("REDIS_CLUSTER", e.to_string())),
+            #[cfg(not(feature = "cluster"))]
+            Self::Cluster(_) => Err(BadSetting(
+                "REDIS_CLUSTER",
+                "Redis Cluster needs `--features envoy,cluster`".to_owned(),
+            )),
+        }
+    }
+}
+
+/// Whether `url` names a primary through its Sentinels.
+fn is_sentinel(url: &str) -> bool {
+    url.starts_with("redis+sentinel://") || url.starts_with("rediss+sentinel://")
+}
+
 /// What `RULES` says.
 enum Source {
     File(std::path::PathBuf),
@@ -67,10 +170,11 @@ enum Source {
 
 struct Settings {
     source: Source,
-    redis_url: Option<String>,
+    redis: Option<RedisAt>,
     bind: SocketAddr,
     fail_mode: FailMode,
     headers: Option<HeaderStyle>,
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
     admin: Option<(String, String)>,
 }
 
@@ -90,9 +194,16 @@ impl Settings {
             Some(path) if std::path::Path::new(&path).is_dir() => Source::Directory(path.into()),
             Some(path) => Source::File(path.into()),
         };
-        let redis_url = var("REDIS_URL")?;
-        if matches!(source, Source::Redis(_)) && redis_url.is_none() {
-            return Err(BadSetting("RULES", "`redis` needs REDIS_URL".to_owned()));
+        let redis = RedisAt::from_env()?;
+        if matches!(source, Source::Redis(_))
+            && !matches!(&redis, Some(RedisAt::Url(url)) if !is_sentinel(url))
+        {
+            return Err(BadSetting(
+                "RULES",
+                "`redis` needs REDIS_URL of one node (the rule set's pub/sub would not follow \
+                 a cluster or a failover): use a rules file"
+                    .to_owned(),
+            ));
         }
         let bind = var("GRPC_BIND")?
             .unwrap_or_else(|| "127.0.0.1:8081".to_owned())
@@ -138,7 +249,7 @@ impl Settings {
         };
         Ok(Self {
             source,
-            redis_url,
+            redis,
             bind,
             fail_mode,
             headers,
@@ -185,7 +296,10 @@ async fn rules<St: Store>(
             None
         }
         Source::Redis(key) => {
-            let url = settings.redis_url.as_deref().unwrap_or_default();
+            let url = match &settings.redis {
+                Some(RedisAt::Url(url)) => url.as_str(),
+                _ => "",
+            };
             let client = tower_redis_ratelimit::redis::Client::open(url)
                 .map_err(|e| BadSetting("REDIS_URL", e.to_string()))?;
             let watch = rules
@@ -200,14 +314,9 @@ async fn rules<St: Store>(
 
 async fn setup() -> Result<(Settings, Rules, Option<Watch>), BadSetting> {
     let settings = Settings::from_env()?;
-    let (rules, watch) = match &settings.redis_url {
+    let (rules, watch) = match &settings.redis {
         None => rules(MemoryStore::new(), &settings).await?,
-        Some(url) => {
-            let store = RedisStore::connect(url)
-                .await
-                .map_err(|e| BadSetting("REDIS_URL", e.to_string()))?;
-            rules(store, &settings).await?
-        }
+        Some(redis) => rules(redis.connect().await?, &settings).await?,
     };
     Ok((settings, rules, watch))
 }
@@ -220,6 +329,10 @@ async fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
+    // Listening for SIGTERM from the start: one sent while the program
+    // starts stops it gracefully too; a SIGHUP never kills it.
+    let stop = signals::shared(signals::shutdown_signal());
+    signals::ignore_hangups();
     let (settings, rules, watch) = match setup().await {
         Ok(ready) => ready,
         Err(BadSetting(variable, problem)) => {
@@ -232,7 +345,7 @@ async fn main() -> ExitCode {
         Some(style) => service.with_headers(style),
         None => service.without_headers(),
     };
-    let listener = match tokio::net::TcpListener::bind(settings.bind).await {
+    let listener = match TcpListener::bind(settings.bind).await {
         Ok(listener) => listener,
         Err(e) => {
             eprintln!("GRPC_BIND: cannot listen on {}: {e}", settings.bind);
@@ -262,14 +375,29 @@ async fn main() -> ExitCode {
         .concurrency_limit_per_connection(128)
         .max_concurrent_streams(Some(128))
         .timeout(Duration::from_secs(5))
-        .tcp_keepalive(Some(Duration::from_secs(60)))
+        .layer(tower::util::MapResponseLayer::new(
+            over_size_as_resource_exhausted,
+        ))
         .add_service(health_service)
         .add_service(service.into_server())
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener),
-            shutdown(),
-        )
-        .await;
+        .serve_with_incoming_shutdown(incoming(listener), stop());
+    // tonic waits for every connection to close, however long its client
+    // keeps it open: the grace period bounds the wait.
+    let served = tokio::select! {
+        served = served => served,
+        () = async {
+            stop().await;
+            tracing::info!(grace = ?SHUTDOWN_GRACE, "shutting down: finishing the calls in flight");
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => {
+            // Returning from main closes them.
+            tracing::warn!(
+                grace = ?SHUTDOWN_GRACE,
+                "grace period over: closing the connections still open"
+            );
+            Ok(())
+        }
+    };
     drop(watch);
     match served {
         Ok(()) => ExitCode::SUCCESS,
@@ -320,19 +448,28 @@ async fn admin(
     Ok(())
 }
 
-/// `SIGTERM` or Ctrl-C.
-async fn shutdown() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
+/// A message over the size limit answered as gRPC says
+/// (`RESOURCE_EXHAUSTED`, in its table of status codes; grpc-go and
+/// grpc-java answer so): tonic answers `OUT_OF_RANGE`, which neither
+/// service here answers for anything else.
+fn over_size_as_resource_exhausted(
+    mut response: http::Response<tonic::body::Body>,
+) -> http::Response<tonic::body::Body> {
+    let status = response.headers_mut().get_mut("grpc-status");
+    if let Some(status) = status.filter(|s| *s == "11") {
+        *status = http::HeaderValue::from_static("8");
     }
-    tracing::info!("shutting down: finishing the calls in flight");
+    response
+}
+
+/// The listener's connections, as tonic takes them.
+fn incoming(listener: TcpListener) -> impl Stream<Item = std::io::Result<TcpStream>> {
+    futures_util::stream::unfold(accept::Acceptor::new(listener), |mut acceptor| async move {
+        let (stream, _) = acceptor.accept().await;
+        // As tonic's own listener sets it: answers are small and not batched.
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!(%error, "cannot set TCP_NODELAY");
+        }
+        Some((Ok(stream), acceptor))
+    })
 }

@@ -10,6 +10,9 @@
 //!   cargo run --example server --features tls
 //! REDIS_URL=redis+sentinel://10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379/mymaster \
 //!   cargo run --example server --features sentinel
+//! # A Redis Cluster, from its seed nodes:
+//! REDIS_CLUSTER=redis://10.0.0.1:6379,redis://10.0.0.2:6379 \
+//!   cargo run --example server --features cluster
 //! # The operator's admin router and console on a private port:
 //! ADMIN_BIND=127.0.0.1:3001 ADMIN_TOKEN=$(openssl rand -hex 32) \
 //!   cargo run --example server --features admin
@@ -48,6 +51,7 @@
 
 use std::process::ExitCode;
 
+mod accept;
 #[cfg(feature = "admin")]
 mod admin;
 mod app;
@@ -140,10 +144,18 @@ fn init_logging() {
 /// Reads the settings, opens the store and binds the listeners.
 async fn setup() -> Result<Ready, BadSetting> {
     let settings = Settings::from_env()?;
-    let (app, operated) = match (&settings.redis_url, &settings.database_url) {
-        (Some(url), _) => app(connect_redis(url).await?, &settings).await?,
+    let (app, operated) = match (
+        &settings.redis_url,
+        &settings.redis_cluster,
+        &settings.database_url,
+    ) {
+        (Some(url), _, _) => app(connect_redis(url).await?, &settings).await?,
+        #[cfg(feature = "cluster")]
+        (None, Some(nodes), _) => {
+            app(store::connect_redis_cluster(nodes).await?, &settings).await?
+        }
         #[cfg(feature = "postgres")]
-        (None, Some(url)) => app(store::connect_postgres(url).await?, &settings).await?,
+        (None, None, Some(url)) => app(store::connect_postgres(url).await?, &settings).await?,
         _ => app(MemoryStore::new(), &settings).await?,
     };
     let listener = TcpListener::bind(&settings.bind).await.map_err(|error| {
@@ -178,10 +190,15 @@ async fn app<St: Store>(store: St, settings: &Settings) -> Result<(Router, Opera
 /// The lines logged at start: how connections are bounded, then what is
 /// limited, how, and where.
 fn log_start(settings: &Settings, listener: &TcpListener) {
-    let store = match (&settings.redis_url, &settings.database_url) {
-        (Some(url), _) => format!("redis {}", without_password(url)),
-        (None, Some(_)) => "postgres".to_owned(),
-        (None, None) => "memory".to_owned(),
+    let store = match (
+        &settings.redis_url,
+        &settings.redis_cluster,
+        &settings.database_url,
+    ) {
+        (Some(url), _, _) => format!("redis {}", without_password(url)),
+        (None, Some(nodes), _) => format!("redis cluster {}", store::cluster_nodes(nodes)),
+        (None, None, Some(_)) => "postgres".to_owned(),
+        (None, None, None) => "memory".to_owned(),
     };
     let addr = listener
         .local_addr()

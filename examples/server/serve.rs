@@ -11,6 +11,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 
+use crate::accept::Acceptor;
 use crate::connections::{Caps, Connections};
 
 /// The most a connection buffers: a request's head (answered `431 Request
@@ -53,33 +54,13 @@ pub(crate) async fn serve(
         .max_header_size(MAX_HEAD);
     let graceful = GracefulShutdown::new();
     let connections = Connections::new(limits.caps);
-    let mut backoff = AcceptBackoff::default();
+    let mut acceptor = Acceptor::new(listener);
     tokio::pin!(stop);
     loop {
+        // Out of file descriptors, the acceptor waits: the open
+        // connections go on meanwhile, and the stop is heard.
         let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => {
-                    backoff.reset();
-                    accepted
-                }
-                // The client gave up before it was accepted: nothing to wait for.
-                Err(error) if is_the_clients(&error) => {
-                    tracing::debug!(%error, "a connection ended before it was accepted");
-                    continue;
-                }
-                Err(error) => {
-                    // Out of file descriptors (EMFILE, ENFILE), say: the
-                    // connection waits in the backlog, and accepting again
-                    // at once would fail at once. The open connections go
-                    // on meanwhile, and the stop is heard.
-                    let delay = backoff.next_delay();
-                    tracing::warn!(%error, ?delay, "cannot accept a connection: waiting");
-                    tokio::select! {
-                        () = tokio::time::sleep(delay) => continue,
-                        () = &mut stop => break,
-                    }
-                }
-            },
+            accepted = acceptor.accept() => accepted,
             () = &mut stop => break,
         };
         // Over a cap: dropped, so closed at once.
@@ -103,7 +84,7 @@ pub(crate) async fn serve(
             drop(slot);
         });
     }
-    drop(listener);
+    drop(acceptor);
     let open = graceful.count();
     tracing::info!(open, "shutting down: finishing the requests in flight");
     if tokio::time::timeout(limits.grace, graceful.shutdown())
@@ -115,42 +96,5 @@ pub(crate) async fn serve(
             grace = ?limits.grace,
             "grace period over: closing the connections still open"
         );
-    }
-}
-
-/// An accept error that is about one connection (its client reset or
-/// aborted it), not about the listener.
-fn is_the_clients(error: &std::io::Error) -> bool {
-    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
-    matches!(
-        error.kind(),
-        ConnectionAborted | ConnectionRefused | ConnectionReset
-    )
-}
-
-/// The wait after a failed accept: 10 ms, doubling up to a second, and
-/// back to 10 ms once a connection is accepted.
-struct AcceptBackoff {
-    next: Duration,
-}
-
-impl AcceptBackoff {
-    const FIRST: Duration = Duration::from_millis(10);
-    const MAX: Duration = Duration::from_secs(1);
-
-    fn next_delay(&mut self) -> Duration {
-        let delay = self.next;
-        self.next = (delay * 2).min(Self::MAX);
-        delay
-    }
-
-    fn reset(&mut self) {
-        self.next = Self::FIRST;
-    }
-}
-
-impl Default for AcceptBackoff {
-    fn default() -> Self {
-        Self { next: Self::FIRST }
     }
 }

@@ -20,6 +20,9 @@ pub(crate) struct Settings {
     /// `RULES`: limits as data instead of one policy.
     pub(crate) rules: Option<RulesSource>,
     pub(crate) redis_url: Option<String>,
+    /// `REDIS_CLUSTER`: the seed nodes of a Redis Cluster (feature
+    /// `cluster`), in place of `REDIS_URL`.
+    pub(crate) redis_cluster: Option<Vec<String>>,
     /// `DATABASE_URL`: the counts in PostgreSQL (feature `postgres`). Never
     /// logged: it may hold a password.
     pub(crate) database_url: Option<String>,
@@ -78,6 +81,7 @@ impl Settings {
                 ));
             }
         }
+        let redis_cluster = redis_cluster(redis_url.is_some() || database_url.is_some())?;
 
         let rules = match var("RULES")? {
             None => None,
@@ -257,6 +261,7 @@ impl Settings {
             bind,
             rules,
             redis_url,
+            redis_cluster,
             database_url,
             policy,
             key,
@@ -580,4 +585,37 @@ impl fmt::Display for BadSetting {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.variable, self.problem)
     }
+}
+
+/// `REDIS_CLUSTER`: seed nodes, comma-separated; `elsewhere`: the counts
+/// are kept in another place already.
+fn redis_cluster(elsewhere: bool) -> Result<Option<Vec<String>>, BadSetting> {
+    let Some(list) = var("REDIS_CLUSTER")? else {
+        return Ok(None);
+    };
+    if elsewhere {
+        return Err(BadSetting::new(
+            "REDIS_CLUSTER",
+            "the counts are kept in one place: set one of REDIS_URL, REDIS_CLUSTER and DATABASE_URL",
+        ));
+    }
+    if !cfg!(feature = "cluster") {
+        return Err(BadSetting::new(
+            "REDIS_CLUSTER",
+            "Redis Cluster needs the cluster feature: cargo run --example server --features cluster",
+        ));
+    }
+    let nodes: Vec<String> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|node| !node.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if nodes.is_empty() {
+        return Err(BadSetting::new(
+            "REDIS_CLUSTER",
+            "names no node: list them as redis://host:port, comma-separated",
+        ));
+    }
+    Ok(Some(nodes))
 }

@@ -6,12 +6,7 @@ use tower_redis_ratelimit::RedisStore;
 use crate::settings::{BadSetting, var};
 
 pub(crate) async fn connect_redis(url: &str) -> Result<RedisStore, BadSetting> {
-    let batches = match var("BATCHES")? {
-        None => RedisStore::DEFAULT_BATCHES_IN_FLIGHT,
-        Some(text) => text.trim().parse().map_err(|_| {
-            BadSetting::new("BATCHES", format!("{text:?} is not a number of batches"))
-        })?,
-    };
+    let batches = batches()?;
     let store = redis_builder()?.connect(url).await.map_err(|error| {
         let hint = if url.starts_with("rediss") && !cfg!(feature = "tls") {
             " (TLS needs the tls feature: cargo run --example server --features tls)"
@@ -25,6 +20,44 @@ pub(crate) async fn connect_redis(url: &str) -> Result<RedisStore, BadSetting> {
         )
     })?;
     Ok(store.with_batches(batches))
+}
+
+/// The store of the Redis Cluster whose seed nodes `REDIS_CLUSTER` lists.
+#[cfg(feature = "cluster")]
+pub(crate) async fn connect_redis_cluster(nodes: &[String]) -> Result<RedisStore, BadSetting> {
+    let batches = batches()?;
+    let store = redis_builder()?
+        .connect_cluster(nodes)
+        .await
+        .map_err(|error| {
+            BadSetting::new(
+                "REDIS_CLUSTER",
+                format!(
+                    "cannot use the Redis Cluster at {}: {error}",
+                    cluster_nodes(nodes)
+                ),
+            )
+        })?;
+    Ok(store.with_batches(batches))
+}
+
+/// `BATCHES`: how many batches of commands may be in flight at once.
+fn batches() -> Result<usize, BadSetting> {
+    match var("BATCHES")? {
+        None => Ok(RedisStore::DEFAULT_BATCHES_IN_FLIGHT),
+        Some(text) => text.trim().parse().map_err(|_| {
+            BadSetting::new("BATCHES", format!("{text:?} is not a number of batches"))
+        }),
+    }
+}
+
+/// A cluster's seed nodes, for logs: comma-separated, without passwords.
+pub(crate) fn cluster_nodes(nodes: &[String]) -> String {
+    nodes
+        .iter()
+        .map(|node| without_password(node))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The store of `DATABASE_URL`, its table made when missing.

@@ -91,7 +91,8 @@ fn unix_ms(at: SystemTime) -> u64 {
 /// `PUT /api/rules` `{"text": "..."}`: validated, then published to the
 /// watch's source. A set that does not validate changes nothing; nor does
 /// a set of no rules, unless `"confirm_empty": true` says that every limit
-/// is to be lifted.
+/// is to be lifted (and, for a file, the text is blank or names its list
+/// of rules, as the watch requires).
 pub(crate) async fn publish(
     State(operated): State<Arc<Operated>>,
     body: Bytes,
@@ -136,8 +137,31 @@ fn check_publishable(operated: &Operated, text: &str, confirm_empty: bool) -> Re
              to do so, send it with `\"confirm_empty\": true`",
         )
         .with("field", "confirm_empty")),
+        Ok(set) if set.rules().is_empty() => names_its_rules(operated, text),
         Ok(_) => Ok(()),
     }
+}
+
+/// Refuse a confirmed set of no rules for a watched file unless it is
+/// blank (written out as no rules) or names its list of rules: the watch
+/// keeps the rules in force for a file that names none (a save caught
+/// half way), so it would be accepted and never applied.
+fn names_its_rules(operated: &Operated, text: &str) -> Result<(), Problem> {
+    let Some((_, Source::File(path))) = &operated.watch else {
+        return Ok(());
+    };
+    let format = crate::rules::Format::of(path);
+    if text.trim().is_empty() || format.names_its_rules(text) {
+        return Ok(());
+    }
+    Err(Problem::invalid(format!(
+        "this rule set of no rules does not name its list of rules, and the watched \
+         file {} lifts every limit only when it does (a file caught half written names \
+         none): add `{}` to the text",
+        path.display(),
+        format.no_rules()
+    ))
+    .with("field", "text"))
 }
 
 /// Write `text` to the rules file at `path`.

@@ -108,7 +108,7 @@ impl RuleSet {
                 field: file.to_owned(),
                 problem,
             };
-            let root: Root = serde_yaml_ng::from_str(text).map_err(|e| fault(e.to_string()))?;
+            let root: Root = super::expansion::yaml(text).map_err(|e| fault(e.to_string()))?;
             let domain = root
                 .domain
                 .filter(|d| !d.is_empty())

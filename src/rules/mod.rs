@@ -60,6 +60,7 @@ mod descriptor;
 mod engine;
 #[cfg(feature = "envoy")]
 mod envoy_yaml;
+mod expansion;
 mod fields;
 mod index;
 mod json;
@@ -82,6 +83,7 @@ pub use descriptor::Descriptor;
 pub use engine::{ActiveRules, Call, Rules};
 #[cfg(feature = "envoy")]
 pub(crate) use envoy_yaml::{rate_of_unit, window_of_unit};
+pub use expansion::MAX_VALUES;
 
 #[cfg(feature = "redis")]
 pub use redis_source::{PublishError, publish};
@@ -362,12 +364,13 @@ impl RuleSet {
         Self::validate(spec)
     }
 
-    /// Read and validate a rule set written in JSON.
+    /// Read and validate a rule set written in JSON. A text of more than
+    /// [`MAX_VALUES`] values is refused.
     pub fn from_json(text: &str) -> Result<Self, RulesError> {
         // serde_json keeps the last of duplicate keys; a rule set refuses
         // them, as TOML does.
         json::refuse_duplicate_keys(text)?;
-        let spec: RuleSetSpec = serde_json::from_str(text).map_err(|error| RulesError {
+        let spec: RuleSetSpec = expansion::json(text).map_err(|error| RulesError {
             rule: None,
             field: "JSON".to_owned(),
             problem: error.to_string(),

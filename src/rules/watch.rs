@@ -200,12 +200,12 @@ impl Format {
     /// Whether `text` names its list of rules (`rules`, or `descriptors`
     /// beside the domain in Envoy's YAML), as [`no_rules`](Self::no_rules) does: text of
     /// comments, or of a header caught before its rules, does not.
-    fn names_its_rules(self, text: &str) -> bool {
+    pub(crate) fn names_its_rules(self, text: &str) -> bool {
         match self {
-            Self::Json => serde_json::from_str::<serde_json::Value>(text)
+            Self::Json => super::expansion::json::<serde_json::Value>(text)
                 .is_ok_and(|value| value.get("rules").is_some()),
             #[cfg(feature = "envoy")]
-            Self::EnvoyYaml => serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text)
+            Self::EnvoyYaml => super::expansion::yaml::<serde_yaml_ng::Value>(text)
                 .is_ok_and(|value| value.get("descriptors").is_some()),
             Self::Toml => text
                 .parse::<toml::Table>()

@@ -1221,19 +1221,21 @@ async fn an_empty_rule_set_is_published_only_when_confirmed() {
     )
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
-    let (status, _, published) = send(
-        &router,
-        Method::PUT,
-        "/api/rules",
-        Some(TOKEN),
-        r##"{"text": "# every limit lifted\n", "confirm_empty": true}"##,
-    )
-    .await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{published}");
-    assert_eq!(
-        std::fs::read_to_string(&path).unwrap(),
-        "# every limit lifted\n"
-    );
+    // Confirmed, but naming no rules: the watch would never apply it.
+    for text in ["# every limit lifted\n", "version = 3\n"] {
+        let body = serde_json::json!({ "text": text, "confirm_empty": true }).to_string();
+        let (status, _, refused) =
+            send(&router, Method::PUT, "/api/rules", Some(TOKEN), &body).await;
+        assert_eq!(
+            status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{text:?}: {refused}"
+        );
+        assert_eq!(refused["field"], "text", "{refused}");
+        let detail = refused["detail"].as_str().unwrap();
+        assert!(detail.contains("add `rules = []`"), "{detail}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), RULES, "{text:?}");
+    }
     // A confirmed empty text is written out as no rules: the watch never
     // applies an empty file (a truncating save caught half way).
     let (status, _, published) = send(
@@ -1247,6 +1249,43 @@ async fn an_empty_rule_set_is_published_only_when_confirmed() {
     assert_eq!(status, StatusCode::ACCEPTED, "{published}");
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "rules = []");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A confirmed empty publish the router accepts takes effect: the limits
+/// are lifted, the text's version kept.
+#[tokio::test]
+async fn a_confirmed_empty_rule_set_is_put_in_force() {
+    let (path, rules, _watch, router) =
+        file_rules("admin-empty-applied", Duration::from_millis(50));
+    let dir = path.parent().unwrap().to_owned();
+    until("the file's rules in force", || {
+        rules.current().set().rules().len() == 1
+    })
+    .await;
+    let (status, _, published) = send(
+        &router,
+        Method::PUT,
+        "/api/rules",
+        Some(TOKEN),
+        r#"{"text": "version = 3\nrules = []\n", "confirm_empty": true}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{published}");
+    until("every limit lifted", || {
+        rules.current().set().rules().is_empty()
+    })
+    .await;
+    assert_eq!(rules.current().set().version(), Some(3));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Wait until `done`, at most 5 s (a watch reads its file every 50 ms).
+async fn until(what: &str, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "not yet: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A flooder whose key is 200 KB long: the top keys show it by its hash
@@ -1338,4 +1377,44 @@ async fn a_long_key_is_shown_and_steered_by_its_hash() {
         !logs.contains("xxxxxxxxxx") && !logs.contains(&shown[1..]),
         "{logs}"
     );
+}
+
+/// A text that expands past the bound (YAML aliases) is refused as any
+/// that does not validate, naming the bound; the file is unchanged.
+#[cfg(feature = "envoy")]
+#[tokio::test]
+async fn a_rule_set_that_expands_past_the_bound_is_refused() {
+    let dir = std::env::temp_dir().join(format!("admin-expanding-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("rules.yaml");
+    let yaml = "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
+    std::fs::write(&path, yaml).unwrap();
+    let rules = Rules::new(MemoryStore::new(), RuleSet::from_toml("").unwrap());
+    let watch = rules.watch_file(&path, Duration::from_secs(3600));
+    let router = Admin::new(TOKEN, addr())
+        .unwrap()
+        .with_rules(&rules)
+        .with_watch(&watch)
+        .into_router();
+    // An anchor of 1,000 descriptors aliased 1,000 times.
+    let mut text = String::from("domain: edge\ndescriptors:\n  - key: a\n    descriptors: &d\n");
+    for i in 0..1000 {
+        text += &format!("      - {{key: k, value: v{i}}}\n");
+    }
+    for i in 0..1000 {
+        text += &format!("  - {{key: b{i}, descriptors: *d}}\n");
+    }
+    let body = serde_json::json!({ "text": text }).to_string();
+    let (status, _, refused) = send(&router, Method::PUT, "/api/rules", Some(TOKEN), &body).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refused}");
+    let detail = refused["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(&format!(
+            "{} values",
+            tower_redis_ratelimit::rules::MAX_VALUES
+        )),
+        "{detail}"
+    );
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), yaml);
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -1075,3 +1075,43 @@ fn the_example_rules_settle_a_metered_call_from_its_usage_header() {
     assert_eq!(status, 200);
     settles_to(920);
 }
+
+/// `REDIS_CLUSTER`, the seed nodes of the 3-master cluster: the server
+/// counts there, and says so at start; with `REDIS_URL` as well, or naming
+/// no node, it exits 2 naming the variable.
+#[cfg(feature = "cluster")]
+#[test]
+fn the_server_counts_in_a_redis_cluster() {
+    let cluster = support::RedisCluster::start();
+    let nodes = cluster.urls().join(",");
+    let server = Server::start(&[("RATE_LIMIT", "2/min"), ("REDIS_CLUSTER", &nodes)]);
+    assert!(
+        server.start_line.contains("redis cluster redis://"),
+        "{}",
+        server.start_line
+    );
+    assert_eq!(server.status(&[]), 200);
+    assert_eq!(server.status(&[]), 200);
+    assert_eq!(server.status(&[]), 429);
+    let keys: u64 = cluster
+        .nodes()
+        .iter()
+        .map(|node| {
+            let size = node.command(&["DBSIZE"]);
+            size.trim().trim_start_matches(':').parse::<u64>().unwrap()
+        })
+        .sum();
+    assert!(keys > 0, "no key in the cluster");
+    drop(server);
+    for vars in [
+        &[
+            ("REDIS_CLUSTER", nodes.as_str()),
+            ("REDIS_URL", "redis://127.0.0.1:1"),
+        ][..],
+        &[("REDIS_CLUSTER", " , ")][..],
+    ] {
+        let (status, stderr) = refused_by(command(None), vars);
+        assert_eq!(status, Some(2), "{vars:?}: {stderr}");
+        assert!(stderr.contains("REDIS_CLUSTER"), "{vars:?}: {stderr}");
+    }
+}

@@ -247,7 +247,7 @@ fn set_open_files(pid: u32, limit: usize) {
 }
 
 /// The CPU time `pid` has used (user and system).
-fn cpu_time(pid: u32) -> Duration {
+pub(crate) fn cpu_time(pid: u32) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     // The fields after the command's closing parenthesis; utime and stime
     // are the 14th and 15th of the whole line, in ticks of 1/100 s.

@@ -23,6 +23,9 @@ mod demotion;
 mod deny_cache;
 #[cfg(feature = "envoy")]
 mod envoy;
+#[cfg(feature = "envoy")]
+mod envoy_program;
+#[cfg(feature = "envoy")]
 mod envoy_reference;
 mod example_server;
 mod faults;

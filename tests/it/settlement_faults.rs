@@ -39,11 +39,6 @@ use crate::support::proxy::Match;
 
 /// The store timeout.
 const TIMEOUT: Duration = Duration::from_millis(300);
-/// How long after the store timeout a failing settle may still return (a
-/// loaded CI machine running five rigs at once).
-const LATE_BY: Duration = Duration::from_millis(150);
-/// How long a settle may take to fail while every connection is refused.
-const AT_ONCE: Duration = Duration::from_millis(50);
 /// Every policy allows 1,000 units a day: nothing refills during a test
 /// (GCRA refills a unit every 86.4 s, and a key made during the test
 /// gains its first one only that long after), and the window counters'
@@ -248,14 +243,27 @@ async fn settle_under(
         }
         _ => {}
     }
-    let bound = match fault {
-        // redis-rs's default retries wait for a connection (its rustdoc).
-        Fault::Refused if rig.source != Connections::Manager => AT_ONCE,
-        _ => TIMEOUT + LATE_BY,
+    // When the answer came, by what it means rather than by a margin over
+    // the timeout (a loaded machine answered 549 ms after a 300 ms timeout):
+    // a reply lost in silence is answered from the timeout path, once one
+    // timeout has passed and before a second would end (the settle was not
+    // sent again, to wait out another); a refused connection without
+    // waiting out the timeout, except where redis-rs's default retries wait
+    // for a connection (its rustdoc), within one timeout and before a
+    // second would end too.
+    let timed_out = matches!(outcome, Err(StoreError::Timeout(_)));
+    let when = match fault {
+        Fault::Refused if rig.source != Connections::Manager => {
+            (!timed_out && took < TIMEOUT).then_some(())
+        }
+        Fault::Lost(loss) if !loss.fails_the_connection() => {
+            (timed_out && took >= TIMEOUT && took < 2 * TIMEOUT).then_some(())
+        }
+        _ => (took < 2 * TIMEOUT).then_some(()),
     };
-    if took > bound {
+    if when.is_none() {
         return Err(format!(
-            "{case}: not within {bound:?} (store timeout {TIMEOUT:?})"
+            "{case}: not when a store timeout of {TIMEOUT:?} answers it"
         ));
     }
     // Lost before A heard: the settle cannot know it ran.
@@ -489,13 +497,14 @@ async fn the_layer_answers_at_once_while_its_settle_stalls_and_counts_it_failed(
     );
     let started = Instant::now();
     let took = request().await;
+    // Had it waited for the settle, it would have waited out the store
+    // timeout.
     assert!(
-        took < STORE_TIMEOUT / 5,
+        took < STORE_TIMEOUT,
         "the response waited {took:?} for a settle held past the store timeout ({STORE_TIMEOUT:?})"
     );
-    settlements
-        .reach("failed", 1, STORE_TIMEOUT + Duration::from_secs(1))
-        .await;
+    // Failed by the store timeout, before a second one would end.
+    settlements.reach("failed", 1, 2 * STORE_TIMEOUT).await;
     let failed_after = started.elapsed();
     assert_eq!(proxy.armed(), 0, "the settle's reply was never held");
     assert!(
@@ -515,9 +524,8 @@ async fn the_layer_answers_at_once_while_its_settle_stalls_and_counts_it_failed(
     // No fault: charged.
     rig.reset().await;
     request().await;
-    settlements
-        .reach("charged", 1, Duration::from_secs(1))
-        .await;
+    // By then charged, or else failed by the store timeout.
+    settlements.reach("charged", 1, 2 * STORE_TIMEOUT).await;
     assert_eq!(settlements.count("failed"), 1);
     assert_eq!(
         used(&b, "global").await.unwrap(),

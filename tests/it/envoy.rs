@@ -912,7 +912,7 @@ mod through_envoy {
         let limit = |n: u32| {
             format!(
                 "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      \
-                 unit: hour\n      requests_per_unit: {n}\n"
+                 name: per address\n      unit: hour\n      requests_per_unit: {n}\n"
             )
         };
         std::fs::write(&rules, limit(2)).unwrap();
@@ -934,10 +934,11 @@ mod through_envoy {
                 .find(|(n, _)| n == name)
                 .map(|(_, v)| v.clone())
         };
-        // Envoy's draft-03 fields, from the status: the limit, its window, the rule.
+        // Envoy's draft-03 fields, from the status: the limit, its window,
+        // the limit's name (as the reference names it, spaces and all).
         assert_eq!(
             field(&headers, "x-ratelimit-limit").as_deref(),
-            Some("2, 2;w=3600;name=\"edge.remote_address\"")
+            Some("2, 2;w=3600;name=\"per address\"")
         );
         assert_eq!(
             field(&headers, "x-ratelimit-remaining").as_deref(),

@@ -24,36 +24,14 @@ use tower_redis_ratelimit::rules::{MAX_VALUES, RuleSet};
 
 type Client = RateLimitServiceClient<tonic::transport::Channel>;
 
-/// The program's binary, beside this test's in the target directory.
-fn binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let debug = exe.parent().and_then(|deps| deps.parent()).unwrap();
-    let path = debug.join("examples").join("envoy_rls");
-    assert!(
-        path.exists(),
-        "{} is missing: build it with `cargo build --all-features --example envoy_rls` \
-         (`cargo test --all-features` builds it)",
-        path.display()
-    );
-    path
-}
-
 /// The program with `GRPC_BIND=127.0.0.1:0` and nothing else in its
 /// environment; with `open_files`, under that limit of open files.
 fn command(open_files: Option<u32>) -> Command {
-    let mut command = match open_files {
-        None => Command::new(binary()),
-        Some(limit) => {
-            let mut shell = Command::new("sh");
-            shell
-                .arg("-c")
-                .arg(format!("ulimit -n {limit} && exec \"$0\""))
-                .arg(binary());
-            shell
-        }
-    };
-    command.env_clear().env("GRPC_BIND", "127.0.0.1:0");
-    command
+    crate::example_server::program(
+        crate::example_server::example_binary("envoy_rls"),
+        "GRPC_BIND",
+        open_files,
+    )
 }
 
 /// The running program; killed when dropped.

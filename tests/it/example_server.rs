@@ -18,34 +18,46 @@ use crate::support::RedisServer;
 
 /// The example's binary, beside this test's in the target directory.
 fn binary() -> PathBuf {
+    example_binary("server")
+}
+
+/// The binary of the example `name`, beside this test's in the target
+/// directory (`cargo test --all-features` builds it).
+pub(crate) fn example_binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let debug = exe.parent().and_then(|deps| deps.parent()).unwrap();
-    let path = debug.join("examples").join("server");
+    let path = debug.join("examples").join(name);
     assert!(
         path.exists(),
-        "{} is missing: build it with `cargo build --all-features --example server` \
-         (`cargo test` builds it)",
+        "{} is missing: build it with `cargo build --all-features --example {name}` \
+         (`cargo test --all-features` builds it)",
         path.display()
     );
     path
 }
 
 /// The example's binary with `BIND=127.0.0.1:0` and nothing else in its
+/// environment; with `open_files`, under that limit of open files.
+pub(crate) fn command(open_files: Option<u32>) -> Command {
+    program(binary(), "BIND", open_files)
+}
+
+/// `binary` with `bind` set to `127.0.0.1:0` and nothing else in its
 /// environment; with `open_files`, under that limit of open files (the
 /// soft and hard `RLIMIT_NOFILE`, as systemd's `LimitNOFILE` sets them).
-pub(crate) fn command(open_files: Option<u32>) -> Command {
+pub(crate) fn program(binary: PathBuf, bind: &str, open_files: Option<u32>) -> Command {
     let mut command = match open_files {
-        None => Command::new(binary()),
+        None => Command::new(binary),
         Some(limit) => {
             let mut shell = Command::new("sh");
             shell
                 .arg("-c")
                 .arg(format!("ulimit -n {limit} && exec \"$0\""))
-                .arg(binary());
+                .arg(binary);
             shell
         }
     };
-    command.env_clear().env("BIND", "127.0.0.1:0");
+    command.env_clear().env(bind, "127.0.0.1:0");
     command
 }
 

@@ -300,15 +300,23 @@ async fn refused(rig: Rig, algo: Algo) {
         rig.reset().await;
         let key = format!("refused-{op:?}");
         prepare(b, &key, &policy, op).await;
-        for proxy in rig.all_proxies() {
-            proxy.refuse();
-        }
+        // The proxies' calls block until their sockets are closed (or bound
+        // again): off the runtime's workers, so that the other algorithms'
+        // rigs, timing their own commands on the same two workers, are not
+        // held up behind them.
+        tokio::task::block_in_place(|| {
+            for proxy in rig.all_proxies() {
+                proxy.refuse();
+            }
+        });
         let started = Instant::now();
         let outcome = a.command(&key, &policy, op.command()).await;
         let took = started.elapsed();
-        for proxy in rig.all_proxies() {
-            proxy.accept();
-        }
+        tokio::task::block_in_place(|| {
+            for proxy in rig.all_proxies() {
+                proxy.accept();
+            }
+        });
         let case = format!(
             "{op:?}: A's {:?} {} after {took:?}",
             op.command(),

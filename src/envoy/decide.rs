@@ -179,8 +179,21 @@ async fn check_enforced(
     let admission = RulesCheck::run(planned, Vec::new())
         .await
         .map_err(|error| tonic::Status::unavailable(format!("rate limit store: {error}")))?;
-    // The units given back so far, by count (limiter and key).
-    let mut given_back: HashMap<(&str, &str), u64> = HashMap::new();
+    // A count's units left once every check of it was given back: the
+    // check its store ran first left `remaining + cost` (whichever order
+    // the checks of one count ran in, no other leaves more).
+    let mut as_it_stands: HashMap<(&str, &str), u64> = HashMap::new();
+    for checked in admission.checked().filter(|c| c.given_back) {
+        let (Some(&(_, limit)), Some(decision)) = (limits.get(checked.plan), checked.decision)
+        else {
+            continue;
+        };
+        let left = decision.remaining() + costs[checked.plan];
+        let count = as_it_stands
+            .entry((limit.limiter.name(), limit.key.as_str()))
+            .or_default();
+        *count = (*count).max(left);
+    }
     for checked in admission.checked() {
         let Some(&(i, limit)) = limits.get(checked.plan) else {
             continue;
@@ -188,12 +201,10 @@ async fn check_enforced(
         let mut outcome = Outcome::of(i, limit, checked.decision.cloned());
         outcome.decided_by = checked.decided_by;
         outcome.denies = checked.decision.is_some_and(|d| !d.allowed());
-        if checked.given_back {
-            let back = given_back
-                .entry((limit.limiter.name(), limit.key.as_str()))
-                .or_default();
-            *back += costs[checked.plan];
-            outcome.remaining += *back;
+        if checked.given_back
+            && let Some(&left) = as_it_stands.get(&(limit.limiter.name(), limit.key.as_str()))
+        {
+            outcome.remaining = left;
         }
         all.push(outcome);
     }

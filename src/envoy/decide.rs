@@ -115,7 +115,7 @@ pub(super) async fn decide(plans: &[DescriptorPlan<'_>]) -> Result<Outcomes, ton
         match asked {
             Ask::TooCostly => {
                 // Refused, telling the units left as they stand.
-                let outcome = peek(i, limit).await;
+                let outcome = standing(i, limit).await;
                 all.push(Outcome {
                     denies: true,
                     ..outcome.unwrap_or_else(|| Outcome::of(i, limit, None))
@@ -211,11 +211,9 @@ async fn check_enforced(
     Ok(!admission.allowed())
 }
 
-/// A peek of `limit` (of descriptor `i`): over the limit only when its
-/// count is past the max (a key spent exactly to it has 0 left), telling
-/// the units left now. `None` when the store failed (logged: reported as
-/// admitted).
-async fn peek(i: usize, limit: &Limit<'_>) -> Option<Outcome> {
+/// The units of `limit` (of descriptor `i`) left as its count stands, by
+/// a peek. `None` when the store failed (logged: reported as admitted).
+async fn standing(i: usize, limit: &Limit<'_>) -> Option<Outcome> {
     let limiter = &limit.limiter;
     let decision = logged(limiter.peek(&limit.key).await)?;
     // The peek says what a check of the policy's cost would leave.
@@ -224,20 +222,30 @@ async fn peek(i: usize, limit: &Limit<'_>) -> Option<Outcome> {
     } else {
         0
     };
-    let past_the_max = if decision.allowed() {
-        false
-    } else {
-        match limiter.policy().one_past_the_max() {
+    Some(Outcome {
+        remaining,
+        ..Outcome::of(i, limit, Some(decision))
+    })
+}
+
+/// A peek of `limit` (of descriptor `i`): over the limit only when its
+/// count is past the max (a key spent exactly to it has 0 left), telling
+/// the units left now. `None` when the store failed (logged: reported as
+/// admitted).
+async fn peek(i: usize, limit: &Limit<'_>) -> Option<Outcome> {
+    let outcome = standing(i, limit).await?;
+    let limiter = &limit.limiter;
+    let denied = outcome.decision.as_ref().is_some_and(|d| !d.allowed());
+    let past_the_max = denied
+        && match limiter.policy().one_past_the_max() {
             // Admitted one past the max: the count is at most the max.
             Some(policy) => logged(limiter.with_policy(policy).peek(&limit.key).await)
                 .is_none_or(|d| !d.allowed()),
             None => true,
-        }
-    };
+        };
     Some(Outcome {
         denies: past_the_max && !limit.shadow,
-        remaining,
-        ..Outcome::of(i, limit, Some(decision))
+        ..outcome
     })
 }
 

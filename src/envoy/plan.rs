@@ -85,15 +85,11 @@ impl<'a> DescriptorPlan<'a> {
 
     /// The plan of a descriptor carrying its own `limit` of 0 requests per
     /// the unit of `rate`: every request over it.
-    pub(super) fn own_refusal(
-        descriptor: &RateLimitDescriptor,
-        cost: u64,
-        rate: Option<Rate>,
-    ) -> Self {
+    pub(super) fn own_refusal(descriptor: &RateLimitDescriptor, cost: u64, rate: Rate) -> Self {
         let mut plan = Self::new(descriptor, cost);
         plan.refused.push(Refusal {
             name: None,
-            rate,
+            rate: Some(rate),
             shadow: false,
         });
         plan

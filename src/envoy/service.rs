@@ -170,7 +170,7 @@ impl RateLimitService {
             let rate = rules::rate_of_unit(unit.as_str_name()).ok_or_else(|| {
                 refuse(format!("unit {} is not a unit of time", unit.as_str_name()))
             })?;
-            return Ok(DescriptorPlan::own_refusal(descriptor, cost, Some(rate)));
+            return Ok(DescriptorPlan::own_refusal(descriptor, cost, rate));
         }
         let limiter = self
             .override_limiter(limit.requests_per_unit, unit)

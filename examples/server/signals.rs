@@ -58,10 +58,10 @@ pub(crate) fn shared(
 
 /// From now on, a `SIGHUP` is logged instead of killing the process (its
 /// default action: a closed terminal, or an operator's `kill -HUP` meant to
-/// reload, would stop the server). There is nothing to reload: the
-/// settings are read once, at start, and the rules are followed without
-/// a signal (a rules file re-read every second, a rule set in Redis as
-/// it is published).
+/// reload, would stop the server). Nothing reloads on a signal: the
+/// settings (and `envoy_rls`'s directory of rules) are read once, at
+/// start, and a rules file or a rule set in Redis is followed without one
+/// (the file re-read every second, the set as it is published).
 pub(crate) fn ignore_hangups() {
     #[cfg(unix)]
     {
@@ -71,8 +71,9 @@ pub(crate) fn ignore_hangups() {
                 tokio::spawn(async move {
                     while hangups.recv().await.is_some() {
                         tracing::info!(
-                            "SIGHUP ignored: the settings are read at start (restart to change \
-                             them); the rules are followed as they change, without a signal"
+                            "SIGHUP ignored: nothing reloads on a signal; the settings (and a \
+                             directory of rules) are read at start, restart to change them; a \
+                             rules file or a rule set in Redis is followed as it changes"
                         );
                     }
                 });

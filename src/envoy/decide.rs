@@ -131,14 +131,13 @@ pub(super) async fn decide(plans: &[DescriptorPlan<'_>]) -> Result<Outcomes, ton
             _ => {}
         }
     }
-    let enforced: Vec<(usize, &Limit<'_>)> = limits
+    let enforced: Vec<(usize, &Limit<'_>, u64)> = limits
         .iter()
         .filter(|(_, _, asked)| *asked == Ask::Enforced)
-        .map(|&(i, limit, _)| (i, limit))
+        .map(|&(i, limit, _)| (i, limit, plans[i].cost))
         .collect();
     if !denied && !enforced.is_empty() {
-        let costs: Vec<u64> = enforced.iter().map(|&(i, _)| plans[i].cost).collect();
-        denied |= check_enforced(&enforced, &costs, &mut all).await?;
+        denied |= check_enforced(&enforced, &mut all).await?;
     }
     for &(i, limit, asked) in &limits {
         let cost = plans[i].cost;
@@ -156,19 +155,17 @@ pub(super) async fn decide(plans: &[DescriptorPlan<'_>]) -> Result<Outcomes, ton
     Ok(Outcomes { all, denied })
 }
 
-/// The enforced `limits` (each of its descriptor), checked all-or-nothing
-/// at `costs`: their outcomes into `all`, and whether they deny. In a
+/// The enforced `limits` (each of its descriptor, at its cost), checked
+/// all-or-nothing: their outcomes into `all`, and whether they deny. In a
 /// refused request, each admitted check whose units were given back tells
 /// the count as it stands once they are.
 async fn check_enforced(
-    limits: &[(usize, &Limit<'_>)],
-    costs: &[u64],
+    limits: &[(usize, &Limit<'_>, u64)],
     all: &mut Vec<Outcome>,
 ) -> Result<bool, tonic::Status> {
     let planned = limits
         .iter()
-        .zip(costs)
-        .map(|(&(_, limit), &cost)| {
+        .map(|&(_, limit, cost)| {
             let (limiter, key) = (limit.limiter.clone(), limit.key.clone());
             match limit.rule {
                 Some(rule) => Planned::new(rule, limiter, key, cost),
@@ -184,18 +181,19 @@ async fn check_enforced(
     // the checks of one count ran in, no other leaves more).
     let mut as_it_stands: HashMap<(&str, &str), u64> = HashMap::new();
     for checked in admission.checked().filter(|c| c.given_back) {
-        let (Some(&(_, limit)), Some(decision)) = (limits.get(checked.plan), checked.decision)
+        let (Some(&(_, limit, cost)), Some(decision)) =
+            (limits.get(checked.plan), checked.decision)
         else {
             continue;
         };
-        let left = decision.remaining() + costs[checked.plan];
+        let left = decision.remaining() + cost;
         let count = as_it_stands
             .entry((limit.limiter.name(), limit.key.as_str()))
             .or_default();
         *count = (*count).max(left);
     }
     for checked in admission.checked() {
-        let Some(&(i, limit)) = limits.get(checked.plan) else {
+        let Some(&(i, limit, _)) = limits.get(checked.plan) else {
             continue;
         };
         let mut outcome = Outcome::of(i, limit, checked.decision.cloned());

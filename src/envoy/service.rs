@@ -374,25 +374,18 @@ fn status_of(outcome: &Outcome) -> DescriptorStatus {
     } else {
         Code::Ok
     } as i32;
+    // Refused with the store's state unknown: the policy's rate. Admitted
+    // uncounted (the store failed, failing open): no limit.
     let rate = match &outcome.decision {
-        Some(decision) => decision.rate(),
-        // Refused with the store's state unknown: the policy's rate.
-        None if outcome.denies => match outcome.limiter.policy().rates().first() {
-            Some(rate) => *rate,
-            None => {
-                return DescriptorStatus {
-                    code,
-                    ..DescriptorStatus::default()
-                };
-            }
-        },
-        // Admitted uncounted (the store failed, failing open).
-        None => {
-            return DescriptorStatus {
-                code,
-                ..DescriptorStatus::default()
-            };
-        }
+        Some(decision) => Some(decision.rate()),
+        None if outcome.denies => outcome.limiter.policy().rates().first().copied(),
+        None => None,
+    };
+    let Some(rate) = rate else {
+        return DescriptorStatus {
+            code,
+            ..DescriptorStatus::default()
+        };
     };
     DescriptorStatus {
         code,

@@ -87,10 +87,11 @@ impl Limiter {
         match outcome {
             Err(error) => {
                 // While the circuit is open nothing was asked: no news for
-                // the breaker.
+                // the breaker. A busy key is the store answering about
+                // that key alone: it does not open the breaker.
                 if !matches!(error, StoreError::CircuitOpen) {
                     crate::metrics::store_latency(name, sent);
-                    self.store_answered(ticket, false);
+                    self.store_answered(ticket, matches!(error, StoreError::KeyBusy(_)));
                 }
                 let verdict = self.fail(key, policy, error);
                 self.counted(self.raw_key(key), verdict)

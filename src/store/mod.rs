@@ -241,6 +241,13 @@ pub enum StoreError {
     /// The store cannot do this.
     #[error("the store does not support {0}")]
     Unsupported(&'static str),
+    /// The key's state was held by another session longer than the store
+    /// waits for it (a row locked in PostgreSQL past the sessions'
+    /// `lock_timeout`): this key's check failed, and the fail mode decides
+    /// it. The store itself answered, so the circuit breaker does not count
+    /// it as a failure. The source is the backend's error.
+    #[error("the key's state is held by another session: {0}")]
+    KeyBusy(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
 }
 
 impl StoreError {

@@ -253,7 +253,18 @@ async fn expired_rows_are_deleted_in_bounded_batches() {
     }
     store.check("long", &long).await.unwrap();
     assert_eq!(rows().await, 601);
-    clock.advance(Duration::from_secs(2));
+    // Past the short rows' states, and past the minute their deletion
+    // time is rounded up to.
+    clock.advance(Duration::from_secs(1));
+    for i in 0..256 {
+        store
+            .check("long", &"1000/1h".parse::<Policy>().unwrap())
+            .await
+            .unwrap();
+        let _ = i;
+    }
+    assert_eq!(rows().await, 601, "expired, but within their minute");
+    clock.advance(Duration::from_secs(61));
     // The next writes delete 256 expired rows each 256 decisions.
     for i in 0..256 {
         store

@@ -232,6 +232,7 @@ fn duplicate(error: &StoreError) -> StoreError {
         StoreError::PoolTimeout => StoreError::PoolTimeout,
         StoreError::UnexpectedReply(what) => StoreError::UnexpectedReply(what.clone()),
         StoreError::Unsupported(what) => StoreError::Unsupported(what),
+        StoreError::KeyBusy(source) => StoreError::UnexpectedReply(source.to_string()),
         StoreError::Backend { .. } => match error.backend_error::<redis::RedisError>() {
             Some(redis_error) => StoreError::from(redis_error.clone()),
             None => StoreError::UnexpectedReply(error.to_string()),

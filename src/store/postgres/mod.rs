@@ -1,0 +1,458 @@
+//! [`PostgresStore`]: limits shared through PostgreSQL, each key's
+//! [`KeyState`] a row updated in one transaction per decision.
+
+mod session;
+mod statements;
+mod tls;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use bb8::{Pool, PooledConnection, RunError};
+
+use crate::clock::Clock;
+use crate::decision::{Decision, Lease};
+use crate::policy::{Algorithm, Policy};
+use crate::store::{Command, KeyState, Store, StoreError, bounded_key};
+
+use session::{Manager, Session};
+use statements::{Sql, deletable_at};
+
+/// The table [`PostgresStore::connect`] keeps the states in.
+pub const DEFAULT_TABLE: &str = "rate_limits";
+
+/// The longest one decision may take (a connection from the pool, reading
+/// the key's row and writing it) before it fails with
+/// [`StoreError::Timeout`]: the fail mode then decides.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Every how many writes expired rows are deleted, a bounded batch of them.
+const CLEANUP_EVERY: u64 = 256;
+
+/// Limits shared through PostgreSQL: every process of a deployment that
+/// has a database and no Redis counts on one table (feature `postgres`).
+///
+/// One row per limited key holds its [`KeyState`] as bytes
+/// ([`KeyState::to_bytes`]) and when it may be deleted. A decision reads
+/// the key's row and the database's time in one prepared statement,
+/// decides in Rust as every store does, and writes the new state back in
+/// a second, only if the row still holds the state it read (else it reads
+/// again): two processes checking one key at once take turns, and a
+/// decision that changes nothing (a denial) writes nothing. Each write
+/// commits alone: a connection lost before its commit counted nothing.
+/// Expired rows are deleted in bounded batches as the store writes. Every
+/// algorithm, several rates, costs, calendar quotas, operator commands and
+/// concurrency slots work as in [`MemoryStore`](crate::MemoryStore).
+///
+/// A row another session holds locked costs its own key alone: the
+/// store's sessions give up on a lock after half the store's timeout
+/// (PostgreSQL's `lock_timeout`) and on any statement after three
+/// quarters of it (`statement_timeout`); such a key's check fails with
+/// [`StoreError::KeyBusy`], which the circuit breaker does not count.
+/// A decision dropped mid-statement (its timeout) cancels the statement
+/// on the server and never returns its session to the pool.
+///
+/// TLS follows libpq's `sslmode` (`disable`, `prefer` by default,
+/// `require`, `verify-ca`, `verify-full`) and `sslrootcert` (a PEM file of
+/// roots) in the connection string, through rustls.
+///
+/// ```no_run
+/// use tower_redis_ratelimit::{Limiter, Policy, PostgresStore};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = PostgresStore::connect("postgres://app@localhost/app?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem").await?;
+/// let limiter = Limiter::new(store, "100/min".parse::<Policy>()?);
+/// assert!(limiter.check("tenant-42").await?.allowed());
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool<Manager>,
+    pool_size: u32,
+    /// Sessions being opened by callers that found the pool empty: with
+    /// those in the pool, never more than `pool_size`.
+    opening: AtomicU32,
+    /// The statements, written for the table.
+    sql: Arc<Sql>,
+    /// The clock decisions are taken on; `None`: the database's.
+    clock: Option<Arc<dyn Clock>>,
+    timeout: Duration,
+    writes: AtomicU64,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("table", &self.inner.sql.table)
+            .field("timeout", &self.inner.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`PostgresStore`] with settings other than the defaults.
+#[must_use]
+pub struct PostgresStoreBuilder {
+    url: String,
+    table: String,
+    pool_size: u32,
+    timeout: Duration,
+    synchronous_commit: bool,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl std::fmt::Debug for PostgresStoreBuilder {
+    // Not the URL: it may hold a password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStoreBuilder")
+            .field("table", &self.table)
+            .field("pool_size", &self.pool_size)
+            .field("timeout", &self.timeout)
+            .field("synchronous_commit", &self.synchronous_commit)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStoreBuilder {
+    /// The table the states are kept in (made when missing): a plain SQL
+    /// name, letters, digits and `_`, not starting with a digit, at most 52
+    /// bytes (its index adds `_expires_at`). [`DEFAULT_TABLE`]
+    /// by default.
+    pub fn table(mut self, table: &str) -> Self {
+        table.clone_into(&mut self.table);
+        self
+    }
+
+    /// Connections in the pool (10 by default). When the pool is empty,
+    /// callers open at most this many at once; the others wait for them.
+    pub fn pool_size(mut self, connections: u32) -> Self {
+        self.pool_size = connections.max(1);
+        self
+    }
+
+    /// The longest one decision may take ([`DEFAULT_TIMEOUT`]). The
+    /// sessions' `lock_timeout` is half of it, their `statement_timeout`
+    /// three quarters.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Whether a write waits until PostgreSQL has it on disk (`true`, the
+    /// default) or only in memory (`false`: the sessions' `synchronous_commit
+    /// = off`). Off, a crash of PostgreSQL (not of this process) may lose
+    /// the counts of the last few hundred milliseconds (at most three times
+    /// the server's `wal_writer_delay`, 200 ms by default), as Redis with
+    /// `appendfsync everysec` may lose the last second; nothing is ever
+    /// counted twice or corrupted. BENCHMARKS.md gives the speed of both.
+    pub fn synchronous_commit(mut self, on: bool) -> Self {
+        self.synchronous_commit = on;
+        self
+    }
+
+    /// Decide on `clock` rather than on the database's clock: for tests (a
+    /// [`ManualClock`](crate::clock::ManualClock)). Every process sharing
+    /// the table must then read one time.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Connect, and make the table when it is missing.
+    pub async fn connect(self) -> Result<PostgresStore, StoreError> {
+        let plain = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+        let table = &self.table;
+        if table.is_empty()
+            || table.len() > 52
+            || table.as_bytes()[0].is_ascii_digit()
+            || !table.bytes().all(plain)
+        {
+            return Err(StoreError::UnexpectedReply(format!(
+                "PostgresStore: the table name {table:?} is not a plain SQL name \
+                 (letters, digits and _, at most 52 bytes, not starting with a digit)"
+            )));
+        }
+        let (mut config, tls) = tls::configure(&self.url)?;
+        config.options(session_options(
+            config.get_options(),
+            self.timeout,
+            self.synchronous_commit,
+        ));
+        let sql = Arc::new(Sql::new(table));
+        let manager = Manager {
+            config,
+            tls: tls.clone(),
+            sql: Arc::clone(&sql),
+        };
+        // The first connection opened here: a wrong address, user or
+        // password is told as the database says it.
+        let client = manager.open().await.map_err(postgres)?;
+        // Made only when missing: a user with no right to create tables
+        // uses a table made for it.
+        let quoted = format!("\"{table}\"");
+        let found = client
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&quoted])
+            .await
+            .map_err(postgres)?;
+        if !found.get::<_, bool>(0) {
+            client.batch_execute(&sql.schema()).await.map_err(postgres)?;
+        }
+        let first = Session::new(client, &sql, tls).await.map_err(postgres)?;
+        // No test query at each checkout (a round trip more per decision):
+        // a connection the server closed is known closed, and dropped.
+        let pool = Pool::builder()
+            .max_size(self.pool_size)
+            .test_on_check_out(false)
+            .retry_connection(false)
+            .connection_timeout(self.timeout)
+            .build_unchecked(manager);
+        // Into the pool, as its first connection.
+        let _ = pool.add(first);
+        Ok(PostgresStore {
+            inner: Arc::new(Inner {
+                pool,
+                pool_size: self.pool_size,
+                opening: AtomicU32::new(0),
+                sql,
+                clock: self.clock,
+                timeout: self.timeout,
+                writes: AtomicU64::new(0),
+            }),
+        })
+    }
+}
+
+/// The sessions' settings (the startup packet's `options`, after any the
+/// connection string gives): `lock_timeout` half the store's timeout,
+/// `statement_timeout` three quarters, so that PostgreSQL gives up on a
+/// stuck row before the store gives up on the decision; and
+/// `synchronous_commit`.
+fn session_options(given: Option<&str>, timeout: Duration, synchronous_commit: bool) -> String {
+    // Whole milliseconds, at least 1 (0 would mean none); past PostgreSQL's
+    // range, none.
+    let millis = |d: Duration| match u32::try_from(d.as_millis().max(1)) {
+        Ok(ms) if ms <= i32::MAX as u32 => ms,
+        _ => 0,
+    };
+    let mut options = given.map(str::to_owned).unwrap_or_default();
+    if !options.is_empty() {
+        options.push(' ');
+    }
+    options.push_str(&format!(
+        "-c lock_timeout={} -c statement_timeout={}",
+        millis(timeout / 2),
+        millis(timeout / 4 * 3),
+    ));
+    if !synchronous_commit {
+        options.push_str(" -c synchronous_commit=off");
+    }
+    options
+}
+
+impl PostgresStore {
+    /// Connect to the database at `url` (`postgres://user:password@host/db`,
+    /// or key=value settings), keeping the states in [`DEFAULT_TABLE`],
+    /// made when missing.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::builder(url).connect().await
+    }
+
+    /// A builder for a store with other settings.
+    pub fn builder(url: &str) -> PostgresStoreBuilder {
+        PostgresStoreBuilder {
+            url: url.to_owned(),
+            table: DEFAULT_TABLE.to_owned(),
+            pool_size: 10,
+            timeout: DEFAULT_TIMEOUT,
+            synchronous_commit: true,
+            clock: None,
+        }
+    }
+
+    /// Run `f` on the state of `key` at the decision's time and write the
+    /// state it leaves, within the store's timeout.
+    async fn update<T>(
+        &self,
+        key: &str,
+        f: impl FnMut(&mut KeyState, Duration) -> T,
+    ) -> Result<T, StoreError> {
+        let timeout = self.inner.timeout;
+        let (out, now) = match tokio::time::timeout(timeout, self.decide(key, f)).await {
+            Ok(outcome) => outcome?,
+            Err(_) => return Err(StoreError::Timeout(timeout)),
+        };
+        let writes = self.inner.writes.fetch_add(1, Ordering::Relaxed);
+        if writes % CLEANUP_EVERY == CLEANUP_EVERY - 1 {
+            // Apart from the decision, which is already counted: neither
+            // its time nor its outcome.
+            tokio::spawn(self.clone().clean_up(now));
+        }
+        Ok(out)
+    }
+
+    /// Delete a bounded batch of rows expired by `now`, skipping rows in
+    /// use. Best effort: rows a failed cleanup leaves go with the next.
+    async fn clean_up(self, now: Duration) {
+        let micros = i64::try_from(now.as_micros()).unwrap_or(i64::MAX);
+        if let Ok(mut session) = self.inner.pool.get().await {
+            let _ = session.clean_up(&self.inner.sql, micros).await;
+        }
+    }
+
+    /// `f` run on the state of `key`, its outcome written if the row is
+    /// still as read: the outcome, and the decision's time.
+    async fn decide<T>(
+        &self,
+        key: &str,
+        mut f: impl FnMut(&mut KeyState, Duration) -> T,
+    ) -> Result<(T, Duration), StoreError> {
+        let key = bounded_key(key);
+        let key = key.as_bytes();
+        let mut session = self.session().await?;
+        let mut fresh = true;
+        loop {
+            let row = match session.read(key).await {
+                Ok(row) => row,
+                // Closed by the server since it was last used (a restart, a
+                // terminated backend), before anything was sent: dropped,
+                // and the decision taken on another.
+                Err(error) if fresh && error.is_closed() => {
+                    drop(session);
+                    session = self.session().await?;
+                    fresh = false;
+                    continue;
+                }
+                Err(error) => return Err(postgres(error)),
+            };
+            fresh = false;
+            let now = match &self.inner.clock {
+                Some(clock) => clock.now(),
+                None => Duration::from_micros(u64::try_from(row.now).unwrap_or(0)),
+            };
+            let (mut state, old) = self.state_of(row, now)?;
+            let before = state.to_bytes();
+            let out = f(&mut state, now);
+            let expires_at = state.expires_at();
+            let written = if expires_at <= now {
+                // A state that no longer matters: no row.
+                match &old {
+                    Some(old) => session.delete(key, old).await,
+                    None => Ok(true),
+                }
+            } else {
+                let after = state.to_bytes();
+                if after == before {
+                    // Nothing changed (a denial): nothing to write.
+                    Ok(true)
+                } else {
+                    let micros = i64::try_from(expires_at.as_micros()).unwrap_or(i64::MAX);
+                    session
+                        .write(key, old.as_deref(), &after, deletable_at(micros))
+                        .await
+                }
+            };
+            // Another process changed the row since it was read: decide
+            // again on what it wrote.
+            if written.map_err(postgres)? {
+                return Ok((out, now));
+            }
+        }
+    }
+
+    /// The state a read row holds at `now` (a fresh one once expired), and
+    /// the row's bytes as read, to write over.
+    fn state_of(
+        &self,
+        row: session::Row,
+        now: Duration,
+    ) -> Result<(KeyState, Option<Vec<u8>>), StoreError> {
+        let Some((bytes, deletable_at)) = row.state else {
+            return Ok((KeyState::new(), None));
+        };
+        let deletable = u128::try_from(deletable_at).unwrap_or(0) <= now.as_micros();
+        let state = if deletable || bytes.is_empty() {
+            KeyState::new()
+        } else {
+            let state =
+                KeyState::from_bytes(&bytes).map_err(|e| StoreError::backend("postgres", e))?;
+            if state.expires_at() <= now {
+                KeyState::new()
+            } else {
+                state
+            }
+        };
+        Ok((state, Some(bytes)))
+    }
+
+    /// A session from the pool. With none idle and room for more, one is
+    /// opened here first and put in the pool: a database that refuses
+    /// connections fails the decision at once, with its error (the pool
+    /// would wait out its timeout, and tell only that). Callers open at
+    /// most as many as the pool has room for; the others wait for a
+    /// session to come free.
+    async fn session(&self) -> Result<PooledConnection<'_, Manager>, StoreError> {
+        let inner = &*self.inner;
+        let state = inner.pool.state();
+        if state.idle_connections == 0 {
+            let room = inner.pool_size.saturating_sub(state.connections);
+            let claimed = inner
+                .opening
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |opening| {
+                    (opening < room).then_some(opening + 1)
+                })
+                .is_ok();
+            if claimed {
+                let opened = inner.pool.dedicated_connection().await;
+                inner.opening.fetch_sub(1, Ordering::AcqRel);
+                // A full pool (another caller's session came first) drops it.
+                let _ = inner.pool.add(opened.map_err(postgres)?);
+            }
+        }
+        inner.pool.get().await.map_err(pool_error)
+    }
+}
+
+impl Store for PostgresStore {
+    async fn check(&self, key: &str, policy: &Policy) -> Result<Decision, StoreError> {
+        self.update(key, |state, now| state.check(now, policy))
+            .await
+    }
+
+    fn denials_are_final(&self, policy: &Policy) -> bool {
+        policy.algorithm() != Algorithm::Concurrency
+    }
+
+    async fn command(
+        &self,
+        key: &str,
+        policy: &Policy,
+        command: Command,
+    ) -> Result<Decision, StoreError> {
+        self.update(key, |state, now| state.command(now, policy, command))
+            .await
+    }
+
+    async fn release(&self, key: &str, _: &Policy, lease: Lease) -> Result<(), StoreError> {
+        self.update(key, |state, _| state.release(lease)).await
+    }
+}
+
+/// A failure of the database; a row locked past the sessions'
+/// `lock_timeout` is [`StoreError::KeyBusy`].
+fn postgres(error: tokio_postgres::Error) -> StoreError {
+    if error.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
+        return StoreError::KeyBusy(Box::new(error));
+    }
+    StoreError::backend("postgres", error)
+}
+
+fn pool_error(error: RunError<tokio_postgres::Error>) -> StoreError {
+    match error {
+        RunError::User(error) => postgres(error),
+        RunError::TimedOut => StoreError::PoolTimeout,
+    }
+}

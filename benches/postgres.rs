@@ -1,31 +1,36 @@
-//! Decisions through `PostgresStore` beside `RedisStore` on the same
-//! machine: decisions per second and the 99th percentile of a decision's
-//! latency, with 1 and 50 checks in flight, and the database's work per
-//! decision: write transactions (transaction ids handed out) and WAL bytes
-//! (how far its write-ahead log moved).
+//! Decisions through `PostgresStore`, to be set beside rate-limiter-flexible's
+//! `RateLimiterPostgres` (`benches/postgres_peer.js`) on the same database:
+//! decisions per second, WAL bytes per decision (how far the server's
+//! write-ahead log moved) and the 99th percentile of a decision's latency,
+//! with 1 and 50 checks in flight over 10,000 keys in turn (each
+//! algorithm and setting its own keys, kept from round to round), a limit no key
+//! reaches, a pool of 50; for the fixed window and GCRA, with
+//! `synchronous_commit` on (the default) and off. Then exactness: a
+//! 100/min key hit 1,000 times at 50 in flight.
 //!
-//! Run by `scripts/bench-postgres`, which starts a redis-server and a
-//! PostgreSQL server of its own; by hand:
+//! Run by `scripts/bench-postgres`, which starts a PostgreSQL server of its
+//! own and alternates rounds of this bench and of the peer; by hand:
 //!
 //! ```sh
-//! BENCH_REDIS_URL=redis://127.0.0.1:6379 \
 //! BENCH_DATABASE_URL="host=127.0.0.1 user=postgres dbname=postgres" \
 //!   cargo bench --features postgres --bench postgres
 //! ```
 //!
-//! Every measurement prints one line `RESULT <name> <value>`. Settings
-//! (environment): `BENCH_SECONDS` (each measurement, default 5),
-//! `BENCH_KEYS` (distinct keys, default 10,000).
+//! Prints `RESULT crate-<algorithm>-<in flight>-<sync> <decisions/s>
+//! <WAL bytes a decision> <p99 µs>` per measurement and `EXACT
+//! crate-<algorithm> <admitted> <failed>`. Settings (environment):
+//! `BENCH_SECONDS` (each measurement, default 5), `BENCH_KEYS` (distinct
+//! keys, default 10,000).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tower_redis_ratelimit::{Policy, PostgresStore, RedisStore, Store};
+use tower_redis_ratelimit::{Policy, PostgresStore, Store};
 
 /// A limit no key of the run reaches: every check is admitted and writes.
-const GENEROUS: &str = "1000000/s";
+const GENEROUS: &str = "1000000/min";
 
 fn var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
@@ -35,54 +40,52 @@ fn var(name: &str) -> Option<String> {
 async fn main() {
     let seconds = Duration::from_secs_f64(var("BENCH_SECONDS").map_or(5.0, |v| v.parse().unwrap()));
     let keys: u64 = var("BENCH_KEYS").map_or(10_000, |v| v.parse().unwrap());
-    let redis_url =
-        var("BENCH_REDIS_URL").expect("set BENCH_REDIS_URL (scripts/bench-postgres does)");
     let database_url =
         var("BENCH_DATABASE_URL").expect("set BENCH_DATABASE_URL (scripts/bench-postgres does)");
-    let policy = GENEROUS.parse::<Policy>().unwrap().gcra().unwrap();
-    let redis = RedisStore::connect(&redis_url).await.unwrap();
-    let postgres = PostgresStore::builder(&database_url)
-        .pool_size(50)
-        .connect()
-        .await
-        .unwrap();
     let (stats, connection) = tokio_postgres::connect(&database_url, tokio_postgres::NoTls)
         .await
         .unwrap();
     tokio::spawn(connection);
-    for in_flight in [1, 50] {
-        let (rate, p99, _) = measure(&redis, &policy, in_flight, keys, seconds).await;
-        println!("RESULT redis-{in_flight}-decisions-per-s {rate:.0}");
-        println!("RESULT redis-{in_flight}-p99-us {}", p99.as_micros());
-        let before = database_work(&stats).await;
-        let (rate, p99, decisions) = measure(&postgres, &policy, in_flight, keys, seconds).await;
-        let after = database_work(&stats).await;
-        println!("RESULT postgres-{in_flight}-decisions-per-s {rate:.0}");
-        println!("RESULT postgres-{in_flight}-p99-us {}", p99.as_micros());
-        let per = |a: i64, b: i64| (a - b) as f64 / decisions as f64;
-        println!(
-            "RESULT postgres-{in_flight}-transactions-per-decision {:.2}",
-            per(after.0, before.0)
-        );
-        println!(
-            "RESULT postgres-{in_flight}-wal-bytes-per-decision {:.0}",
-            per(after.1, before.1)
-        );
+    let generous: Policy = GENEROUS.parse().unwrap();
+    let algorithms = [("fixed", generous.clone()), ("gcra", generous.gcra().unwrap())];
+    for synchronous_commit in [true, false] {
+        let sync = if synchronous_commit { "on" } else { "off" };
+        let store = PostgresStore::builder(&database_url)
+            .pool_size(50)
+            .synchronous_commit(synchronous_commit)
+            .connect()
+            .await
+            .unwrap();
+        for (name, policy) in &algorithms {
+            for in_flight in [1, 50] {
+                let before = wal_position(&stats).await;
+                let prefix = format!("{name}-{sync}");
+                let (rate, p99, decisions) =
+                    measure(&store, policy, &prefix, in_flight, keys, seconds).await;
+                let wal = (wal_position(&stats).await - before) as f64 / decisions as f64;
+                println!(
+                    "RESULT crate-{name}-{in_flight}-{sync} {rate:.0} {wal:.0} {}",
+                    p99.as_micros()
+                );
+            }
+        }
+        if synchronous_commit {
+            let hundred: Policy = "100/min".parse().unwrap();
+            for (name, policy) in [("fixed", hundred.clone()), ("gcra", hundred.gcra().unwrap())] {
+                let (admitted, failed) = exactness(&store, &policy, name).await;
+                println!("EXACT crate-{name} {admitted} {failed}");
+            }
+        }
     }
 }
 
-/// Write transactions of the server so far (transaction ids handed out)
-/// and WAL bytes written (the position of its write-ahead log).
-async fn database_work(client: &tokio_postgres::Client) -> (i64, i64) {
+/// The position of the server's write-ahead log (bytes).
+async fn wal_position(client: &tokio_postgres::Client) -> i64 {
     let row = client
-        .query_one(
-            "SELECT txid_snapshot_xmax(txid_current_snapshot())::bigint, \
-             pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint",
-            &[],
-        )
+        .query_one("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint", &[])
         .await
         .unwrap();
-    (row.get(0), row.get(1))
+    row.get(0)
 }
 
 /// Checks of `keys` keys in turn, `in_flight` at a time, for `seconds`:
@@ -91,6 +94,7 @@ async fn database_work(client: &tokio_postgres::Client) -> (i64, i64) {
 async fn measure<S: Store + Clone>(
     store: &S,
     policy: &Policy,
+    prefix: &str,
     in_flight: usize,
     keys: u64,
     seconds: Duration,
@@ -100,12 +104,13 @@ async fn measure<S: Store + Clone>(
     let mut tasks = Vec::new();
     let started = Instant::now();
     for _ in 0..in_flight {
-        let (store, policy) = (store.clone(), policy.clone());
+        let (store, policy, prefix) = (store.clone(), policy.clone(), prefix.to_owned());
         let (next, stop) = (Arc::clone(&next), Arc::clone(&stop));
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             while !stop.load(Ordering::Relaxed) {
-                let key = format!("bench-{}", next.fetch_add(1, Ordering::Relaxed) % keys);
+                let n = next.fetch_add(1, Ordering::Relaxed) % keys;
+                let key = format!("{prefix}-{n}");
                 let asked = Instant::now();
                 assert!(store.check(&key, &policy).await.unwrap().allowed());
                 latencies.push(asked.elapsed());
@@ -124,4 +129,33 @@ async fn measure<S: Store + Clone>(
     let p99 = latencies[latencies.len() * 99 / 100];
     let count = latencies.len();
     (count as f64 / elapsed.as_secs_f64(), p99, count)
+}
+
+/// One key hit 1,000 times, 50 at a time: how many were admitted, and how
+/// many failed (a store error or timeout).
+async fn exactness(store: &PostgresStore, policy: &Policy, name: &str) -> (u64, u64) {
+    let key = format!("exact-{name}-{}", std::process::id());
+    let left = Arc::new(AtomicU64::new(1000));
+    let (admitted, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let (store, policy, key) = (store.clone(), policy.clone(), key.clone());
+        let (left, admitted, failed) = (left.clone(), admitted.clone(), failed.clone());
+        tasks.push(tokio::spawn(async move {
+            while left
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                match store.check(&key, &policy).await {
+                    Ok(decision) if decision.allowed() => admitted.fetch_add(1, Ordering::Relaxed),
+                    Ok(_) => 0,
+                    Err(_) => failed.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    (admitted.load(Ordering::Relaxed), failed.load(Ordering::Relaxed))
 }

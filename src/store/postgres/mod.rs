@@ -16,7 +16,7 @@ use crate::decision::{Decision, Lease};
 use crate::policy::{Algorithm, Policy};
 use crate::store::{Command, KeyState, Store, StoreError, bounded_key};
 
-use session::{Manager, Session};
+use session::{Link, Manager, Session};
 use statements::{Sql, deletable_at};
 
 /// The table [`PostgresStore::connect`] keeps the states in.
@@ -190,18 +190,22 @@ impl PostgresStoreBuilder {
         };
         // The first connection opened here: a wrong address, user or
         // password is told as the database says it.
-        let client = manager.open().await.map_err(postgres)?;
+        let mut link = Link::open(&manager.config, &tls).await.map_err(postgres)?;
         // Made only when missing: a user with no right to create tables
         // uses a table made for it.
         let quoted = format!("\"{table}\"");
-        let found = client
-            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&quoted])
+        let found = link
+            .run(|c| async move {
+                let row = c.query_one("SELECT to_regclass($1) IS NOT NULL", &[&quoted]).await?;
+                row.try_get::<_, bool>(0)
+            })
             .await
             .map_err(postgres)?;
-        if !found.get::<_, bool>(0) {
-            client.batch_execute(&sql.schema()).await.map_err(postgres)?;
+        if !found {
+            let schema = sql.schema();
+            link.run(|c| c.batch_execute(&schema)).await.map_err(postgres)?;
         }
-        let first = Session::new(client, &sql, tls).await.map_err(postgres)?;
+        let first = Session::new(link, &sql).await.map_err(postgres)?;
         // No test query at each checkout (a round trip more per decision):
         // a connection the server closed is known closed, and dropped.
         let pool = Pool::builder()

@@ -5,26 +5,127 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::pin::Pin;
+use std::task::Poll;
+
+use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{CancelToken, Client, Statement};
+use tokio_postgres::{CancelToken, Client, Connection, Socket, Statement};
 
 use super::statements::Sql;
 use super::tls::Tls;
 
 /// A session of the store's pool.
 ///
-/// Every statement runs through [`Session::run`], which marks the session
+/// Every statement runs through [`Link::run`], which marks the session
 /// busy until the statement's answer is read. A decision dropped on its
 /// timeout leaves the mark: the pool drops the session rather than lend it
 /// with a statement queued on it (the next decision would wait behind the
 /// lock that statement waits for), and the statement is cancelled on the
 /// server.
 pub(super) struct Session {
-    client: Client,
+    link: Link,
     prepared: Prepared,
+}
+
+/// A connection, its I/O driven by the task that runs a statement on it
+/// (no task of its own: a round trip wakes one task, not two).
+pub(super) struct Link {
+    client: Client,
+    /// `None` once it ended (closed, failed, or told by the server that
+    /// the session is over): dropped, so that a statement sent to it fails
+    /// as closed.
+    connection: Option<Connection<Socket, <Tls as MakeTlsConnect<Socket>>::Stream>>,
     busy: bool,
     cancel: CancelToken,
     tls: Tls,
+}
+
+impl Link {
+    /// A connection to the database of `config`.
+    pub(super) async fn open(
+        config: &tokio_postgres::Config,
+        tls: &Tls,
+    ) -> Result<Self, tokio_postgres::Error> {
+        let (client, connection) = config.connect(tls.clone()).await?;
+        let cancel = client.cancel_token();
+        Ok(Self {
+            client,
+            connection: Some(connection),
+            busy: false,
+            cancel,
+            tls: tls.clone(),
+        })
+    }
+
+    /// `statement` run on the connection, the session marked busy until
+    /// it has answered. The connection's I/O is driven meanwhile; once it
+    /// ends, the statement fails as closed.
+    pub(super) async fn run<'a, T, F>(
+        &'a mut self,
+        statement: impl FnOnce(&'a Client) -> F,
+    ) -> Result<T, tokio_postgres::Error>
+    where
+        F: Future<Output = Result<T, tokio_postgres::Error>> + 'a,
+    {
+        let Self {
+            client,
+            connection,
+            busy,
+            ..
+        } = self;
+        *busy = true;
+        let mut statement = std::pin::pin!(statement(client));
+        let answer = std::future::poll_fn(|cx| {
+            if let Poll::Ready(answer) = statement.as_mut().poll(cx) {
+                return Poll::Ready(answer);
+            }
+            if let Some(open) = connection
+                && Pin::new(open).poll(cx).is_ready()
+            {
+                *connection = None;
+            }
+            // What the connection read may have answered the statement (or
+            // its end failed it).
+            statement.as_mut().poll(cx)
+        })
+        .await;
+        *busy = false;
+        // An error that ends the session (the server's FATAL, as when an
+        // operator terminates it; a broken connection) leaves it unusable,
+        // though its connection has not been read to its end yet.
+        if let Err(error) = &answer
+            && error
+                .as_db_error()
+                .is_none_or(|db| matches!(db.severity(), "FATAL" | "PANIC"))
+        {
+            *connection = None;
+        }
+        answer
+    }
+
+    /// Whether the pool must drop the session: a statement is still
+    /// running on it, or its connection ended.
+    fn is_broken(&self) -> bool {
+        self.busy || self.connection.is_none() || self.client.is_closed()
+    }
+}
+
+impl Drop for Link {
+    /// A session dropped while its statement runs (a decision timed out):
+    /// the statement is cancelled on the server, so that it stops waiting
+    /// for a lock or holding one.
+    fn drop(&mut self) {
+        if self.busy
+            && self.connection.is_some()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let (cancel, tls) = (self.cancel.clone(), self.tls.clone());
+            runtime.spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(5), cancel.cancel_query(tls)).await;
+            });
+        }
+    }
 }
 
 /// The statements of a decision, prepared on the session.
@@ -43,40 +144,29 @@ pub(super) struct Row {
 }
 
 impl Session {
-    /// A session on `client`, its statements prepared.
-    pub(super) async fn new(
-        client: Client,
-        sql: &Sql,
-        tls: Tls,
-    ) -> Result<Self, tokio_postgres::Error> {
+    /// A session on `link`, its statements prepared.
+    pub(super) async fn new(mut link: Link, sql: &Sql) -> Result<Self, tokio_postgres::Error> {
         use Type as T;
         let prepared = Prepared {
-            read: client.prepare_typed(&sql.read, &[T::BYTEA]).await?,
-            insert: client
-                .prepare_typed(&sql.insert, &[T::BYTEA, T::BYTEA, T::INT8])
+            read: link.run(|c| c.prepare_typed(&sql.read, &[T::BYTEA])).await?,
+            insert: link
+                .run(|c| c.prepare_typed(&sql.insert, &[T::BYTEA, T::BYTEA, T::INT8]))
                 .await?,
-            update: client
-                .prepare_typed(&sql.update, &[T::BYTEA, T::BYTEA, T::INT8, T::BYTEA])
+            update: link
+                .run(|c| c.prepare_typed(&sql.update, &[T::BYTEA, T::BYTEA, T::INT8, T::BYTEA]))
                 .await?,
-            delete: client
-                .prepare_typed(&sql.delete, &[T::BYTEA, T::BYTEA])
+            delete: link
+                .run(|c| c.prepare_typed(&sql.delete, &[T::BYTEA, T::BYTEA]))
                 .await?,
         };
-        let cancel = client.cancel_token();
-        Ok(Self {
-            client,
-            prepared,
-            busy: false,
-            cancel,
-            tls,
-        })
+        Ok(Self { link, prepared })
     }
 
     /// The row of `key`, and the database's time.
     pub(super) async fn read(&mut self, key: &[u8]) -> Result<Row, tokio_postgres::Error> {
         let statement = self.prepared.read.clone();
         let params: [&(dyn ToSql + Sync); 1] = [&key];
-        let rows = self.run(|c| c.query(&statement, &params)).await?;
+        let rows = self.link.run(|c| c.query(&statement, &params)).await?;
         let Some(row) = rows.first() else {
             return Ok(Row { now: 0, state: None });
         };
@@ -102,12 +192,12 @@ impl Session {
             None => {
                 let statement = self.prepared.insert.clone();
                 let params: [&(dyn ToSql + Sync); 3] = [&key, &state, &expires_at];
-                self.run(|c| c.execute(&statement, &params)).await?
+                self.link.run(|c| c.execute(&statement, &params)).await?
             }
             Some(old) => {
                 let statement = self.prepared.update.clone();
                 let params: [&(dyn ToSql + Sync); 4] = [&key, &state, &expires_at, &old];
-                self.run(|c| c.execute(&statement, &params)).await?
+                self.link.run(|c| c.execute(&statement, &params)).await?
             }
         };
         Ok(written == 1)
@@ -121,7 +211,7 @@ impl Session {
     ) -> Result<bool, tokio_postgres::Error> {
         let statement = self.prepared.delete.clone();
         let params: [&(dyn ToSql + Sync); 2] = [&key, &old];
-        Ok(self.run(|c| c.execute(&statement, &params)).await? == 1)
+        Ok(self.link.run(|c| c.execute(&statement, &params)).await? == 1)
     }
 
     /// Delete a bounded batch of rows expired by `micros`.
@@ -131,7 +221,7 @@ impl Session {
         micros: i64,
     ) -> Result<(), tokio_postgres::Error> {
         let cleanup = sql.cleanup.as_str();
-        self.run(|c| async move {
+        self.link.run(|c| async move {
             c.query_typed(cleanup, &[(&micros, Type::INT8)])
                 .await
                 .map(drop)
@@ -139,46 +229,9 @@ impl Session {
         .await
     }
 
-    /// `statement` run on the session, marked busy until it has answered.
-    async fn run<'a, T, F>(
-        &'a mut self,
-        statement: impl FnOnce(&'a Client) -> F,
-    ) -> Result<T, tokio_postgres::Error>
-    where
-        F: Future<Output = Result<T, tokio_postgres::Error>> + 'a,
-    {
-        self.busy = true;
-        let busy = &mut self.busy;
-        let answer = statement(&self.client).await;
-        *busy = false;
-        answer
-    }
-
-    /// Whether the pool must drop the session: a statement is still
-    /// running on it, or its connection is closed.
+    /// Whether the pool must drop the session.
     pub(super) fn is_broken(&self) -> bool {
-        self.busy || self.client.is_closed()
-    }
-}
-
-impl Drop for Session {
-    /// A session dropped while its statement runs (a decision timed out):
-    /// the statement is cancelled on the server, so that it stops waiting
-    /// for a lock or holding one.
-    fn drop(&mut self) {
-        if self.busy
-            && !self.client.is_closed()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            let (cancel, tls) = (self.cancel.clone(), self.tls.clone());
-            runtime.spawn(async move {
-                let _ = tokio::time::timeout(
-                    Duration::from_secs(5),
-                    cancel.cancel_query(tls),
-                )
-                .await;
-            });
-        }
+        self.link.is_broken()
     }
 }
 
@@ -189,27 +242,17 @@ pub(super) struct Manager {
     pub(super) sql: Arc<Sql>,
 }
 
-impl Manager {
-    /// A connection, its I/O driven by a task of its own.
-    pub(super) async fn open(&self) -> Result<Client, tokio_postgres::Error> {
-        let (client, connection) = self.config.connect(self.tls.clone()).await?;
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        Ok(client)
-    }
-}
-
 impl bb8::ManageConnection for Manager {
     type Connection = Session;
     type Error = tokio_postgres::Error;
 
     async fn connect(&self) -> Result<Session, tokio_postgres::Error> {
-        Session::new(self.open().await?, &self.sql, self.tls.clone()).await
+        Session::new(Link::open(&self.config, &self.tls).await?, &self.sql).await
     }
 
     async fn is_valid(&self, session: &mut Session) -> Result<(), tokio_postgres::Error> {
         session
+            .link
             .run(|c| async move { c.simple_query("").await.map(drop) })
             .await
     }

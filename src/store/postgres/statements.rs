@@ -1,10 +1,14 @@
 //! The SQL of one table: its schema and the statements of a decision.
 
+/// How long a row is kept once its state has expired (µs): five minutes.
+/// A key used again meanwhile writes its row in place, where a row deleted
+/// and made again would cost a delete, an insert and their index entries.
+pub(super) const KEPT_EXPIRED: i64 = 5 * 60_000_000;
+
 /// How far a row's deletion time is rounded up (µs): to the minute. The
 /// indexed column then changes about once a minute of a key's use, not at
 /// every write, so most writes update the row in place (PostgreSQL's
-/// heap-only updates: no index entry, less WAL). A row outlives its state
-/// by less than this before a cleanup may delete it.
+/// heap-only updates: no index entry, less WAL).
 pub(super) const DELETE_GRANULE: i64 = 60_000_000;
 
 /// The statements of one table.
@@ -62,10 +66,11 @@ impl Sql {
     }
 }
 
-/// When a row whose state expires at `micros` may be deleted: rounded up
-/// to the next [`DELETE_GRANULE`].
+/// When a row whose state expires at `micros` may be deleted:
+/// [`KEPT_EXPIRED`] later, rounded up to the next [`DELETE_GRANULE`].
 pub(super) fn deletable_at(micros: i64) -> i64 {
     micros
+        .saturating_add(KEPT_EXPIRED)
         .div_euclid(DELETE_GRANULE)
         .saturating_add(1)
         .saturating_mul(DELETE_GRANULE)

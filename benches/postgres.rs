@@ -5,8 +5,11 @@
 //! with 1 and 50 checks in flight over 10,000 keys in turn (each
 //! algorithm and setting its own keys, kept from round to round), a limit no key
 //! reaches, a pool of 50; for the fixed window and GCRA, with
-//! `synchronous_commit` on (the default) and off. Then exactness: a
-//! 100/min key hit 1,000 times at 50 in flight.
+//! `synchronous_commit` on (the default) and off. Every key is checked once
+//! before the measurements (its row exists, as in a service that has run a
+//! while). With `synchronous_commit` on, also a store that keeps none of
+//! the rows it saw (`unseen`): every key as if another process wrote it
+//! last. Then exactness: a 100/min key hit 1,000 times at 50 in flight.
 //!
 //! Run by `scripts/bench-postgres`, which starts a PostgreSQL server of its
 //! own and alternates rounds of this bench and of the peer; by hand:
@@ -16,7 +19,7 @@
 //!   cargo bench --features postgres --bench postgres
 //! ```
 //!
-//! Prints `RESULT crate-<algorithm>-<in flight>-<sync> <decisions/s>
+//! Prints `RESULT crate-[unseen-]<algorithm>-<in flight>-<sync> <decisions/s>
 //! <WAL bytes a decision> <p99 µs>` per measurement and `EXACT
 //! crate-<algorithm> <admitted> <failed>`. Settings (environment):
 //! `BENCH_SECONDS` (each measurement, default 5), `BENCH_KEYS` (distinct
@@ -27,6 +30,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use tower_redis_ratelimit::store::DEFAULT_SEEN_BYTES;
 use tower_redis_ratelimit::{Policy, PostgresStore, Store};
 
 /// A limit no key of the run reaches: every check is admitted and writes.
@@ -47,31 +51,51 @@ async fn main() {
         .unwrap();
     tokio::spawn(connection);
     let generous: Policy = GENEROUS.parse().unwrap();
-    let algorithms = [("fixed", generous.clone()), ("gcra", generous.gcra().unwrap())];
+    let algorithms = [
+        ("fixed", generous.clone()),
+        ("gcra", generous.gcra().unwrap()),
+    ];
     for synchronous_commit in [true, false] {
         let sync = if synchronous_commit { "on" } else { "off" };
-        let store = PostgresStore::builder(&database_url)
-            .pool_size(50)
-            .synchronous_commit(synchronous_commit)
-            .connect()
-            .await
-            .unwrap();
+        let connect = |seen_bytes| {
+            PostgresStore::builder(&database_url)
+                .pool_size(50)
+                .synchronous_commit(synchronous_commit)
+                .seen_bytes(seen_bytes)
+                .connect()
+        };
+        let store = connect(DEFAULT_SEEN_BYTES).await.unwrap();
+        // Keys this process never saw: as if another process wrote each
+        // since (a store that keeps no rows).
+        let unseen = connect(0).await.unwrap();
         for (name, policy) in &algorithms {
+            let prefix = format!("{name}-{sync}");
+            // Every key checked once first, unmeasured: the rows exist, as
+            // in a service that has run a while.
+            measure(&store, policy, &prefix, 50, keys, Duration::ZERO).await;
             for in_flight in [1, 50] {
-                let before = wal_position(&stats).await;
-                let prefix = format!("{name}-{sync}");
-                let (rate, p99, decisions) =
-                    measure(&store, policy, &prefix, in_flight, keys, seconds).await;
-                let wal = (wal_position(&stats).await - before) as f64 / decisions as f64;
-                println!(
-                    "RESULT crate-{name}-{in_flight}-{sync} {rate:.0} {wal:.0} {}",
-                    p99.as_micros()
-                );
+                let mut stores = vec![("", &store)];
+                if synchronous_commit {
+                    stores.push(("unseen-", &unseen));
+                }
+                for (kind, store) in stores {
+                    let before = wal_position(&stats).await;
+                    let (rate, p99, decisions) =
+                        measure(store, policy, &prefix, in_flight, keys, seconds).await;
+                    let wal = (wal_position(&stats).await - before) as f64 / decisions as f64;
+                    println!(
+                        "RESULT crate-{kind}{name}-{in_flight}-{sync} {rate:.0} {wal:.0} {}",
+                        p99.as_micros()
+                    );
+                }
             }
         }
         if synchronous_commit {
             let hundred: Policy = "100/min".parse().unwrap();
-            for (name, policy) in [("fixed", hundred.clone()), ("gcra", hundred.gcra().unwrap())] {
+            for (name, policy) in [
+                ("fixed", hundred.clone()),
+                ("gcra", hundred.gcra().unwrap()),
+            ] {
                 let (admitted, failed) = exactness(&store, &policy, name).await;
                 println!("EXACT crate-{name} {admitted} {failed}");
             }
@@ -82,15 +106,18 @@ async fn main() {
 /// The position of the server's write-ahead log (bytes).
 async fn wal_position(client: &tokio_postgres::Client) -> i64 {
     let row = client
-        .query_one("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint", &[])
+        .query_one(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint",
+            &[],
+        )
         .await
         .unwrap();
     row.get(0)
 }
 
-/// Checks of `keys` keys in turn, `in_flight` at a time, for `seconds`:
-/// decisions per second, the 99th percentile of their latency, and how
-/// many there were.
+/// Checks of `keys` keys in turn, `in_flight` at a time, for `seconds`
+/// (zero: one pass over the keys): decisions per second, the 99th
+/// percentile of their latency, and how many there were.
 async fn measure<S: Store + Clone>(
     store: &S,
     policy: &Policy,
@@ -109,7 +136,11 @@ async fn measure<S: Store + Clone>(
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             while !stop.load(Ordering::Relaxed) {
-                let n = next.fetch_add(1, Ordering::Relaxed) % keys;
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if seconds.is_zero() && n >= keys {
+                    break;
+                }
+                let n = n % keys;
                 let key = format!("{prefix}-{n}");
                 let asked = Instant::now();
                 assert!(store.check(&key, &policy).await.unwrap().allowed());
@@ -118,8 +149,10 @@ async fn measure<S: Store + Clone>(
             latencies
         }));
     }
-    tokio::time::sleep(seconds).await;
-    stop.store(true, Ordering::Relaxed);
+    if !seconds.is_zero() {
+        tokio::time::sleep(seconds).await;
+        stop.store(true, Ordering::Relaxed);
+    }
     let mut latencies = Vec::new();
     for task in tasks {
         latencies.extend(task.await.unwrap());
@@ -157,5 +190,8 @@ async fn exactness(store: &PostgresStore, policy: &Policy, name: &str) -> (u64, 
     for task in tasks {
         task.await.unwrap();
     }
-    (admitted.load(Ordering::Relaxed), failed.load(Ordering::Relaxed))
+    (
+        admitted.load(Ordering::Relaxed),
+        failed.load(Ordering::Relaxed),
+    )
 }

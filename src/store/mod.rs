@@ -24,7 +24,9 @@ pub(crate) use key_state::State;
 pub use key_state::{KeyState, STATE_ENCODING_VERSION, StateError};
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
-pub use postgres::{DEFAULT_TABLE, DEFAULT_TIMEOUT, PostgresStore, PostgresStoreBuilder};
+pub use postgres::{
+    DEFAULT_SEEN_BYTES, DEFAULT_TABLE, DEFAULT_TIMEOUT, PostgresStore, PostgresStoreBuilder,
+};
 #[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreBuilder, TrackedConnection, TrackedManager};
 pub use store_key::MAX_RAW_KEY_LEN;

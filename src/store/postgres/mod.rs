@@ -1,6 +1,7 @@
 //! [`PostgresStore`]: limits shared through PostgreSQL, each key's
 //! [`KeyState`] a row updated in one transaction per decision.
 
+mod seen;
 mod session;
 mod statements;
 mod tls;
@@ -16,6 +17,7 @@ use crate::decision::{Decision, Lease};
 use crate::policy::{Algorithm, Policy};
 use crate::store::{Command, KeyState, Store, StoreError, bounded_key};
 
+use seen::{Seen, SeenRow};
 use session::{Link, Manager, Session};
 use statements::{Sql, deletable_at};
 
@@ -26,6 +28,11 @@ pub const DEFAULT_TABLE: &str = "rate_limits";
 /// the key's row and writing it) before it fails with
 /// [`StoreError::Timeout`]: the fail mode then decides.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How many bytes of keys' rows a store keeps as it last saw them, unless
+/// [`PostgresStoreBuilder::seen_bytes`] says otherwise: 8 MiB, about
+/// 60,000 keys of one rate.
+pub const DEFAULT_SEEN_BYTES: usize = 8 << 20;
 
 /// Every how many writes expired rows are deleted, a bounded batch of them.
 const CLEANUP_EVERY: u64 = 256;
@@ -81,6 +88,8 @@ struct Inner {
     sql: Arc<Sql>,
     /// The clock decisions are taken on; `None`: the database's.
     clock: Option<Arc<dyn Clock>>,
+    /// The rows and the database's clock as this process last saw them.
+    seen: Seen,
     timeout: Duration,
     writes: AtomicU64,
 }
@@ -102,6 +111,7 @@ pub struct PostgresStoreBuilder {
     pool_size: u32,
     timeout: Duration,
     synchronous_commit: bool,
+    seen_bytes: usize,
     clock: Option<Arc<dyn Clock>>,
 }
 
@@ -113,6 +123,7 @@ impl std::fmt::Debug for PostgresStoreBuilder {
             .field("pool_size", &self.pool_size)
             .field("timeout", &self.timeout)
             .field("synchronous_commit", &self.synchronous_commit)
+            .field("seen_bytes", &self.seen_bytes)
             .finish_non_exhaustive()
     }
 }
@@ -151,6 +162,16 @@ impl PostgresStoreBuilder {
     /// counted twice or corrupted. BENCHMARKS.md gives the speed of both.
     pub fn synchronous_commit(mut self, on: bool) -> Self {
         self.synchronous_commit = on;
+        self
+    }
+
+    /// How many bytes of keys' rows this process keeps as it last saw them
+    /// ([`DEFAULT_SEEN_BYTES`]; 0 keeps none). A decision on a key kept is
+    /// written in one round trip when no other process wrote the key
+    /// since, and in two otherwise, as a key not kept: a read and a write.
+    /// Each key costs its bytes, its state's and about 64 more.
+    pub fn seen_bytes(mut self, bytes: usize) -> Self {
+        self.seen_bytes = bytes;
         self
     }
 
@@ -196,14 +217,18 @@ impl PostgresStoreBuilder {
         let quoted = format!("\"{table}\"");
         let found = link
             .run(|c| async move {
-                let row = c.query_one("SELECT to_regclass($1) IS NOT NULL", &[&quoted]).await?;
+                let row = c
+                    .query_one("SELECT to_regclass($1) IS NOT NULL", &[&quoted])
+                    .await?;
                 row.try_get::<_, bool>(0)
             })
             .await
             .map_err(postgres)?;
         if !found {
             let schema = sql.schema();
-            link.run(|c| c.batch_execute(&schema)).await.map_err(postgres)?;
+            link.run(|c| c.batch_execute(&schema))
+                .await
+                .map_err(postgres)?;
         }
         let first = Session::new(link, &sql).await.map_err(postgres)?;
         // No test query at each checkout (a round trip more per decision):
@@ -223,6 +248,7 @@ impl PostgresStoreBuilder {
                 opening: AtomicU32::new(0),
                 sql,
                 clock: self.clock,
+                seen: Seen::new(self.seen_bytes),
                 timeout: self.timeout,
                 writes: AtomicU64::new(0),
             }),
@@ -273,6 +299,7 @@ impl PostgresStore {
             pool_size: 10,
             timeout: DEFAULT_TIMEOUT,
             synchronous_commit: true,
+            seen_bytes: DEFAULT_SEEN_BYTES,
             clock: None,
         }
     }
@@ -308,7 +335,7 @@ impl PostgresStore {
     }
 
     /// `f` run on the state of `key`, its outcome written if the row is
-    /// still as read: the outcome, and the decision's time.
+    /// still as `f` saw it: the outcome, and the decision's time.
     async fn decide<T>(
         &self,
         key: &str,
@@ -316,54 +343,122 @@ impl PostgresStore {
     ) -> Result<(T, Duration), StoreError> {
         let key = bounded_key(key);
         let key = key.as_bytes();
+        let outcome = self.decide_on(key, &mut f).await;
+        if outcome.is_err() {
+            self.inner.seen.saw(key, None);
+        }
+        outcome
+    }
+
+    async fn decide_on<T>(
+        &self,
+        key: &[u8],
+        f: &mut impl FnMut(&mut KeyState, Duration) -> T,
+    ) -> Result<(T, Duration), StoreError> {
+        let seen = &self.inner.seen;
         let mut session = self.session().await?;
-        let mut fresh = true;
-        loop {
-            let row = match session.read(key).await {
-                Ok(row) => row,
-                // Closed by the server since it was last used (a restart, a
-                // terminated backend), before anything was sent: dropped,
-                // and the decision taken on another.
-                Err(error) if fresh && error.is_closed() => {
-                    drop(session);
-                    session = self.session().await?;
-                    fresh = false;
-                    continue;
+        // The session has answered nothing yet: one closed since it was
+        // last used is replaced once.
+        let mut untried = true;
+        // The row to decide on and the time, and whether the row is as
+        // read (else as this process last saw it, to be written only if it
+        // is still so).
+        let mut basis = match seen.row(key) {
+            Some(row) if seen.guessing() => self.estimated_now().map(|now| (Some(row), now, false)),
+            _ => None,
+        };
+        macro_rules! answer {
+            ($statement:expr) => {
+                match $statement.await {
+                    Ok(answer) => {
+                        untried = false;
+                        answer
+                    }
+                    // Closed by the server since it was last used (a
+                    // restart, a terminated backend): dropped, and the
+                    // decision taken again on another, from a read.
+                    Err(error) if untried && error.is_closed() => {
+                        drop(session);
+                        session = self.session().await?;
+                        untried = false;
+                        basis = None;
+                        continue;
+                    }
+                    Err(error) => return Err(postgres(error)),
                 }
-                Err(error) => return Err(postgres(error)),
             };
-            fresh = false;
-            let now = match &self.inner.clock {
-                Some(clock) => clock.now(),
-                None => Duration::from_micros(u64::try_from(row.now).unwrap_or(0)),
+        }
+        loop {
+            let (row, now, read) = match basis.take() {
+                Some(basis) => basis,
+                None => {
+                    let row = answer!(session.read(key));
+                    (row.state, self.now_of(row.now), true)
+                }
             };
             let (mut state, old) = self.state_of(row, now)?;
             let before = state.to_bytes();
             let out = f(&mut state, now);
             let expires_at = state.expires_at();
-            let written = if expires_at <= now {
+            if expires_at <= now {
                 // A state that no longer matters: no row.
-                match &old {
-                    Some(old) => session.delete(key, old).await,
-                    None => Ok(true),
+                let done = match &old {
+                    Some(old) => answer!(session.delete(key, &old.0)),
+                    None => read,
+                };
+                if done {
+                    seen.saw(key, None);
+                    return Ok((out, now));
                 }
-            } else {
-                let after = state.to_bytes();
-                if after == before {
-                    // Nothing changed (a denial): nothing to write.
-                    Ok(true)
-                } else {
-                    let micros = i64::try_from(expires_at.as_micros()).unwrap_or(i64::MAX);
-                    session
-                        .write(key, old.as_deref(), &after, deletable_at(micros))
-                        .await
+                continue;
+            }
+            let after = state.to_bytes();
+            if after == before {
+                // Nothing changed (a denial): nothing to write, once the
+                // row is known as it is.
+                if read {
+                    return Ok((out, now));
                 }
+                continue;
+            }
+            let micros = i64::try_from(expires_at.as_micros()).unwrap_or(i64::MAX);
+            let deletable = deletable_at(micros);
+            let Some((old, _)) = old else {
+                if answer!(session.insert(key, &after, deletable)) {
+                    seen.saw(key, Some((&after, deletable)));
+                    return Ok((out, now));
+                }
+                continue;
             };
-            // Another process changed the row since it was read: decide
-            // again on what it wrote.
-            if written.map_err(postgres)? {
+            let written = answer!(session.update(key, &old, &after, deletable));
+            if !read {
+                seen.guessed(written);
+            }
+            if written {
+                seen.saw(key, Some((&after, deletable)));
                 return Ok((out, now));
             }
+            // Another process changed the row since it was read or seen:
+            // decide again on the row as it is, read.
+        }
+    }
+
+    /// The decision's time from the database's reading `micros` (µs), on
+    /// the store's clock when it has one.
+    fn now_of(&self, micros: i64) -> Duration {
+        self.inner.seen.read_clock(micros);
+        match &self.inner.clock {
+            Some(clock) => clock.now(),
+            None => Duration::from_micros(u64::try_from(micros).unwrap_or(0)),
+        }
+    }
+
+    /// The decision's time without asking the database: the store's clock,
+    /// or the database's estimated from its latest reading.
+    fn estimated_now(&self) -> Option<Duration> {
+        match &self.inner.clock {
+            Some(clock) => Some(clock.now()),
+            None => self.inner.seen.clock(),
         }
     }
 
@@ -371,10 +466,10 @@ impl PostgresStore {
     /// the row's bytes as read, to write over.
     fn state_of(
         &self,
-        row: session::Row,
+        row: Option<SeenRow>,
         now: Duration,
-    ) -> Result<(KeyState, Option<Vec<u8>>), StoreError> {
-        let Some((bytes, deletable_at)) = row.state else {
+    ) -> Result<(KeyState, Option<SeenRow>), StoreError> {
+        let Some((bytes, deletable_at)) = row else {
             return Ok((KeyState::new(), None));
         };
         let deletable = u128::try_from(deletable_at).unwrap_or(0) <= now.as_micros();
@@ -389,7 +484,7 @@ impl PostgresStore {
                 state
             }
         };
-        Ok((state, Some(bytes)))
+        Ok((state, Some((bytes, deletable_at))))
     }
 
     /// A session from the pool. With none idle and room for more, one is

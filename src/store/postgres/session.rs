@@ -122,7 +122,8 @@ impl Drop for Link {
         {
             let (cancel, tls) = (self.cancel.clone(), self.tls.clone());
             runtime.spawn(async move {
-                let _ = tokio::time::timeout(Duration::from_secs(5), cancel.cancel_query(tls)).await;
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(5), cancel.cancel_query(tls)).await;
             });
         }
     }
@@ -137,7 +138,7 @@ struct Prepared {
 }
 
 /// A key's row as read: the database's time (µs since the epoch), and the
-/// row's state and when it may be deleted, if there is a row.
+/// row's state and when it may be deleted (µs), if there is a row.
 pub(super) struct Row {
     pub(super) now: i64,
     pub(super) state: Option<(Vec<u8>, i64)>,
@@ -148,7 +149,9 @@ impl Session {
     pub(super) async fn new(mut link: Link, sql: &Sql) -> Result<Self, tokio_postgres::Error> {
         use Type as T;
         let prepared = Prepared {
-            read: link.run(|c| c.prepare_typed(&sql.read, &[T::BYTEA])).await?,
+            read: link
+                .run(|c| c.prepare_typed(&sql.read, &[T::BYTEA]))
+                .await?,
             insert: link
                 .run(|c| c.prepare_typed(&sql.insert, &[T::BYTEA, T::BYTEA, T::INT8]))
                 .await?,
@@ -167,40 +170,47 @@ impl Session {
         let statement = self.prepared.read.clone();
         let params: [&(dyn ToSql + Sync); 1] = [&key];
         let rows = self.link.run(|c| c.query(&statement, &params)).await?;
-        let Some(row) = rows.first() else {
-            return Ok(Row { now: 0, state: None });
-        };
-        let now: i64 = row.try_get(0)?;
-        let state: Option<Vec<u8>> = row.try_get(1)?;
-        let expires_at: Option<i64> = row.try_get(2)?;
-        Ok(Row {
-            now,
-            state: state.zip(expires_at),
-        })
+        match rows.first() {
+            Some(row) => {
+                let now: i64 = row.try_get(0)?;
+                let state: Option<Vec<u8>> = row.try_get(1)?;
+                let deletable_at: Option<i64> = row.try_get(2)?;
+                Ok(Row {
+                    now,
+                    state: state.zip(deletable_at),
+                })
+            }
+            None => Ok(Row {
+                now: 0,
+                state: None,
+            }),
+        }
     }
 
-    /// Write `state` as the row of `key` if the row is still `old` (made,
-    /// when `old` is `None`): whether it was.
-    pub(super) async fn write(
+    /// Make the row of `key` unless there is one: whether it was made.
+    pub(super) async fn insert(
         &mut self,
         key: &[u8],
-        old: Option<&[u8]>,
         state: &[u8],
-        expires_at: i64,
+        deletable_at: i64,
     ) -> Result<bool, tokio_postgres::Error> {
-        let written = match old {
-            None => {
-                let statement = self.prepared.insert.clone();
-                let params: [&(dyn ToSql + Sync); 3] = [&key, &state, &expires_at];
-                self.link.run(|c| c.execute(&statement, &params)).await?
-            }
-            Some(old) => {
-                let statement = self.prepared.update.clone();
-                let params: [&(dyn ToSql + Sync); 4] = [&key, &state, &expires_at, &old];
-                self.link.run(|c| c.execute(&statement, &params)).await?
-            }
-        };
-        Ok(written == 1)
+        let statement = self.prepared.insert.clone();
+        let params: [&(dyn ToSql + Sync); 3] = [&key, &state, &deletable_at];
+        Ok(self.link.run(|c| c.execute(&statement, &params)).await? == 1)
+    }
+
+    /// Write `state` as the row of `key` if the row is still `old`:
+    /// whether it was.
+    pub(super) async fn update(
+        &mut self,
+        key: &[u8],
+        old: &[u8],
+        state: &[u8],
+        deletable_at: i64,
+    ) -> Result<bool, tokio_postgres::Error> {
+        let statement = self.prepared.update.clone();
+        let params: [&(dyn ToSql + Sync); 4] = [&key, &state, &deletable_at, &old];
+        Ok(self.link.run(|c| c.execute(&statement, &params)).await? == 1)
     }
 
     /// Delete the row of `key` if it is still `old`: whether it was.
@@ -221,12 +231,13 @@ impl Session {
         micros: i64,
     ) -> Result<(), tokio_postgres::Error> {
         let cleanup = sql.cleanup.as_str();
-        self.link.run(|c| async move {
-            c.query_typed(cleanup, &[(&micros, Type::INT8)])
-                .await
-                .map(drop)
-        })
-        .await
+        self.link
+            .run(|c| async move {
+                c.query_typed(cleanup, &[(&micros, Type::INT8)])
+                    .await
+                    .map(drop)
+            })
+            .await
     }
 
     /// Whether the pool must drop the session.

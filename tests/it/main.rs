@@ -45,6 +45,8 @@ mod network_faults;
 mod operating;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "postgres")]
+mod postgres_faults;
 mod redis_cluster;
 mod redis_store;
 mod request_bodies;

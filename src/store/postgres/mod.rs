@@ -81,8 +81,7 @@ pub struct PostgresStore {
 struct Inner {
     pool: Pool<Manager>,
     pool_size: u32,
-    /// Sessions being opened by callers that found the pool empty: with
-    /// those in the pool, never more than `pool_size`.
+    /// 1 while a caller that found the pool empty opens a session itself.
     opening: AtomicU32,
     /// The statements, written for the table.
     sql: Arc<Sql>,
@@ -138,8 +137,9 @@ impl PostgresStoreBuilder {
         self
     }
 
-    /// Connections in the pool (10 by default). When the pool is empty,
-    /// callers open at most this many at once; the others wait for them.
+    /// Connections in the pool (10 by default). However many callers find
+    /// the pool empty at once, at most this many connections and one more
+    /// are opened.
     pub fn pool_size(mut self, connections: u32) -> Self {
         self.pool_size = connections.max(1);
         self
@@ -358,8 +358,10 @@ impl PostgresStore {
         let seen = &self.inner.seen;
         let mut session = self.session().await?;
         // The session has answered nothing yet: one closed since it was
-        // last used is replaced once.
+        // last used (a restart, a terminated backend) is replaced, as many
+        // times as the pool has sessions, which may all be closed.
         let mut untried = true;
+        let mut replaced = 0;
         // The row to decide on and the time, and whether the row is as
         // read (else as this process last saw it, to be written only if it
         // is still so).
@@ -374,13 +376,15 @@ impl PostgresStore {
                         untried = false;
                         answer
                     }
-                    // Closed by the server since it was last used (a
-                    // restart, a terminated backend): dropped, and the
-                    // decision taken again on another, from a read.
-                    Err(error) if untried && error.is_closed() => {
+                    // Closed by the server since it was last used:
+                    // dropped, and the decision taken again on another,
+                    // from a read.
+                    Err(error)
+                        if untried && error.is_closed() && replaced <= self.inner.pool_size =>
+                    {
                         drop(session);
                         session = self.session().await?;
-                        untried = false;
+                        replaced += 1;
                         basis = None;
                         continue;
                     }
@@ -487,29 +491,35 @@ impl PostgresStore {
         Ok((state, Some((bytes, deletable_at))))
     }
 
-    /// A session from the pool. With none idle and room for more, one is
-    /// opened here first and put in the pool: a database that refuses
-    /// connections fails the decision at once, with its error (the pool
-    /// would wait out its timeout, and tell only that). Callers open at
-    /// most as many as the pool has room for; the others wait for a
-    /// session to come free.
+    /// A session from the pool. With none idle, room for more and no other
+    /// caller opening one, one is opened here first and put in the pool: a
+    /// database that refuses connections fails the decision at once, with
+    /// its error (the pool would wait out its timeout, and tell only that).
+    /// Every other caller waits for the pool, which opens at most as many
+    /// as it has room for: however many callers find the pool empty, at
+    /// most its size and one more connections are opened at once.
     async fn session(&self) -> Result<PooledConnection<'_, Manager>, StoreError> {
         let inner = &*self.inner;
         let state = inner.pool.state();
-        if state.idle_connections == 0 {
-            let room = inner.pool_size.saturating_sub(state.connections);
-            let claimed = inner
+        if state.idle_connections == 0
+            && state.connections < inner.pool_size
+            && inner
                 .opening
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |opening| {
-                    (opening < room).then_some(opening + 1)
-                })
-                .is_ok();
-            if claimed {
-                let opened = inner.pool.dedicated_connection().await;
-                inner.opening.fetch_sub(1, Ordering::AcqRel);
-                // A full pool (another caller's session came first) drops it.
-                let _ = inner.pool.add(opened.map_err(postgres)?);
+                .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            // Given back however the open ends, a drop on the timeout too.
+            struct Opening<'a>(&'a AtomicU32);
+            impl Drop for Opening<'_> {
+                fn drop(&mut self) {
+                    self.0.store(0, Ordering::Release);
+                }
             }
+            let opening = Opening(&inner.opening);
+            let opened = inner.pool.dedicated_connection().await;
+            drop(opening);
+            // A full pool (the pool's own session came first) drops it.
+            let _ = inner.pool.add(opened.map_err(postgres)?);
         }
         inner.pool.get().await.map_err(pool_error)
     }

@@ -57,6 +57,11 @@ impl PostgresServer {
         )
     }
 
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// A session of the test's own on the server (the store's are apart),
     /// its connection driven on a task of its own.
     pub async fn client(&self) -> tokio_postgres::Client {

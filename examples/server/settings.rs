@@ -62,6 +62,10 @@ pub(crate) struct AdminSettings {
     pub(crate) host_names: Vec<String>,
 }
 
+/// Why Redis's TLS settings are refused beside `DATABASE_URL`.
+const POSTGRES_TLS: &str = "a certificate for Redis; the counts are in PostgreSQL (DATABASE_URL), \
+     whose TLS is set in DATABASE_URL itself: sslmode=verify-full&sslrootcert=/path/ca.pem";
+
 impl Settings {
     pub(crate) fn from_env() -> Result<Self, BadSetting> {
         let bind = var("BIND")?.unwrap_or_else(|| "127.0.0.1:3000".to_owned());
@@ -79,6 +83,22 @@ impl Settings {
                     "DATABASE_URL",
                     "PostgreSQL needs the postgres feature: cargo run --example server --features postgres",
                 ));
+            }
+            // Settings of Redis's alone: given with DATABASE_URL, a mistake
+            // to be told, not ignored.
+            for (name, why) in [
+                (
+                    "EXECUTION",
+                    "how the sliding log runs in Redis; with DATABASE_URL every \
+                     algorithm is decided in this process and written to PostgreSQL",
+                ),
+                ("REDIS_CA_CERT", POSTGRES_TLS),
+                ("REDIS_CLIENT_CERT", POSTGRES_TLS),
+                ("REDIS_CLIENT_KEY", POSTGRES_TLS),
+            ] {
+                if var(name)?.is_some() {
+                    return Err(BadSetting::new(name, why));
+                }
             }
         }
         let redis_cluster = redis_cluster(redis_url.is_some() || database_url.is_some())?;

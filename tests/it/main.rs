@@ -47,6 +47,8 @@ mod operating;
 mod postgres;
 #[cfg(feature = "postgres")]
 mod postgres_faults;
+#[cfg(feature = "postgres")]
+mod postgres_tls;
 mod redis_cluster;
 mod redis_store;
 mod request_bodies;

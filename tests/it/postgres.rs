@@ -399,3 +399,27 @@ async fn rules_and_the_deny_cache_work_on_postgres() {
         "the flood was answered by the deny cache"
     );
 }
+
+/// The example server with `DATABASE_URL` refuses Redis's own settings,
+/// exiting 2 with a message naming each, before it connects anywhere.
+#[test]
+fn redis_settings_beside_database_url_exit_2_naming_them() {
+    use crate::example_server::{command, refused_by};
+    for (name, value) in [
+        ("EXECUTION", "script"),
+        ("REDIS_CA_CERT", "/etc/ssl/redis-ca.pem"),
+        ("REDIS_CLIENT_CERT", "/etc/ssl/client.pem"),
+        ("REDIS_CLIENT_KEY", "/etc/ssl/client.key"),
+    ] {
+        let vars = [
+            ("DATABASE_URL", "host=127.0.0.1 port=1 user=app"),
+            (name, value),
+        ];
+        let (status, stderr) = refused_by(command(None), &vars);
+        assert_eq!(status, Some(2), "{name}={value}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!("{name}: ")),
+            "{name}={value}: the message names the variable: {stderr}"
+        );
+    }
+}

@@ -16,11 +16,50 @@ pub struct PostgresServer {
     child: Option<Child>,
     /// Starts so far: each writes a log of its own.
     runs: u32,
+    /// Settings given to the server beside the usual ones.
+    settings: Vec<String>,
 }
 
 impl PostgresServer {
     /// `initdb` a new data directory and start a server on it.
     pub fn start() -> Self {
+        Self::start_with(|_| Vec::new())
+    }
+
+    /// A server that takes connections over TLS only (plain ones are
+    /// refused), presenting `certificate`.
+    pub fn start_tls(certificate: &crate::support::tls::Pair) -> Self {
+        Self::start_with(|dir| {
+            let data = dir.join("data");
+            std::fs::write(data.join("server.crt"), &certificate.cert).unwrap();
+            let key = data.join("server.key");
+            std::fs::write(&key, &certificate.key).unwrap();
+            std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .unwrap();
+            std::fs::write(
+                data.join("pg_hba.conf"),
+                "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
+            )
+            .unwrap();
+            if let Some((uid, gid)) = as_postgres() {
+                for name in ["server.crt", "server.key", "pg_hba.conf"] {
+                    std::os::unix::fs::chown(data.join(name), Some(uid), Some(gid)).unwrap();
+                }
+            }
+            [
+                "ssl=on",
+                "ssl_cert_file=server.crt",
+                "ssl_key_file=server.key",
+            ]
+            .map(str::to_owned)
+            .to_vec()
+        })
+    }
+
+    /// A server whose data directory `prepare` may change after `initdb`
+    /// (given the server's directory), started with the settings it
+    /// returns.
+    fn start_with(prepare: impl FnOnce(&std::path::Path) -> Vec<String>) -> Self {
         static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("pg-test-{}-{n}", std::process::id()));
@@ -38,11 +77,13 @@ impl PostgresServer {
             .status()
             .unwrap();
         assert!(status.success(), "initdb in {} failed", dir.display());
+        let settings = prepare(&dir);
         let mut server = Self {
             dir,
             port: free_port(),
             child: None,
             runs: 0,
+            settings,
         };
         server.run();
         server
@@ -103,6 +144,7 @@ impl PostgresServer {
             .args(["-D", "data", "-p", &port, "-k", "."])
             .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
             .args(["-c", "max_connections=200", "-c", "shared_buffers=16MB"])
+            .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
             .current_dir(&self.dir)
             .stdout(Stdio::null())
             .stderr(log_file)

@@ -31,6 +31,17 @@ async fn a_locked_row_costs_its_own_key_alone() {
         .with_fail_mode(FailMode::Closed)
         .with_circuit_breaker(CircuitBreaker::new(5, Duration::from_secs(1)));
     assert!(limiter.check("stuck").await.unwrap().allowed());
+    // The pool's sessions open beforehand: the free keys' checks below
+    // take one each as usual, none pays for a new connection.
+    let warm: Vec<_> = (0..10)
+        .map(|i| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { limiter.check(&format!("warm-{i}")).await })
+        })
+        .collect();
+    for check in warm {
+        assert!(check.await.unwrap().unwrap().allowed());
+    }
     let holder = server.client().await;
     let rows = holder
         .query("SELECT key FROM rate_limits", &[])
@@ -101,6 +112,51 @@ async fn a_locked_row_costs_its_own_key_alone() {
     );
 }
 
+/// A lock on the whole table (an index built without `CONCURRENTLY`, a
+/// `LOCK TABLE`) is not a stuck row: once keys beyond two meet it, their
+/// checks fail as the store failing, which the circuit breaker counts; a
+/// lock that stops reads fails the first check so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_table_fails_as_the_store_not_as_busy_keys() {
+    let server = PostgresServer::start();
+    let store = PostgresStore::builder(&server.url())
+        .connect()
+        .await
+        .unwrap();
+    // A store that keeps no rows: each decision reads first.
+    let reader = PostgresStore::builder(&server.url())
+        .seen_bytes(0)
+        .connect()
+        .await
+        .unwrap();
+    let policy: Policy = "5/1min".parse().unwrap();
+    for key in ["a", "b", "c", "d"] {
+        assert!(store.check(key, &policy).await.unwrap().allowed());
+    }
+    let holder = server.client().await;
+    // Writes wait, reads go on.
+    holder
+        .batch_execute("BEGIN; LOCK TABLE rate_limits IN EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    for key in ["a", "b"] {
+        let error = store.check(key, &policy).await.unwrap_err();
+        assert!(matches!(error, StoreError::KeyBusy(_)), "{key}: {error}");
+    }
+    let error = store.check("c", &policy).await.unwrap_err();
+    assert!(matches!(error, StoreError::Backend { .. }), "c: {error}");
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    // Reads wait too.
+    holder
+        .batch_execute("BEGIN; LOCK TABLE rate_limits IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let error = reader.check("d", &policy).await.unwrap_err();
+    assert!(matches!(error, StoreError::Backend { .. }), "d: {error}");
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(store.check("d", &policy).await.unwrap().remaining(), 3);
+}
+
 /// A decision that times out while its statement is on the wire leaves the
 /// pool without its session, and its statement is cancelled on the server:
 /// the next decision opens another session rather than queue behind the
@@ -130,8 +186,10 @@ async fn a_timed_out_decision_does_not_return_its_session_to_the_pool() {
     proxy.heal();
     let asked = Instant::now();
     let decision = store.check("k", &policy).await.unwrap();
+    // At once: a new connection through the proxy (the 30 s stall is
+    // not waited for).
     assert!(
-        asked.elapsed() < Duration::from_millis(300),
+        asked.elapsed() < Duration::from_secs(1),
         "{:?}",
         asked.elapsed()
     );
@@ -140,12 +198,53 @@ async fn a_timed_out_decision_does_not_return_its_session_to_the_pool() {
     assert!((2..=3).contains(&decision.remaining()), "{decision:?}");
     // Three connections: the first session, the cancel request sent for
     // its timed-out statement, and the new session; the first is dropped.
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while proxy.stats().accepted < 3 && Instant::now() < deadline {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let done = |stats: &crate::support::proxy::Stats| (stats.accepted, stats.open) == (3, 1);
+    while !done(&proxy.stats()) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let stats = proxy.stats();
-    assert_eq!((stats.accepted, stats.open), (3, 1), "{stats:?}");
+    assert!(done(&stats), "{stats:?}");
+}
+
+/// A write whose answer is lost when its connection is cut (PostgreSQL ran
+/// it; the store never heard) is not sent again: the check fails, and the
+/// count holds it once. The store had seen the key, so the write was the
+/// decision's first statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_answer_is_lost_counts_once() {
+    let server = PostgresServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let url = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=disable",
+        proxy.port()
+    );
+    let store = PostgresStore::builder(&url)
+        .timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .unwrap();
+    let policy: Policy = "5/1min".parse().unwrap();
+    for round in 0..3 {
+        let key = format!("k-{round}");
+        assert_eq!(store.check(&key, &policy).await.unwrap().remaining(), 4);
+        proxy.stall(Direction::ToClient, Duration::from_secs(30));
+        let lost = tokio::spawn({
+            let (store, policy, key) = (store.clone(), policy.clone(), key.clone());
+            async move { store.check(&key, &policy).await }
+        });
+        // Long enough for PostgreSQL to run and commit the write.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        proxy.cut_all();
+        let error = lost.await.unwrap().expect_err("its connection was cut");
+        eprintln!("{error}");
+        proxy.heal();
+        assert_eq!(
+            store.check(&key, &policy).await.unwrap().remaining(),
+            2,
+            "round {round}: the lost write counted once, not twice"
+        );
+    }
 }
 
 /// The circuit breaker on PostgreSQL: with the server gone, it opens after

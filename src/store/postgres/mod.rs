@@ -1,13 +1,14 @@
 //! [`PostgresStore`]: limits shared through PostgreSQL, each key's
-//! [`KeyState`] a row updated in one transaction per decision.
+//! [`KeyState`] a row written by compare-and-set.
 
+mod busy;
 mod seen;
 mod session;
 mod statements;
 mod tls;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bb8::{Pool, PooledConnection, RunError};
@@ -17,6 +18,7 @@ use crate::decision::{Decision, Lease};
 use crate::policy::{Algorithm, Policy};
 use crate::store::{Command, KeyState, Store, StoreError, bounded_key};
 
+use busy::Busy;
 use seen::{Seen, SeenRow};
 use session::{Link, Manager, Session};
 use statements::{Sql, deletable_at};
@@ -34,7 +36,8 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// 60,000 keys of one rate.
 pub const DEFAULT_SEEN_BYTES: usize = 8 << 20;
 
-/// Every how many writes expired rows are deleted, a bounded batch of them.
+/// Every how many decisions expired rows are deleted, a bounded batch of
+/// them.
 const CLEANUP_EVERY: u64 = 256;
 
 /// Limits shared through PostgreSQL: every process of a deployment that
@@ -46,19 +49,26 @@ const CLEANUP_EVERY: u64 = 256;
 /// decides in Rust as every store does, and writes the new state back in
 /// a second, only if the row still holds the state it read (else it reads
 /// again): two processes checking one key at once take turns, and a
-/// decision that changes nothing (a denial) writes nothing. Each write
-/// commits alone: a connection lost before its commit counted nothing.
-/// Expired rows are deleted in bounded batches as the store writes. Every
-/// algorithm, several rates, costs, calendar quotas, operator commands and
-/// concurrency slots work as in [`MemoryStore`](crate::MemoryStore).
+/// decision that changes nothing (a denial) writes nothing. A key this
+/// process wrote last is decided on the row as it wrote it, at the
+/// database's clock as its latest reading gives it, and written in one
+/// round trip ([`PostgresStoreBuilder::seen_bytes`]). A decision that loses
+/// three races to other writers takes the row's lock and waits its turn.
+/// Each write commits alone: a connection lost before its commit counted
+/// nothing. Expired rows are deleted in bounded batches as the store
+/// writes. Every algorithm, several rates, costs, calendar quotas,
+/// operator commands and concurrency slots work as in
+/// [`MemoryStore`](crate::MemoryStore).
 ///
 /// A row another session holds locked costs its own key alone: the
 /// store's sessions give up on a lock after half the store's timeout
 /// (PostgreSQL's `lock_timeout`) and on any statement after three
 /// quarters of it (`statement_timeout`); such a key's check fails with
 /// [`StoreError::KeyBusy`], which the circuit breaker does not count.
-/// A decision dropped mid-statement (its timeout) cancels the statement
-/// on the server and never returns its session to the pool.
+/// Locks met on three keys or more within twice the timeout, or by a read
+/// (the table's: an index built, a table altered or locked), fail as the
+/// store failing. A decision dropped mid-statement (its timeout) cancels
+/// the statement on the server and never returns its session to the pool.
 ///
 /// TLS follows libpq's `sslmode` (`disable`, `prefer` by default,
 /// `require`, `verify-ca`, `verify-full`) and `sslrootcert` (a PEM file of
@@ -81,8 +91,12 @@ pub struct PostgresStore {
 struct Inner {
     pool: Pool<Manager>,
     pool_size: u32,
-    /// 1 while a caller that found the pool empty opens a session itself.
-    opening: AtomicU32,
+    /// Sessions being opened now, by the pool or apart from it.
+    opening: Arc<AtomicU32>,
+    /// While a caller that found the pool empty opens a session itself.
+    opening_ahead: AtomicBool,
+    /// Keys whose rows were found locked lately.
+    busy: Busy,
     /// The statements, written for the table.
     sql: Arc<Sql>,
     /// The clock decisions are taken on; `None`: the database's.
@@ -109,7 +123,7 @@ pub struct PostgresStoreBuilder {
     table: String,
     pool_size: u32,
     timeout: Duration,
-    synchronous_commit: bool,
+    synchronous_commit: Option<bool>,
     seen_bytes: usize,
     clock: Option<Arc<dyn Clock>>,
 }
@@ -153,23 +167,28 @@ impl PostgresStoreBuilder {
         self
     }
 
-    /// Whether a write waits until PostgreSQL has it on disk (`true`, the
-    /// default) or only in memory (`false`: the sessions' `synchronous_commit
-    /// = off`). Off, a crash of PostgreSQL (not of this process) may lose
-    /// the counts of the last few hundred milliseconds (at most three times
-    /// the server's `wal_writer_delay`, 200 ms by default), as Redis with
-    /// `appendfsync everysec` may lose the last second; nothing is ever
-    /// counted twice or corrupted. BENCHMARKS.md gives the speed of both.
+    /// Whether a write waits until PostgreSQL has it on disk (`true`) or
+    /// only in memory (`false`): the sessions' `synchronous_commit`, `on`
+    /// or `off`. Unset, the server's or the user's setting holds (`on`
+    /// unless changed). Off, a crash of PostgreSQL (not of this process)
+    /// may lose the counts of the last few hundred milliseconds (at most
+    /// three times the server's `wal_writer_delay`, 200 ms by default), as
+    /// Redis with `appendfsync everysec` may lose the last second; nothing
+    /// is ever counted twice or corrupted. BENCHMARKS.md gives the speed of
+    /// both.
     pub fn synchronous_commit(mut self, on: bool) -> Self {
-        self.synchronous_commit = on;
+        self.synchronous_commit = Some(on);
         self
     }
 
     /// How many bytes of keys' rows this process keeps as it last saw them
     /// ([`DEFAULT_SEEN_BYTES`]; 0 keeps none). A decision on a key kept is
     /// written in one round trip when no other process wrote the key
-    /// since, and in two otherwise, as a key not kept: a read and a write.
-    /// Each key costs its bytes, its state's and about 64 more.
+    /// since, and in three otherwise (the write that finds the row
+    /// changed, a read and a write); a key not kept takes two, a read and
+    /// a write. While more than a quarter of these guesses miss, the store
+    /// reads first. Each key costs its bytes, its state's and about 128
+    /// more.
     pub fn seen_bytes(mut self, bytes: usize) -> Self {
         self.seen_bytes = bytes;
         self
@@ -204,10 +223,12 @@ impl PostgresStoreBuilder {
             self.synchronous_commit,
         ));
         let sql = Arc::new(Sql::new(table));
+        let opening = Arc::new(AtomicU32::new(0));
         let manager = Manager {
             config,
             tls: tls.clone(),
             sql: Arc::clone(&sql),
+            opening: Arc::clone(&opening),
         };
         // The first connection opened here: a wrong address, user or
         // password is told as the database says it.
@@ -245,7 +266,9 @@ impl PostgresStoreBuilder {
             inner: Arc::new(Inner {
                 pool,
                 pool_size: self.pool_size,
-                opening: AtomicU32::new(0),
+                opening,
+                opening_ahead: AtomicBool::new(false),
+                busy: Busy::new(self.timeout.saturating_mul(2)),
                 sql,
                 clock: self.clock,
                 seen: Seen::new(self.seen_bytes),
@@ -261,7 +284,11 @@ impl PostgresStoreBuilder {
 /// `statement_timeout` three quarters, so that PostgreSQL gives up on a
 /// stuck row before the store gives up on the decision; and
 /// `synchronous_commit`.
-fn session_options(given: Option<&str>, timeout: Duration, synchronous_commit: bool) -> String {
+fn session_options(
+    given: Option<&str>,
+    timeout: Duration,
+    synchronous_commit: Option<bool>,
+) -> String {
     // Whole milliseconds, at least 1 (0 would mean none); past PostgreSQL's
     // range, none.
     let millis = |d: Duration| match u32::try_from(d.as_millis().max(1)) {
@@ -277,8 +304,10 @@ fn session_options(given: Option<&str>, timeout: Duration, synchronous_commit: b
         millis(timeout / 2),
         millis(timeout / 4 * 3),
     ));
-    if !synchronous_commit {
-        options.push_str(" -c synchronous_commit=off");
+    match synchronous_commit {
+        Some(true) => options.push_str(" -c synchronous_commit=on"),
+        Some(false) => options.push_str(" -c synchronous_commit=off"),
+        None => {}
     }
     options
 }
@@ -298,7 +327,7 @@ impl PostgresStore {
             table: DEFAULT_TABLE.to_owned(),
             pool_size: 10,
             timeout: DEFAULT_TIMEOUT,
-            synchronous_commit: true,
+            synchronous_commit: None,
             seen_bytes: DEFAULT_SEEN_BYTES,
             clock: None,
         }
@@ -329,9 +358,14 @@ impl PostgresStore {
     /// use. Best effort: rows a failed cleanup leaves go with the next.
     async fn clean_up(self, now: Duration) {
         let micros = i64::try_from(now.as_micros()).unwrap_or(i64::MAX);
-        if let Ok(mut session) = self.inner.pool.get().await {
-            let _ = session.clean_up(&self.inner.sql, micros).await;
-        }
+        // Within the store's timeout, as a decision: a session that does
+        // not answer is dropped (and its statement cancelled), not held.
+        let _ = tokio::time::timeout(self.inner.timeout, async {
+            if let Ok(mut session) = self.session().await {
+                let _ = session.clean_up(&self.inner.sql, micros).await;
+            }
+        })
+        .await;
     }
 
     /// `f` run on the state of `key`, its outcome written if the row is
@@ -357,11 +391,6 @@ impl PostgresStore {
     ) -> Result<(T, Duration), StoreError> {
         let seen = &self.inner.seen;
         let mut session = self.session().await?;
-        // The session has answered nothing yet: one closed since it was
-        // last used (a restart, a terminated backend) is replaced, as many
-        // times as the pool has sessions, which may all be closed.
-        let mut untried = true;
-        let mut replaced = 0;
         // The row to decide on and the time, and whether the row is as
         // read (else as this process last saw it, to be written only if it
         // is still so).
@@ -369,82 +398,165 @@ impl PostgresStore {
             Some(row) if seen.guessing() => self.estimated_now().map(|now| (Some(row), now, false)),
             _ => None,
         };
-        macro_rules! answer {
-            ($statement:expr) => {
-                match $statement.await {
-                    Ok(answer) => {
-                        untried = false;
-                        answer
-                    }
-                    // Closed by the server since it was last used:
-                    // dropped, and the decision taken again on another,
-                    // from a read.
-                    Err(error)
-                        if untried && error.is_closed() && replaced <= self.inner.pool_size =>
-                    {
-                        drop(session);
-                        session = self.session().await?;
-                        replaced += 1;
-                        basis = None;
-                        continue;
-                    }
-                    Err(error) => return Err(postgres(error)),
-                }
-            };
-        }
+        let mut lost = 0;
         loop {
             let (row, now, read) = match basis.take() {
                 Some(basis) => basis,
+                // Lost to other writers too often: the row's lock, taken
+                // in turn, decides who writes next.
+                None if lost >= LOST_RACES_BEFORE_LOCKING => {
+                    return self.decide_locked(&mut session, key, f).await;
+                }
                 None => {
-                    let row = answer!(session.read(key));
+                    let row = self.read(&mut session, key, false).await?;
                     (row.state, self.now_of(row.now), true)
                 }
             };
             let (mut state, old) = self.state_of(row, now)?;
             let before = state.to_bytes();
             let out = f(&mut state, now);
-            let expires_at = state.expires_at();
-            if expires_at <= now {
-                // A state that no longer matters: no row.
-                let done = match &old {
-                    Some(old) => answer!(session.delete(key, &old.0)),
-                    None => read,
-                };
-                if done {
-                    seen.saw(key, None);
+            match self
+                .write(&mut session, key, old, &before, &state, now)
+                .await
+            {
+                Ok(Written::Done) => {
+                    if !read {
+                        seen.guessed(true);
+                    }
                     return Ok((out, now));
                 }
-                continue;
-            }
-            let after = state.to_bytes();
-            if after == before {
-                // Nothing changed (a denial): nothing to write, once the
-                // row is known as it is.
-                if read {
-                    return Ok((out, now));
+                // Nothing changed on a row only seen: the row is read, and
+                // the decision taken again on it.
+                Ok(Written::Unchanged) if !read => {}
+                Ok(Written::Unchanged) => return Ok((out, now)),
+                // Another process changed the row since it was read or
+                // seen: decide again on the row as it is, read.
+                Ok(Written::Lost) => {
+                    if read {
+                        lost += 1;
+                    } else {
+                        seen.guessed(false);
+                    }
                 }
-                continue;
+                Err(error) => return Err(self.failure(key, error, true)),
             }
-            let micros = i64::try_from(expires_at.as_micros()).unwrap_or(i64::MAX);
-            let deletable = deletable_at(micros);
-            let Some((old, _)) = old else {
-                if answer!(session.insert(key, &after, deletable)) {
-                    seen.saw(key, Some((&after, deletable)));
-                    return Ok((out, now));
-                }
-                continue;
-            };
-            let written = answer!(session.update(key, &old, &after, deletable));
-            if !read {
-                seen.guessed(written);
-            }
-            if written {
-                seen.saw(key, Some((&after, deletable)));
-                return Ok((out, now));
-            }
-            // Another process changed the row since it was read or seen:
-            // decide again on the row as it is, read.
         }
+    }
+
+    /// `f` run on the state of `key` in a transaction holding its row's
+    /// lock: for a key other processes write as fast as this one, where
+    /// compare-and-set would lose race after race.
+    async fn decide_locked<T>(
+        &self,
+        session: &mut Session,
+        key: &[u8],
+        f: &mut impl FnMut(&mut KeyState, Duration) -> T,
+    ) -> Result<(T, Duration), StoreError> {
+        session
+            .simple("BEGIN")
+            .await
+            .map_err(|e| self.failure(key, e, false))?;
+        let decided = async {
+            loop {
+                let row = self.read(session, key, true).await?;
+                let now = self.now_of(row.now);
+                let (mut state, old) = self.state_of(row.state, now)?;
+                let before = state.to_bytes();
+                let out = f(&mut state, now);
+                let written = self.write(session, key, old, &before, &state, now).await;
+                match written.map_err(|e| self.failure(key, e, true))? {
+                    Written::Done | Written::Unchanged => return Ok((out, now)),
+                    // A new key made by another process meanwhile: its row
+                    // is locked at the next read.
+                    Written::Lost => {}
+                }
+            }
+        }
+        .await;
+        let end = if decided.is_ok() {
+            "COMMIT"
+        } else {
+            "ROLLBACK"
+        };
+        session
+            .simple(end)
+            .await
+            .map_err(|e| self.failure(key, e, true))?;
+        decided
+    }
+
+    /// The row of `key` read on `session` (`locked`: its lock taken), seen.
+    async fn read(
+        &self,
+        session: &mut Session,
+        key: &[u8],
+        locked: bool,
+    ) -> Result<session::Row, StoreError> {
+        let row = session
+            .read(key, locked)
+            .await
+            .map_err(|e| self.failure(key, e, false))?
+            .ok_or_else(|| {
+                StoreError::UnexpectedReply("PostgresStore: the read returned no row".to_owned())
+            })?;
+        self.inner
+            .seen
+            .saw(key, row.state.as_ref().map(|(s, d)| (s.as_slice(), *d)));
+        Ok(row)
+    }
+
+    /// Write `state`, which `f` left from `before`, over the row `old` of
+    /// `key` (none: no row), unless nothing changed.
+    async fn write(
+        &self,
+        session: &mut Session,
+        key: &[u8],
+        old: Option<SeenRow>,
+        before: &[u8],
+        state: &KeyState,
+        now: Duration,
+    ) -> Result<Written, tokio_postgres::Error> {
+        let seen = &self.inner.seen;
+        let expires_at = state.expires_at();
+        if expires_at <= now {
+            // A state that no longer matters: no row.
+            let Some((old, _)) = old else {
+                return Ok(Written::Unchanged);
+            };
+            if !session.delete(key, &old).await? {
+                return Ok(Written::Lost);
+            }
+            seen.saw(key, None);
+            return Ok(Written::Done);
+        }
+        let after = state.to_bytes();
+        if after == before {
+            return Ok(Written::Unchanged);
+        }
+        let micros = i64::try_from(expires_at.as_micros()).unwrap_or(i64::MAX);
+        let deletable = deletable_at(micros);
+        let written = match &old {
+            None => session.insert(key, &after, deletable).await?,
+            Some((old, _)) => session.update(key, old, &after, deletable).await?,
+        };
+        if !written {
+            return Ok(Written::Lost);
+        }
+        seen.saw(key, Some((&after, deletable)));
+        Ok(Written::Done)
+    }
+
+    /// The store's error for `error` of a statement on `key`. A lock given
+    /// up on is [`StoreError::KeyBusy`] when it is a row's (`row`: the
+    /// statement writes a row) and few keys are busy at once; a read that
+    /// waits for a lock, or locks on many keys at once, is the table's
+    /// (`CREATE INDEX`, `ALTER TABLE`, `LOCK`): a failure of the store.
+    fn failure(&self, key: &[u8], error: tokio_postgres::Error, row: bool) -> StoreError {
+        let busy = error.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE);
+        if busy && row && !self.inner.busy.many(key) {
+            return StoreError::KeyBusy(Box::new(error));
+        }
+        StoreError::backend("postgres", error)
     }
 
     /// The decision's time from the database's reading `micros` (µs), on
@@ -491,33 +603,49 @@ impl PostgresStore {
         Ok((state, Some((bytes, deletable_at))))
     }
 
-    /// A session from the pool. With none idle, room for more and no other
-    /// caller opening one, one is opened here first and put in the pool: a
-    /// database that refuses connections fails the decision at once, with
-    /// its error (the pool would wait out its timeout, and tell only that).
-    /// Every other caller waits for the pool, which opens at most as many
-    /// as it has room for: however many callers find the pool empty, at
-    /// most its size and one more connections are opened at once.
+    /// A session from the pool whose connection is open as far as it
+    /// knows: those a server closed while they sat in the pool (a restart,
+    /// a terminated backend) are dropped, as many as the pool holds.
     async fn session(&self) -> Result<PooledConnection<'_, Manager>, StoreError> {
+        for _ in 0..=self.inner.pool_size {
+            let mut session = self.pooled().await?;
+            if session.is_open() {
+                return Ok(session);
+            }
+        }
+        Err(StoreError::UnexpectedReply(
+            "PostgresStore: every session of the pool was closed by the server".to_owned(),
+        ))
+    }
+
+    /// A session from the pool. With none idle, room for more than the
+    /// sessions open and being opened, and no other caller opening one,
+    /// one is opened here first and put in the pool: a database that
+    /// refuses connections fails the decision at once, with its error (the
+    /// pool would wait out its timeout, and tell only that). Every other
+    /// caller waits for the pool, which opens at most as many as it has
+    /// room for.
+    async fn pooled(&self) -> Result<PooledConnection<'_, Manager>, StoreError> {
         let inner = &*self.inner;
         let state = inner.pool.state();
+        let opening = inner.opening.load(Ordering::Acquire);
         if state.idle_connections == 0
-            && state.connections < inner.pool_size
+            && state.connections + opening < inner.pool_size
             && inner
-                .opening
-                .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+                .opening_ahead
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
         {
             // Given back however the open ends, a drop on the timeout too.
-            struct Opening<'a>(&'a AtomicU32);
-            impl Drop for Opening<'_> {
+            struct Ahead<'a>(&'a AtomicBool);
+            impl Drop for Ahead<'_> {
                 fn drop(&mut self) {
-                    self.0.store(0, Ordering::Release);
+                    self.0.store(false, Ordering::Release);
                 }
             }
-            let opening = Opening(&inner.opening);
+            let ahead = Ahead(&inner.opening_ahead);
             let opened = inner.pool.dedicated_connection().await;
-            drop(opening);
+            drop(ahead);
             // A full pool (the pool's own session came first) drops it.
             let _ = inner.pool.add(opened.map_err(postgres)?);
         }
@@ -550,12 +678,22 @@ impl Store for PostgresStore {
     }
 }
 
-/// A failure of the database; a row locked past the sessions'
-/// `lock_timeout` is [`StoreError::KeyBusy`].
+/// What a decision's write found.
+enum Written {
+    /// The row was written as the decision left it (or deleted).
+    Done,
+    /// The decision changed nothing: nothing to write.
+    Unchanged,
+    /// The row was not as the decision saw it: another process wrote it.
+    Lost,
+}
+
+/// How many races to other writers a decision loses before it takes its
+/// row's lock and waits its turn.
+const LOST_RACES_BEFORE_LOCKING: u32 = 3;
+
+/// A failure of the database.
 fn postgres(error: tokio_postgres::Error) -> StoreError {
-    if error.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
-        return StoreError::KeyBusy(Box::new(error));
-    }
     StoreError::backend("postgres", error)
 }
 
@@ -563,5 +701,32 @@ fn pool_error(error: RunError<tokio_postgres::Error>) -> StoreError {
     match error {
         RunError::User(error) => postgres(error),
         RunError::TimedOut => StoreError::PoolTimeout,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_give_up_on_a_lock_before_the_store_gives_up_on_the_decision() {
+        assert_eq!(
+            session_options(None, Duration::from_secs(1), None),
+            "-c lock_timeout=500 -c statement_timeout=750"
+        );
+        assert_eq!(
+            session_options(
+                Some("-c search_path=app"),
+                Duration::from_millis(200),
+                Some(false)
+            ),
+            "-c search_path=app -c lock_timeout=100 -c statement_timeout=150 \
+             -c synchronous_commit=off"
+        );
+        // Past PostgreSQL's range: no bound (0), rather than a wrong one.
+        assert_eq!(
+            session_options(None, Duration::MAX, Some(true)),
+            "-c lock_timeout=0 -c statement_timeout=0 -c synchronous_commit=on"
+        );
     }
 }

@@ -42,8 +42,12 @@ struct Rows {
     bytes: usize,
 }
 
-/// What an entry costs beside its key and state: the map's own words.
-const ENTRY_OVERHEAD: usize = 64;
+/// What an entry costs beside its key and state: the map's slot, and the
+/// two allocations' headers and rounding.
+const ENTRY_OVERHEAD: usize = 128;
+
+/// How long a reading of the database's clock is estimated from.
+const FRESH: Duration = Duration::from_secs(1);
 
 impl Seen {
     pub(super) fn new(limit: usize) -> Self {
@@ -121,10 +125,28 @@ impl Seen {
         rows.map.insert(key.into(), (state.to_vec(), deletable_at));
     }
 
-    /// The database's clock read as `micros`, just now.
+    /// The database's clock read as `micros`, just now. A reading that
+    /// arrives late (its task waited) does not replace a later one, and no
+    /// estimate after it gives an earlier time.
     pub(super) fn read_clock(&self, micros: i64) {
-        let mut reading = self.reading.lock().unwrap_or_else(PoisonError::into_inner);
-        *reading = Some((micros, Instant::now()));
+        let now = Instant::now();
+        {
+            let mut reading = self.reading.lock().unwrap_or_else(PoisonError::into_inner);
+            let later = match *reading {
+                None => true,
+                Some((kept, at)) => {
+                    let since = now.duration_since(at);
+                    let implied = kept.saturating_add(since.as_micros() as i64);
+                    micros >= implied || since > FRESH
+                }
+            };
+            if later {
+                *reading = Some((micros, now));
+            }
+        }
+        if let Ok(micros) = u64::try_from(micros) {
+            self.estimated.fetch_max(micros, Ordering::AcqRel);
+        }
     }
 
     /// The database's time now, estimated from its latest reading and the
@@ -135,7 +157,7 @@ impl Seen {
         let reading = *self.reading.lock().unwrap_or_else(PoisonError::into_inner);
         let (micros, at) = reading?;
         let since = at.elapsed();
-        if since > Duration::from_secs(1) {
+        if since > FRESH {
             return None;
         }
         let micros = u64::try_from(micros).ok()?;

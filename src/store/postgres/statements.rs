@@ -16,6 +16,8 @@ pub(super) struct Sql {
     pub(super) table: String,
     /// The database's time (µs since the epoch) and the row of `$1`, if any.
     pub(super) read: String,
+    /// As `read`, the row locked until the transaction ends.
+    pub(super) read_locked: String,
     /// Make the row of `$1` unless there is one.
     pub(super) insert: String,
     /// Write the row of `$1` if its state is still `$4`.
@@ -37,6 +39,12 @@ impl Sql {
                 "SELECT n.now, t.state, t.expires_at FROM \
                  (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now) n \
                  LEFT JOIN \"{table}\" t ON t.key = $1"
+            ),
+            read_locked: format!(
+                "SELECT n.now, t.state, t.expires_at FROM \
+                 (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now) n \
+                 LEFT JOIN LATERAL (SELECT state, expires_at FROM \"{table}\" \
+                 WHERE key = $1 FOR UPDATE) t ON true"
             ),
             insert: format!(
                 "INSERT INTO \"{table}\" (key, state, expires_at) VALUES ($1, $2, $3) \

@@ -165,10 +165,7 @@ async fn a_locked_table_fails_as_the_store_not_as_busy_keys() {
 async fn a_timed_out_decision_does_not_return_its_session_to_the_pool() {
     let server = PostgresServer::start();
     let proxy = FaultProxy::start(server.port());
-    let url = format!(
-        "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=disable",
-        proxy.port()
-    );
+    let url = through(&proxy);
     let store = PostgresStore::builder(&url)
         .pool_size(1)
         .timeout(Duration::from_millis(500))
@@ -215,10 +212,7 @@ async fn a_timed_out_decision_does_not_return_its_session_to_the_pool() {
 async fn a_write_whose_answer_is_lost_counts_once() {
     let server = PostgresServer::start();
     let proxy = FaultProxy::start(server.port());
-    let url = format!(
-        "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=disable",
-        proxy.port()
-    );
+    let url = through(&proxy);
     let store = PostgresStore::builder(&url)
         .timeout(Duration::from_secs(10))
         .connect()
@@ -294,10 +288,7 @@ async fn the_circuit_breaker_opens_and_recovers_on_postgres() {
 async fn callers_finding_the_pool_empty_open_a_bounded_number_of_connections() {
     let server = PostgresServer::start();
     let proxy = FaultProxy::start(server.port());
-    let url = format!(
-        "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=disable",
-        proxy.port()
-    );
+    let url = through(&proxy);
     let store = PostgresStore::builder(&url)
         .pool_size(8)
         .timeout(Duration::from_secs(10))
@@ -324,4 +315,13 @@ async fn callers_finding_the_pool_empty_open_a_bounded_number_of_connections() {
         proxy.cut_all();
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The settings of a session to the server behind `proxy` (plain: the
+/// proxy forwards bytes).
+fn through(proxy: &FaultProxy) -> String {
+    format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=disable",
+        proxy.port()
+    )
 }

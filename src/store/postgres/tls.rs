@@ -139,15 +139,24 @@ fn split(url: &str) -> Result<(String, Mode, Option<String>), StoreError> {
             }
         }
     } else {
-        let mut kept = Vec::new();
+        // `key = value`, spaces around the `=` (as libpq takes it): one
+        // word.
+        let mut settings: Vec<String> = Vec::new();
         for word in words(url) {
+            match settings.last_mut() {
+                Some(last) if last.ends_with('=') || word.starts_with('=') => last.push_str(word),
+                _ => settings.push(word.to_owned()),
+            }
+        }
+        let mut kept = Vec::new();
+        for word in &settings {
             let (key, value) = word.split_once('=').unwrap_or((word, ""));
             let unquoted = value
                 .strip_prefix('\'')
                 .and_then(|v| v.strip_suffix('\''))
                 .map_or_else(|| value.to_owned(), |v| v.replace("\\'", "'"));
             if !take(key.trim(), unquoted.trim())? {
-                kept.push(word);
+                kept.push(word.as_str());
             }
         }
         kept.join(" ")
@@ -338,6 +347,8 @@ mod tests {
         assert_eq!(mode, Mode::Require);
         assert_eq!(root.as_deref(), Some("/a b/ca.pem"));
         assert_eq!(split("host=h").unwrap().1, Mode::Prefer);
+        let (rest, mode, _) = split("host = h sslmode =verify-ca user= u").unwrap();
+        assert_eq!((rest.as_str(), mode), ("host=h user=u", Mode::VerifyCa));
         let error = split("host=h sslmode=verify").unwrap_err().to_string();
         assert!(error.contains("sslmode"), "{error}");
     }

@@ -485,7 +485,8 @@ impl PostgresStore {
         decided
     }
 
-    /// The row of `key` read on `session` (`locked`: its lock taken), seen.
+    /// The row of `key` read on `session` (`locked`: its lock taken, which
+    /// may wait for another session's, as a write does), seen.
     async fn read(
         &self,
         session: &mut Session,
@@ -495,7 +496,7 @@ impl PostgresStore {
         let row = session
             .read(key, locked)
             .await
-            .map_err(|e| self.failure(key, e, false))?
+            .map_err(|e| self.failure(key, e, locked))?
             .ok_or_else(|| {
                 StoreError::UnexpectedReply("PostgresStore: the read returned no row".to_owned())
             })?;

@@ -9,7 +9,9 @@
 //! before the measurements (its row exists, as in a service that has run a
 //! while). With `synchronous_commit` on, also a store that keeps none of
 //! the rows it saw (`unseen`): every key as if another process wrote it
-//! last. Then exactness: a 100/min key hit 1,000 times at 50 in flight.
+//! last. Then the floor one at a time: a bare prepared `UPDATE` of the
+//! same rows (`RESULT floor-1-<sync>`). Then exactness: a 100/min key hit
+//! 1,000 times at 50 in flight.
 //!
 //! Run by `scripts/bench-postgres`, which starts a PostgreSQL server of its
 //! own and alternates rounds of this bench and of the peer; by hand:
@@ -90,6 +92,16 @@ async fn main() {
                 }
             }
         }
+        // The floor one at a time: one prepared statement writing a row in
+        // place and committing, from a bare tokio-postgres client, the
+        // least any limiter on this table pays a decision.
+        let before = wal_position(&stats).await;
+        let (rate, p99, decisions) = floor(&database_url, sync, keys, seconds).await;
+        let wal = (wal_position(&stats).await - before) as f64 / decisions as f64;
+        println!(
+            "RESULT floor-1-{sync} {rate:.0} {wal:.0} {}",
+            p99.as_micros()
+        );
         if synchronous_commit {
             let hundred: Policy = "100/min".parse().unwrap();
             for (name, policy) in [
@@ -162,6 +174,45 @@ async fn measure<S: Store + Clone>(
     let p99 = latencies[latencies.len() * 99 / 100];
     let count = latencies.len();
     (count as f64 / elapsed.as_secs_f64(), p99, count)
+}
+
+/// `UPDATE … SET state = state` of the fixed window's rows in turn, one at
+/// a time, for `seconds`, on a session of its own with
+/// `synchronous_commit` as `sync` says: decisions per second, the 99th
+/// percentile, how many.
+async fn floor(url: &str, sync: &str, keys: u64, seconds: Duration) -> (f64, Duration, usize) {
+    let mut config: tokio_postgres::Config = url.parse().unwrap();
+    config.options(format!("-c synchronous_commit={sync}"));
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let update = client
+        .prepare_typed(
+            "UPDATE rate_limits SET state = state, expires_at = expires_at WHERE key = $1",
+            &[tokio_postgres::types::Type::BYTEA],
+        )
+        .await
+        .unwrap();
+    let mut latencies = Vec::new();
+    let started = Instant::now();
+    let mut n = 0;
+    while started.elapsed() < seconds {
+        let key = format!("fixed-{sync}-{}", n % keys);
+        n += 1;
+        let asked = Instant::now();
+        assert_eq!(
+            client.execute(&update, &[&key.as_bytes()]).await.unwrap(),
+            1
+        );
+        latencies.push(asked.elapsed());
+    }
+    let elapsed = started.elapsed();
+    latencies.sort();
+    let p99 = latencies[latencies.len() * 99 / 100];
+    (
+        latencies.len() as f64 / elapsed.as_secs_f64(),
+        p99,
+        latencies.len(),
+    )
 }
 
 /// One key hit 1,000 times, 50 at a time: how many were admitted, and how

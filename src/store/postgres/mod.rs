@@ -254,8 +254,12 @@ impl PostgresStoreBuilder {
         let first = Session::new(link, &sql).await.map_err(postgres)?;
         // No test query at each checkout (a round trip more per decision):
         // a connection the server closed is known closed, and dropped.
+        // The session used last first: one decision at a time keeps one
+        // backend busy (its caches warm, no other process woken), rather
+        // than wake each of the pool's backends in turn.
         let pool = Pool::builder()
             .max_size(self.pool_size)
+            .queue_strategy(bb8::QueueStrategy::Lifo)
             .test_on_check_out(false)
             .retry_connection(false)
             .connection_timeout(self.timeout)

@@ -46,6 +46,8 @@ mod operating;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "postgres")]
+mod postgres_attack;
+#[cfg(feature = "postgres")]
 mod postgres_faults;
 #[cfg(feature = "postgres")]
 mod postgres_tls;

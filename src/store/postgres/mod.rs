@@ -67,10 +67,12 @@ const CLEANUP_EVERY: u64 = 256;
 /// (PostgreSQL's `lock_timeout`) and on any statement after three
 /// quarters of it (`statement_timeout`); such a key's check fails with
 /// [`StoreError::KeyBusy`], which the circuit breaker does not count.
-/// Locks met on three keys or more within twice the timeout, or by a read
-/// (the table's: an index built, a table altered or locked), fail as the
-/// store failing. A decision dropped mid-statement (its timeout) cancels
-/// the statement on the server and never returns its session to the pool.
+/// Locks met on three keys or more within twice the timeout (the table's:
+/// an index built without `CONCURRENTLY` or a `LOCK TABLE … EXCLUSIVE`,
+/// which stop writes), or by a read (`ALTER TABLE`, `LOCK TABLE`, which
+/// stop reads too), fail as the store failing. A decision dropped
+/// mid-statement (its timeout) cancels the statement on the server and
+/// never returns its session to the pool.
 ///
 /// TLS follows libpq's `sslmode` (`disable`, `prefer` by default,
 /// `require`, `verify-ca`, `verify-full`) and `sslrootcert` (a PEM file of

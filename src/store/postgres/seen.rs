@@ -107,9 +107,10 @@ impl Seen {
         if added > self.limit {
             return;
         }
-        if rows.bytes + added > self.limit {
+        while rows.bytes + added > self.limit {
             // Room made by forgetting about half the rows, whichever the
-            // map's order gives: a forgotten key is read first next time.
+            // map's order gives, until it fits (an empty map does): a
+            // forgotten key is read first next time.
             let mut keep = false;
             let mut bytes = 0;
             rows.map.retain(|key, (state, _)| {

@@ -6,10 +6,10 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use crate::support::postgres::PostgresServer;
+use crate::support::postgres::{PostgresServer, every_algorithm};
 use tower_redis_ratelimit::clock::ManualClock;
 use tower_redis_ratelimit::store::conformance;
-use tower_redis_ratelimit::{Algorithm, Policy, PostgresStore, Store};
+use tower_redis_ratelimit::{Policy, PostgresStore, Store};
 
 /// A store on a table of its own (each kit sequence starts empty).
 fn kit_store(url: &str, clock: ManualClock) -> PostgresStore {
@@ -27,25 +27,6 @@ async fn postgres_store_passes_the_conformance_kit() {
     if let Err(mismatch) = conformance::check_store(|clock| kit_store(&url, clock)).await {
         panic!("{mismatch}");
     }
-}
-
-fn every_algorithm(max: u64) -> Vec<Policy> {
-    let text = format!("{max}/1min");
-    [
-        Algorithm::SlidingLog,
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindow,
-        Algorithm::Gcra,
-    ]
-    .into_iter()
-    .map(|algorithm| {
-        text.parse::<Policy>()
-            .unwrap()
-            .with_algorithm(algorithm)
-            .unwrap()
-    })
-    .chain([Policy::concurrency(max).unwrap()])
-    .collect()
 }
 
 /// Two stores (two pools, as two processes have) checking one key at

@@ -7,37 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::support::postgres::PostgresServer;
+use crate::support::postgres::{PostgresServer, every_algorithm, rate_algorithms, through};
 use crate::support::proxy::{Direction, FaultProxy};
 use tower_redis_ratelimit::clock::ManualClock;
 use tower_redis_ratelimit::store::Command;
 use tower_redis_ratelimit::{Algorithm, MemoryStore, Policy, PostgresStore, Store};
-
-fn through(proxy: &FaultProxy) -> String {
-    format!(
-        "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=disable",
-        proxy.port()
-    )
-}
-
-fn rates(max: u64) -> Vec<Policy> {
-    let text = format!("{max}/1min");
-    [
-        Algorithm::SlidingLog,
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindow,
-        Algorithm::Gcra,
-    ]
-    .into_iter()
-    .map(|a| text.parse::<Policy>().unwrap().with_algorithm(a).unwrap())
-    .collect()
-}
-
-fn every_algorithm(max: u64) -> Vec<Policy> {
-    let mut all = rates(max);
-    all.push(Policy::concurrency(max).unwrap());
-    all
-}
 
 const T0: Duration = Duration::from_secs(1_700_000_000);
 
@@ -418,7 +392,7 @@ async fn attack_a_restart_mid_run_never_admits_over_max() {
                 .unwrap(),
         );
     }
-    for policy in rates(40) {
+    for policy in rate_algorithms(40) {
         let key = format!("restart-{}", policy.algorithm());
         let admitted = Arc::new(AtomicU32::new(0));
         let mut tasks = Vec::new();

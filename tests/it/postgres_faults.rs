@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::support::postgres::PostgresServer;
+use crate::support::postgres::{PostgresServer, through};
 use crate::support::proxy::{Direction, FaultProxy};
 use tower_redis_ratelimit::limiter::{CircuitBreaker, DecidedBy};
 use tower_redis_ratelimit::{
@@ -315,13 +315,4 @@ async fn callers_finding_the_pool_empty_open_a_bounded_number_of_connections() {
         proxy.cut_all();
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// The settings of a session to the server behind `proxy` (plain: the
-/// proxy forwards bytes).
-fn through(proxy: &FaultProxy) -> String {
-    format!(
-        "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=disable",
-        proxy.port()
-    )
 }

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::proxy::FaultProxy;
 use super::server::free_port;
+use tower_redis_ratelimit::{Algorithm, Policy};
 
 /// A `postgres` server on a free loopback port, its data in a directory of
 /// its own; stopped and removed on drop.
@@ -230,4 +232,39 @@ fn run_as(mut command: Command, owner: Option<(u32, u32)>) -> Command {
         command.uid(uid).gid(gid);
     }
     command
+}
+
+/// The settings of a session to the server behind `proxy` (plain: the
+/// proxy forwards bytes).
+pub fn through(proxy: &FaultProxy) -> String {
+    format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=disable",
+        proxy.port()
+    )
+}
+
+/// Every algorithm that counts a rate, at `max` a minute.
+pub fn rate_algorithms(max: u64) -> Vec<Policy> {
+    let text = format!("{max}/1min");
+    [
+        Algorithm::SlidingLog,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::Gcra,
+    ]
+    .into_iter()
+    .map(|algorithm| {
+        text.parse::<Policy>()
+            .unwrap()
+            .with_algorithm(algorithm)
+            .unwrap()
+    })
+    .collect()
+}
+
+/// [`rate_algorithms`] and a concurrency limit of `max`.
+pub fn every_algorithm(max: u64) -> Vec<Policy> {
+    let mut all = rate_algorithms(max);
+    all.push(Policy::concurrency(max).unwrap());
+    all
 }

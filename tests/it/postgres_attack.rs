@@ -13,6 +13,33 @@ use tower_redis_ratelimit::clock::ManualClock;
 use tower_redis_ratelimit::store::Command;
 use tower_redis_ratelimit::{Algorithm, MemoryStore, Policy, PostgresStore, Store};
 
+/// A store of `server` deciding on `clock`.
+async fn on_clock(server: &PostgresServer, clock: &ManualClock) -> PostgresStore {
+    PostgresStore::builder(&server.url())
+        .clock(clock.clone())
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// `store` and `memory` check `key` under `policy`: the same answer.
+async fn decides_as_memory(
+    store: &PostgresStore,
+    memory: &MemoryStore,
+    key: &str,
+    policy: &Policy,
+    at: &str,
+) {
+    let got = store.check(key, policy).await.unwrap();
+    let want = memory.check(key, policy).await.unwrap();
+    assert_eq!(
+        (got.allowed(), got.remaining()),
+        (want.allowed(), want.remaining()),
+        "{:?} {at}",
+        policy.algorithm()
+    );
+}
+
 const T0: Duration = Duration::from_secs(1_700_000_000);
 
 /// Four stores (one direct, three through proxies that stall and cut) hit
@@ -130,16 +157,8 @@ async fn attack_stores_under_stalls_and_cuts_never_admit_over_max() {
 async fn attack_stale_guesses_after_another_stores_commands_match_memory() {
     let server = PostgresServer::start();
     let clock = ManualClock::new(T0);
-    let a = PostgresStore::builder(&server.url())
-        .clock(clock.clone())
-        .connect()
-        .await
-        .unwrap();
-    let b = PostgresStore::builder(&server.url())
-        .clock(clock.clone())
-        .connect()
-        .await
-        .unwrap();
+    let a = on_clock(&server, &clock).await;
+    let b = on_clock(&server, &clock).await;
     let memory = MemoryStore::with_clock(clock.clone());
     let commands = [
         Command::Block(Duration::from_secs(5)),
@@ -154,15 +173,11 @@ async fn attack_stale_guesses_after_another_stores_commands_match_memory() {
         let key = format!("stale-{}", policy.algorithm());
         for (step, command) in commands.iter().enumerate() {
             for n in 0..3 {
-                let got = a.check(&key, &policy).await.unwrap();
-                let want = memory.check(&key, &policy).await.unwrap();
-                assert_eq!(
-                    (got.allowed(), got.remaining()),
-                    (want.allowed(), want.remaining()),
-                    "{:?} step {step} check {n} after {:?}",
-                    policy.algorithm(),
+                let at = format!(
+                    "step {step} check {n} after {:?}",
                     commands[step.saturating_sub(1)]
                 );
+                decides_as_memory(&a, &memory, &key, &policy, &at).await;
             }
             let got = b.command(&key, &policy, *command).await.unwrap();
             let want = memory.command(&key, &policy, *command).await.unwrap();
@@ -184,25 +199,15 @@ async fn attack_stale_guesses_after_another_stores_commands_match_memory() {
 async fn attack_rows_deleted_under_a_guess_start_afresh() {
     let server = PostgresServer::start();
     let clock = ManualClock::new(T0);
-    let a = PostgresStore::builder(&server.url())
-        .clock(clock.clone())
-        .connect()
-        .await
-        .unwrap();
+    let a = on_clock(&server, &clock).await;
     let memory = MemoryStore::with_clock(clock.clone());
     let admin = server.client().await;
     for policy in every_algorithm(4) {
         let key = format!("gone-{}", policy.algorithm());
         for round in 0..4 {
             for n in 0..3 {
-                let got = a.check(&key, &policy).await.unwrap();
-                let want = memory.check(&key, &policy).await.unwrap();
-                assert_eq!(
-                    (got.allowed(), got.remaining()),
-                    (want.allowed(), want.remaining()),
-                    "{:?} round {round} check {n}",
-                    policy.algorithm()
-                );
+                let at = format!("round {round} check {n}");
+                decides_as_memory(&a, &memory, &key, &policy, &at).await;
             }
             admin.execute("DELETE FROM rate_limits", &[]).await.unwrap();
             memory.command(&key, &policy, Command::Reset).await.unwrap();

@@ -312,6 +312,16 @@ async fn expired_rows_are_deleted_in_bounded_batches() {
     };
     let short: Policy = "1/1s".parse().unwrap();
     let long: Policy = "1/1h".parse().unwrap();
+    // `n` writes of the long key: a cleanup every 256.
+    let busy: Policy = "1000/1h".parse().unwrap();
+    let writes = |n| {
+        let (store, busy) = (&store, &busy);
+        async move {
+            for _ in 0..n {
+                store.check("long", busy).await.unwrap();
+            }
+        }
+    };
     for i in 0..600 {
         store.check(&format!("short-{i}"), &short).await.unwrap();
     }
@@ -320,34 +330,17 @@ async fn expired_rows_are_deleted_in_bounded_batches() {
     // Past the short rows' states: their rows are kept five minutes more
     // (rounded up to the minute), for a key used again to write in place.
     clock.advance(Duration::from_secs(5 * 60));
-    for i in 0..256 {
-        store
-            .check("long", &"1000/1h".parse::<Policy>().unwrap())
-            .await
-            .unwrap();
-        let _ = i;
-    }
+    writes(256).await;
     assert_eq!(rows().await, 601, "expired, but kept a while");
     clock.advance(Duration::from_secs(61));
     // The next writes delete 256 expired rows each 256 decisions.
-    for i in 0..256 {
-        store
-            .check("long", &"1000/1h".parse::<Policy>().unwrap())
-            .await
-            .unwrap();
-        let _ = i;
-    }
+    writes(256).await;
     let left = rows().await;
     assert!(
         (601 - 2 * 256..=601 - 256).contains(&left),
         "{left} rows left after one or two cleanups"
     );
-    for _ in 0..512 {
-        store
-            .check("long", &"1000/1h".parse::<Policy>().unwrap())
-            .await
-            .unwrap();
-    }
+    writes(512).await;
     assert_eq!(rows().await, 1, "only the row that still counts");
 }
 

@@ -161,9 +161,9 @@ fn pttl(server: &RedisServer, key: &str) -> Duration {
 }
 
 /// A day and a month in UTC on Redis: the count is held across checks,
-/// each reset is the time to the real next boundary, the key expires at
-/// the later one, and each rate's field names its calendar and holds the
-/// window's start.
+/// each reset is the time to the real next boundary, and each rate counts
+/// in an integer named by its calendar and its window's start, which
+/// expires at the window's end.
 #[tokio::test]
 async fn redis_counts_a_day_and_a_month_to_their_boundaries() {
     let server = RedisServer::start();
@@ -200,26 +200,39 @@ async fn redis_counts_a_day_and_a_month_to_their_boundaries() {
             2,
             "{how}: a denial counts nowhere"
         );
-        let redis_key = format!("rl:fixed:{{{key}}}");
-        assert_near(
-            pttl(&server, &redis_key),
-            next_month(&TimeZone::UTC) - now(),
-            "the key expires at the month's end",
-        );
+        // One integer a window, named by its calendar and its start.
         let today = next_midnight(&TimeZone::UTC) - Duration::from_secs(86_400);
-        let field = server.command(&["HGET", &redis_key, "day:UTC"]);
-        assert!(
-            field.contains(&format!("{}:3", today.as_micros())),
-            "{how}: {field:?}"
+        let day = format!("rl:fixed:{{{key}}}:day:UTC:{}", today.as_micros());
+        assert_eq!(
+            server.command(&["GET", &day]).lines().nth(1),
+            Some("3"),
+            "{how}"
         );
-        let field = server.command(&["HGET", &redis_key, "month:UTC:1"]);
-        assert!(field.contains(":3"), "{how}: {field:?}");
+        assert_near(
+            pttl(&server, &day),
+            next_midnight(&TimeZone::UTC) - now(),
+            "the day's count expires at midnight",
+        );
+        let months = server.keys(&format!("rl:fixed:{{{key}}}:month:UTC:1:*"));
+        let [month] = months.as_slice() else {
+            panic!("{how}: {months:?}")
+        };
+        assert_eq!(
+            server.command(&["GET", month]).lines().nth(1),
+            Some("3"),
+            "{how}"
+        );
+        assert_near(
+            pttl(&server, month),
+            next_month(&TimeZone::UTC) - now(),
+            "the month's count expires at the month's end",
+        );
     }
 }
 
 /// A day whose local midnight (a fixed offset with seconds) comes two
 /// seconds from now: Redis, on its own clock, denies until the boundary,
-/// the key expires at it, and the next day starts from zero; with each
+/// the count expires at it, and the next day starts from zero; with each
 /// check path.
 #[tokio::test]
 async fn redis_starts_a_new_day_at_a_real_boundary() {
@@ -239,10 +252,14 @@ async fn redis_starts_a_new_day_at_a_real_boundary() {
         let denied = store.check(&key, &policy).await.unwrap();
         assert!(!denied.allowed(), "{how} {offset}");
         assert_near(denied.retry_after(), boundary - now(), "retry after");
+        let counts = server.keys(&format!("rl:fixed:{{{key}}}:*"));
+        let [count] = counts.as_slice() else {
+            panic!("{how}: {counts:?}")
+        };
         assert_near(
-            pttl(&server, &format!("rl:fixed:{{{key}}}")),
+            pttl(&server, count),
             boundary - now(),
-            "the key expires at the boundary",
+            "the count expires at the boundary",
         );
         tokio::time::sleep((boundary + Duration::from_millis(50)).saturating_sub(now())).await;
         let d = store.check(&key, &policy).await.unwrap();
@@ -308,7 +325,7 @@ async fn a_client_clock_days_away_fails_the_check() {
             "{error}"
         );
     }
-    assert_eq!(server.command(&["EXISTS", "rl:fixed:{k}"]).trim(), ":0");
+    assert!(server.keys("rl:fixed:{k}*").is_empty());
 }
 
 /// Peek, penalty, reward, block and reset on a month's count in

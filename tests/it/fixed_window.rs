@@ -149,12 +149,16 @@ async fn admits_exactly_the_limit_under_contention() {
     away_from_a_boundary(Duration::from_secs(60), Duration::from_secs(10)).await;
     let admitted = admitted_under_contention(&server, policy, "hot", 500).await;
     assert_eq!(admitted, 100);
-    let stored = server.command(&["HGET", "rl:fixed:{hot}", "60000000"]);
-    assert!(stored.trim().ends_with(":100"), "{stored:?}");
+    // One integer a window: `{name}:{window µs}:{window index}`.
+    let keys = server.keys("rl:fixed:{hot}:60000000:*");
+    let [key] = keys.as_slice() else {
+        panic!("{keys:?}")
+    };
+    assert_eq!(server.command(&["GET", key]).lines().nth(1), Some("100"));
 }
 
 #[tokio::test]
-async fn the_key_expires_when_the_longest_window_ends() {
+async fn each_count_expires_when_its_window_ends() {
     let server = RedisServer::start();
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let p: Policy = "2/200ms, 5/1s"
@@ -166,23 +170,31 @@ async fn the_key_expires_when_the_longest_window_ends() {
     let now = micros(SystemTime::now().duration_since(UNIX_EPOCH).unwrap());
     let left = Duration::from_micros(1_000_000 - now % 1_000_000);
     assert!(store.check("k", &p).await.unwrap().allowed());
-    let key = "rl:fixed:{k}";
-    let pttl: u64 = server
-        .command(&["PTTL", key])
-        .trim()
-        .trim_start_matches(':')
-        .parse()
-        .unwrap();
-    // Until the end of the 1 s window, not of the 200 ms one.
+    let pttl = |key: &str| -> u64 {
+        server
+            .command(&["PTTL", key])
+            .trim()
+            .trim_start_matches(':')
+            .parse()
+            .unwrap()
+    };
+    let second = format!("rl:fixed:{{k}}:1000000:{}", now / 1_000_000);
+    let short = server.keys("rl:fixed:{k}:200000:*");
+    // Each count until the end of its own window.
     assert!(
-        pttl > 200 && Duration::from_millis(pttl) <= left + 2 * MS,
-        "PTTL {pttl} ms, window ends in {left:?}"
+        Duration::from_millis(pttl(&second)) <= left + 2 * MS && pttl(&second) > 200,
+        "PTTL {} ms, window ends in {left:?}",
+        pttl(&second)
     );
+    assert!(pttl(&short[0]) <= 200, "{short:?}");
     // A denied request writes nothing, nor does it move the expiry.
     assert!(store.check("k", &p).await.unwrap().allowed());
+    let before = server.command(&["GET", &second]);
     assert!(!store.check("k", &p).await.unwrap().allowed());
+    assert_eq!(server.command(&["GET", &second]), before);
+    assert!(Duration::from_millis(pttl(&second)) <= left + 2 * MS);
     tokio::time::sleep(left + MARGIN).await;
-    assert_eq!(server.command(&["EXISTS", key]).trim(), ":0");
+    assert_eq!(server.command(&["EXISTS", &second]).trim(), ":0");
 }
 
 #[tokio::test]

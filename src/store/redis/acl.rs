@@ -13,6 +13,9 @@ pub(super) const ACL_COMMANDS: &[&str] = &[
     "+mget",
     "+set",
     "+del",
+    // The fixed window's counts.
+    "+incrby",
+    "+decrby",
     "+hset",
     "+hmget",
     "+hdel",

@@ -64,8 +64,10 @@ macro_rules! batch_script {
 /// the key's sorted set and its block; `ARGV` the cost, the minimum spacing
 /// in µs (0: none), a request id, then each rate's max and window in µs.
 pub const SLIDING_LOG_SCRIPT: &str = check_script!("scripts/sliding_log.lua");
-/// The Lua source of [`Algorithm::FixedWindow`]. `KEYS` are the key's hash
-/// and its block; `ARGV` the cost, then each rate's max and window in µs.
+/// The Lua source of [`Algorithm::FixedWindow`]. `KEYS` are the name its
+/// counts start with (each rate's count in its current window is an
+/// integer at `{name}:{window µs or calendar}:{window index}`) and its
+/// block; `ARGV` the cost, then each rate's max and window in µs.
 pub const FIXED_WINDOW_SCRIPT: &str = check_script!("scripts/fixed_window.lua");
 /// The Lua source of [`Algorithm::SlidingWindow`]. `KEYS` are the key's
 /// hash and its block; `ARGV` the cost, then each rate's max and window in

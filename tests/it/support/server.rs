@@ -166,6 +166,17 @@ impl RedisServer {
         try_raw_command_as(self.port, None, args)
     }
 
+    /// The keys matching `pattern` (`KEYS`: a test's own small server).
+    pub fn keys(&self, pattern: &str) -> Vec<String> {
+        // An array of bulk strings: `*n`, then `$len` and the key, each a line.
+        self.command(&["KEYS", pattern])
+            .lines()
+            .skip(1)
+            .filter(|line| !line.starts_with('$'))
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// `calls` of `command` in `INFO commandstats` (0 if never called).
     pub fn calls(&self, command: &str) -> u64 {
         let info = self.command(&["INFO", "commandstats"]);

@@ -10,7 +10,7 @@ bind(KEYS[1])
 local command = ARGV[1]
 local amount = tonumber(ARGV[2])
 if command == 'reset' then
-  redis.call('DEL', KEYS[1], KEYS[2])
+  redis.call('DEL', KEYS[1], KEYS[2], unpack(state_keys()))
 elseif command == 'block' then
   if amount > 0 then
     local ends = now + amount

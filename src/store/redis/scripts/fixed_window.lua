@@ -1,9 +1,12 @@
 -- Fixed window, decided inside Redis on Redis's own clock (TIME), with the
 -- semantics of src/algorithm/fixed_window.rs.
 --
--- KEYS[1]  a hash of one limited key: one field per rate, named by the
---          rate's window in µs (a calendar rate's by its calendar,
---          'month:Europe/Paris:15'), holding "<window index>:<count>"
+-- KEYS[1]  the name of one limited key's counts: each rate's count in its
+--          current window is a plain integer at
+--          '<KEYS[1]>:<field>:<window index>' (the same hash tag, so the
+--          same cluster slot), where the field is the rate's window in µs
+--          (a calendar rate's: its calendar, 'month:Europe/Paris:15'); it
+--          expires when its window ends
 -- ARGV     cost: how many requests one request counts as; then max and
 --          window (µs) of each rate, in pairs (a calendar rate's window:
 --          its field's name and the boundaries around the client's time,
@@ -14,125 +17,102 @@
 -- index = floor(now / window); a calendar rate's window is the one, among
 -- the boundaries the client passed, that holds Redis's own time, and its
 -- index is its start (µs). A request is admitted if every rate has room
--- for its cost; only then does it count, in every rate. A denied request
--- writes nothing. A penalty adds its units to every rate's count (at most
--- 2^53), a reward takes them off (never below zero).
+-- for its cost; only then does it count, in every rate. A penalty adds its
+-- units to every rate's count (at most 2^53), a reward takes them off
+-- (never below zero; a count of zero is no key).
+--
+-- A check counts first and gives back when it is denied (INCRBY, then
+-- DECRBY), atomically: an admitted request of one rate costs Redis one
+-- command (two when it opens a window: its expiry), as close to a plain
+-- INCRBY as a script gets; nobody ever sees the denied request's count.
 --
 -- Numbers are Lua doubles, exact for integers up to 2^53: now (µs since the
 -- epoch) is about 2^51, windows are at most ten years (about 2^48), counts
--- at most 2^53, so every value below is exact.
+-- at most 2^53 (Redis's own integers are exact beyond), so every value
+-- below is exact.
 -- The limited key and its policy, set by bind(): each policy's windows
 -- are placed on the clock once per script call, however many keys it
 -- checks.
-local key, cost, nrates, names, maxes, indexes, finishes
+local key, cost, cost_text, nrates, names, maxes, finishes, suffixes, expiries
 
--- Each rate's current window index and its end (µs). A calendar rate's
--- window is the one among its boundaries that holds now: a client whose
--- clock is more than a window away from Redis's passed none (an error).
+-- Each rate's current window: its end (µs), its expiry (ms, for
+-- PEXPIREAT) and the suffix of its count's key. A calendar rate's window
+-- is the one among its boundaries that holds now: a client whose clock is
+-- more than a window away from Redis's passed none (an error).
 local function place(policy)
-  local windows, is, fs = policy[5], {}, {}
+  local windows, fs, ss, es = policy[5], {}, {}, {}
   for i = 1, policy[2] do
     local w = windows[i]
+    local index
     if type(w) == 'table' then
       for j = 1, #w - 1 do
         if w[j] <= now and now < w[j + 1] then
-          is[i], fs[i] = w[j], w[j + 1]
+          index, fs[i] = w[j], w[j + 1]
           break
         end
       end
-      if not is[i] then
+      if not index then
         error({ err = 'ERR calendar window ' .. policy[3][i] .. ': Redis time ' .. int(now)
           .. ' is outside the boundaries the client passed (its clock is a window away)' })
       end
     else
-      is[i] = window_index(w)
-      fs[i] = (is[i] + 1) * w
+      index = window_index(w)
+      fs[i] = (index + 1) * w
     end
+    ss[i] = ':' .. policy[3][i] .. ':' .. int(index)
+    es[i] = int(math.ceil(fs[i] / 1000))
   end
-  policy[6], policy[7] = is, fs
+  policy[6], policy[7], policy[8], policy[9] = fs, ss, es, int(policy[1])
 end
 
 local function bind(k)
   key = k
   local policy = policy_at(place)
   cost, nrates, names, maxes = policy[1], policy[2], policy[3], policy[4]
-  indexes, finishes = policy[6], policy[7]
+  finishes, suffixes, expiries, cost_text = policy[6], policy[7], policy[8], policy[9]
 end
 
--- Every rate's count in its current window, and whether every rate's field
--- was last written in the current window (then the key's expiry already
--- covers it).
+-- Add `units` (and as text: Lua would write a large number with an
+-- exponent) to rate i's count; its count after.
+local function add(i, units, text)
+  local k = key .. suffixes[i]
+  local count = redis.call('INCRBY', k, text)
+  if count == units then
+    -- A new count: it lives until its window ends.
+    redis.call('PEXPIREAT', k, expiries[i])
+  end
+  return count
+end
+
+-- Every rate's count in its current window.
 local function counters()
-  local stored = redis.call('HMGET', key, unpack(names))
+  local ks = {}
+  for i = 1, nrates do
+    ks[i] = key .. suffixes[i]
+  end
+  local stored = redis.call('MGET', unpack(ks))
   local counts = {}
-  local covered = true
   for i = 1, nrates do
-    local count = 0
-    local s = stored[i]
-    if s then
-      local si, sc = string.match(s, '^(%d+):(%d+)$')
-      if si and tonumber(si) == indexes[i] then
-        count = tonumber(sc)
-      else
-        covered = false
-      end
-    else
-      covered = false
-    end
-    counts[i] = count
+    counts[i] = tonumber(stored[i] or '0') or 0
   end
-  return counts, covered
+  return counts
 end
 
--- Write every rate's count (a zero count removes its field). The key
--- disappears once the longest current window has ended; never shorten it:
--- fields of windows another policy counts on this key may need longer.
--- `covered`: the expiry is known to be long enough already.
-local function store(counts, covered)
-  local fields, gone = {}, {}
-  local expires_at = 0
-  for i = 1, nrates do
-    if counts[i] > 0 then
-      fields[#fields + 1] = names[i]
-      -- Indexes and counts are integers below 2^53: '%d' is exact.
-      fields[#fields + 1] = string.format('%d:%d', indexes[i], counts[i])
-      if finishes[i] > expires_at then
-        expires_at = finishes[i]
-      end
-    else
-      gone[#gone + 1] = names[i]
-    end
-  end
-  write_fields(key, fields, gone, expires_at, covered)
-end
-
--- Decide one request; `commit`: count it if admitted.
-local function decide(commit)
-  local counts, covered = counters()
-  local allowed = 1
-  for i = 1, nrates do
-    -- count + cost <= max, without forming a sum above 2^53 (cost <= max).
-    if counts[i] > maxes[i] - cost then
-      allowed = 0
-    end
-  end
+-- The reply of a decision on `counts` (after it).
+local function reply(allowed, counts)
   local out = { allowed, 0 }
   local o = 2
   for i = 1, nrates do
-    local max = maxes[i]
-    local finish = finishes[i]
-    local count = counts[i]
+    local max, count = maxes[i], counts[i]
+    local left = finishes[i] - now
     local wait = 0
-    if allowed == 1 then
-      count = count + cost
-    elseif count > max - cost then
-      -- The counter starts again at the next window.
-      wait = finish - now
+    -- The counter starts again at the next window.
+    if allowed == 0 and count > max - cost then
+      wait = left
     end
-    counts[i] = count
     local reset = 0
     if count > 0 then
-      reset = finish - now
+      reset = left
     end
     local remaining = max - count
     if remaining < 0 then
@@ -143,26 +123,71 @@ local function decide(commit)
     out[o + 3] = wait
     o = o + 3
   end
-  if allowed == 1 and commit then
-    -- An admitted count is positive: no field is removed, and a field
-    -- counted in the current window already has the expiry it needs.
-    store(counts, covered)
-  end
   return out
 end
 
-local function penalty(units)
-  local counts = counters()
-  for i = 1, nrates do
-    counts[i] = math.min(counts[i] + units, MAX_COUNT)
+-- Decide one request; `commit`: count it if admitted (a peek does not).
+local function decide(commit)
+  if not commit then
+    local counts = counters()
+    local allowed = 1
+    for i = 1, nrates do
+      -- count + cost <= max, without forming a sum above 2^53 (cost <= max).
+      if counts[i] > maxes[i] - cost then
+        allowed = 0
+      end
+    end
+    -- Answered as the request would be: admitted, it counts.
+    if allowed == 1 then
+      for i = 1, nrates do
+        counts[i] = counts[i] + cost
+      end
+    end
+    return reply(allowed, counts)
   end
-  store(counts)
+  local counts = {}
+  local allowed = 1
+  for i = 1, nrates do
+    counts[i] = add(i, cost, cost_text)
+    if counts[i] > maxes[i] then
+      allowed = 0
+    end
+  end
+  if allowed == 0 then
+    for i = 1, nrates do
+      redis.call('DECRBY', key .. suffixes[i], cost_text)
+      counts[i] = counts[i] - cost
+    end
+  end
+  return reply(allowed, counts)
+end
+
+local function penalty(units)
+  local text = int(units)
+  for i = 1, nrates do
+    -- (A count past 2^53 reads back rounded: at 2^53 or more, it is set.)
+    if add(i, units, text) >= MAX_COUNT then
+      redis.call('SET', key .. suffixes[i], int(MAX_COUNT), 'KEEPTTL')
+    end
+  end
 end
 
 local function reward(units)
-  local counts = counters()
+  local text = int(units)
   for i = 1, nrates do
-    counts[i] = math.max(counts[i] - units, 0)
+    local k = key .. suffixes[i]
+    if redis.call('DECRBY', k, text) <= 0 then
+      redis.call('DEL', k)
+    end
   end
-  store(counts)
+end
+
+-- The keys a reset deletes besides KEYS[1] and the block: every rate's
+-- current count.
+local function state_keys()
+  local ks = {}
+  for i = 1, nrates do
+    ks[i] = key .. suffixes[i]
+  end
+  return ks
 end

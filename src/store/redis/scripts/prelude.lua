@@ -105,6 +105,12 @@ end
 local function bind()
 end
 
+-- The keys of the limited key's state besides KEYS[1], which a reset
+-- deletes too: none, but for the fixed window's counts.
+local function state_keys()
+  return {}
+end
+
 -- Whether this check is a retry of a request that already counted (its
 -- reply was lost): its reply, or nil. The default, for algorithms where
 -- nothing identifies a request (a retry counts again); the sliding log and

@@ -5,6 +5,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use super::plan::{DescriptorPlan, Limit};
 use super::service::OVERRIDE_NAME;
 use crate::decision::Decision;
@@ -100,16 +102,16 @@ fn ask(plan: &DescriptorPlan<'_>, limit: &Limit<'_>) -> Ask {
 /// in an admitted request, peeked in a refused one), give-backs and
 /// charges, each on its own.
 pub(super) async fn decide(plans: &[DescriptorPlan<'_>]) -> Result<Outcomes, tonic::Status> {
-    let mut all = Vec::new();
     let mut denied = plans
         .iter()
         .any(|plan| plan.refused.iter().any(|r| !r.shadow));
-    let mut limits: Vec<(usize, &Limit<'_>, Ask)> = Vec::new();
+    let mut limits: SmallVec<[(usize, &Limit<'_>, Ask); 4]> = SmallVec::new();
     for (i, plan) in plans.iter().enumerate() {
         for limit in &plan.limits {
             limits.push((i, limit, ask(plan, limit)));
         }
     }
+    let mut all = Vec::with_capacity(limits.len());
     // Read-only first: what refuses the request before anything counts.
     for &(i, limit, asked) in &limits {
         match asked {
@@ -131,7 +133,7 @@ pub(super) async fn decide(plans: &[DescriptorPlan<'_>]) -> Result<Outcomes, ton
             _ => {}
         }
     }
-    let enforced: Vec<(usize, &Limit<'_>, u64)> = limits
+    let enforced: SmallVec<[(usize, &Limit<'_>, u64); 4]> = limits
         .iter()
         .filter(|(_, _, asked)| *asked == Ask::Enforced)
         .map(|&(i, limit, _)| (i, limit, plans[i].cost))

@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use smallvec::SmallVec;
 
 use crate::key;
 use crate::limiter::Limiter;
@@ -105,7 +106,7 @@ impl<'a> DescriptorPlan<'a> {
         cost: u64,
         replaced: &mut HashSet<&'a str>,
     ) -> Self {
-        let entries: Vec<(&str, &str)> = descriptor
+        let entries: SmallVec<[(&str, &str); 4]> = descriptor
             .entries
             .iter()
             .map(|e| (e.key.as_str(), e.value.as_str()))
@@ -158,12 +159,19 @@ impl<'a> DescriptorPlan<'a> {
 /// The key of a descriptor's count: its entries' values but the tier's,
 /// joined (a long one is held by its hash, as every key).
 fn key_of(descriptor: &RateLimitDescriptor, tier_entry: Option<&str>) -> String {
-    let values: Vec<String> = descriptor
-        .entries
-        .iter()
-        .filter(|entry| Some(entry.key.as_str()) != tier_entry)
-        .map(|entry| entry.value.clone())
-        .collect();
+    let kept = || {
+        descriptor
+            .entries
+            .iter()
+            .filter(|entry| Some(entry.key.as_str()) != tier_entry)
+    };
+    let mut values = kept();
+    if let (Some(only), None) = (values.next(), values.next()) {
+        // One value (the usual descriptor) is its key, as `joined` makes
+        // it: one allocation where the list takes three.
+        return only.value.clone();
+    }
+    let values: Vec<String> = kept().map(|entry| entry.value.clone()).collect();
     key::joined(&values)
 }
 

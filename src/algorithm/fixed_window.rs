@@ -55,7 +55,7 @@ impl Counter {
 /// The current window of `rate` at `now`: the slot of its counter, the
 /// window's index and its end (µs).
 #[inline]
-fn place(rate: &Rate, now: u64) -> (u64, u64, u64) {
+pub(crate) fn place(rate: &Rate, now: u64) -> (u64, u64, u64) {
     match rate.calendar() {
         None => {
             let window = rate.window_micros();
@@ -152,6 +152,36 @@ fn status(rate: &Rate, allowed: bool, count: u64, cost: u64, left: u64) -> RateS
         // The counter starts again at the next window.
         wait: Micros(if denies { left } else { 0 }),
     }
+}
+
+/// The decision of a store that counts first: `added` holds each rate's
+/// count after the request's cost was added, and its window's end (µs).
+/// The request is admitted when every count is at most its max; denied,
+/// the store takes its cost back off every count, and the decision is on
+/// the counts before it, as [`check`]'s on the same counts.
+pub(crate) fn decided_after_adding(policy: &Policy, now: u64, added: &[(u64, u64)]) -> Decision {
+    let cost = policy.cost();
+    let rates = policy.rates();
+    let allowed = rates
+        .iter()
+        .zip(added)
+        .all(|(rate, &(count, _))| count <= rate.max());
+    let status = |rate: &Rate, &(count, end): &(u64, u64)| {
+        let count = if allowed {
+            count
+        } else {
+            count.saturating_sub(cost)
+        };
+        status(rate, allowed, count, cost, end.saturating_sub(now))
+    };
+    if let ([rate], [one]) = (rates, added) {
+        return DecisionBuilder::one(allowed, Algorithm::FixedWindow, status(rate, one));
+    }
+    let mut builder = DecisionBuilder::new(allowed).algorithm(Algorithm::FixedWindow);
+    for (rate, one) in rates.iter().zip(added) {
+        builder.rate(status(rate, one));
+    }
+    built(builder)
 }
 
 /// [`check`] of any policy over any state.

@@ -24,7 +24,9 @@ use redis::Value;
 use tokio::sync::oneshot;
 
 use super::call::Call;
+use super::clock_sync::ClockSync;
 use super::connection::Connections;
+use super::plain::{self, Outcome};
 use super::script::{self, BatchItem, Keys};
 use crate::decision::Decision;
 use crate::policy::{Algorithm, Policy};
@@ -76,6 +78,7 @@ impl Batcher {
     pub(super) fn submit(
         self: &Arc<Self>,
         connections: &Connections,
+        clock: &Arc<ClockSync>,
         timeout: Duration,
         waiting: Waiting,
     ) {
@@ -97,7 +100,12 @@ impl Batcher {
                 batcher: Arc::clone(self),
                 armed: true,
             };
-            tokio::spawn(Arc::clone(self).send_while_queued(connections.clone(), timeout, guard));
+            tokio::spawn(Arc::clone(self).send_while_queued(
+                connections.clone(),
+                Arc::clone(clock),
+                timeout,
+                guard,
+            ));
         }
     }
 
@@ -108,6 +116,7 @@ impl Batcher {
     async fn send_while_queued(
         self: Arc<Self>,
         connections: Connections,
+        clock: Arc<ClockSync>,
         timeout: Duration,
         mut guard: Running,
     ) {
@@ -122,18 +131,34 @@ impl Batcher {
                 let take = state.queue.len().min(MAX_BATCH);
                 state.queue.drain(..take).collect()
             };
-            self.decide(&connections, timeout, batch).await;
+            self.decide(&connections, &clock, timeout, batch).await;
         }
     }
 
     /// Send one batch and answer each of its checks.
-    async fn decide(&self, connections: &Connections, timeout: Duration, batch: Vec<Waiting>) {
+    async fn decide(
+        &self,
+        connections: &Connections,
+        clock: &ClockSync,
+        timeout: Duration,
+        batch: Vec<Waiting>,
+    ) {
         // A check whose caller gave up is not sent: it would count an
         // admission nobody is told of.
         let batch: Vec<Waiting> = batch
             .into_iter()
             .filter(|waiting| !waiting.reply.is_closed())
             .collect();
+        if batch.is_empty() {
+            return;
+        }
+        let batch = match self.algorithm {
+            Algorithm::FixedWindow => match Self::plain(connections, clock, timeout, batch).await {
+                Some(again) => again,
+                None => return,
+            },
+            _ => batch,
+        };
         if batch.is_empty() {
             return;
         }
@@ -156,6 +181,35 @@ impl Batcher {
                 answer_all(batch, &error);
             }
             Err(error) => answer_all(batch, &error),
+        }
+    }
+
+    /// Decide the fixed window's batch with plain commands and answer its
+    /// checks; the checks the script must decide again, or `None` when the
+    /// batch failed (each check is answered its error).
+    async fn plain(
+        connections: &Connections,
+        clock: &ClockSync,
+        timeout: Duration,
+        batch: Vec<Waiting>,
+    ) -> Option<Vec<Waiting>> {
+        match plain::decide(connections, timeout, clock, &batch).await {
+            Ok(outcomes) => {
+                let mut again = Vec::new();
+                for (waiting, outcome) in batch.into_iter().zip(outcomes) {
+                    match outcome {
+                        Outcome::Decided(decision) => {
+                            let _ = waiting.reply.send(decision);
+                        }
+                        Outcome::Again => again.push(waiting),
+                    }
+                }
+                Some(again)
+            }
+            Err(error) => {
+                answer_all(batch, &error);
+                None
+            }
         }
     }
 

@@ -34,7 +34,7 @@ impl RedisStore {
             now: self.clock.local_micros(),
             reply,
         };
-        batcher.submit(&self.connections, self.timeout, waiting);
+        batcher.submit(&self.connections, &self.clock, self.timeout, waiting);
         match tokio::time::timeout(self.timeout, answer).await {
             Ok(Ok(decision)) => decision,
             Ok(Err(_)) => Err(StoreError::UnexpectedReply(

@@ -27,6 +27,7 @@ mod command;
 mod connection;
 mod denials;
 mod errors;
+mod plain;
 mod reply;
 // Its scripts are public only through `store::scripts` (`test-util`).
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]

@@ -21,9 +21,10 @@ async fn app(server: &RedisServer, policy: Policy, cache: bool) -> Router {
     ok_router(RateLimitLayer::from_limiter(limiter, key::peer_ip()))
 }
 
-/// Redis calls of the script behind `policy` so far.
+/// Redis calls deciding a check so far: a script's, a transaction's, or a
+/// fixed window's count.
 fn calls(server: &RedisServer) -> u64 {
-    server.calls("evalsha") + server.calls("exec")
+    server.calls("evalsha") + server.calls("exec") + server.calls("incrby")
 }
 
 #[tokio::test]

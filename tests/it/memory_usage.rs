@@ -30,12 +30,23 @@ async fn bytes_per_key(
         _ => "conc",
     };
     let redis_key = store.redis_key(tag, key);
-    let reply = server.command(&["MEMORY", "USAGE", &redis_key, "SAMPLES", "0"]);
-    reply
-        .trim()
-        .trim_start_matches(':')
-        .parse()
-        .unwrap_or_else(|_| panic!("MEMORY USAGE {redis_key}: {reply:?}"))
+    // The fixed window keeps an integer per rate and window under the key's
+    // name (`{name}:{window}:{index}`); the others one key.
+    let keys = match policy.algorithm() {
+        Algorithm::FixedWindow => server.keys(&format!("{redis_key}:*")),
+        _ => vec![redis_key],
+    };
+    assert!(!keys.is_empty(), "no key of {key}");
+    keys.iter()
+        .map(|redis_key| {
+            let reply = server.command(&["MEMORY", "USAGE", redis_key, "SAMPLES", "0"]);
+            reply
+                .trim()
+                .trim_start_matches(':')
+                .parse::<u64>()
+                .unwrap_or_else(|_| panic!("MEMORY USAGE {redis_key}: {reply:?}"))
+        })
+        .sum()
 }
 
 #[tokio::test]

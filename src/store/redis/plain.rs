@@ -190,7 +190,7 @@ fn outcome(
             Value::Int(n) => added.push((u64::try_from(*n).unwrap_or(0), count.end)),
             Value::ServerError(error) => {
                 return Outcome::Decided(Err(StoreError::UnexpectedReply(format!(
-                    "fixed window: {error:?}"
+                    "fixed window: {error}"
                 ))));
             }
             other => {

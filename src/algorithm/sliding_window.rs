@@ -194,6 +194,39 @@ fn after(
     (status, c)
 }
 
+/// The decision of a store that counts first: `added` holds each rate's
+/// current count after the request's cost was added, and its previous
+/// window's count. The request is admitted when every rate's estimate fits
+/// with the cost counted; denied, the store takes the cost back off every
+/// current count, and the decision is on the counts before it, as
+/// [`check`]'s on the same counts.
+pub(crate) fn decided_after_adding(policy: &Policy, now: u64, added: &[(u64, u64)]) -> Decision {
+    let cost = policy.cost();
+    let rates = policy.rates();
+    let before = |rate: &Rate, &(current, previous): &(u64, u64)| {
+        let window = rate.window_micros();
+        Counters {
+            window,
+            index: now / window,
+            current: current.saturating_sub(cost),
+            previous,
+        }
+    };
+    let allowed = rates.iter().zip(added).all(|(rate, one)| {
+        let c = before(rate, one);
+        fits(&c, now - c.index * c.window, cost, rate.max())
+    });
+    if let ([rate], [one]) = (rates, added) {
+        let (status, _) = after(rate, before(rate, one), now, cost, allowed);
+        return DecisionBuilder::one(allowed, Algorithm::SlidingWindow, status);
+    }
+    let mut builder = DecisionBuilder::new(allowed).algorithm(Algorithm::SlidingWindow);
+    for (rate, one) in rates.iter().zip(added) {
+        builder.rate(after(rate, before(rate, one), now, cost, allowed).0);
+    }
+    built(builder)
+}
+
 /// [`check`] of any policy over any state.
 fn check_many(state: &mut State, now: u64, policy: &Policy, expires: &mut u64) -> Decision {
     let cost = policy.cost();

@@ -235,10 +235,10 @@ async fn a_key_of_another_type_fails_only_its_own_check() {
             _ => "gcra",
         };
         // Something else under the prefix: a string where a hash belongs,
-        // or (the fixed window's counts) a hash where an integer belongs, in
-        // this minute's window and the next.
+        // or (the window counters' counts) a hash where an integer belongs,
+        // in this minute's window and the next.
         let foreign = store.redis_key(tag, "foreign");
-        if tag == "fixed" {
+        if tag != "gcra" {
             let minute = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .unwrap()

@@ -153,10 +153,12 @@ impl Batcher {
             return;
         }
         let batch = match self.algorithm {
-            Algorithm::FixedWindow => match Self::plain(connections, clock, timeout, batch).await {
-                Some(again) => again,
-                None => return,
-            },
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+                match self.plain(connections, clock, timeout, batch).await {
+                    Some(again) => again,
+                    None => return,
+                }
+            }
             _ => batch,
         };
         if batch.is_empty() {
@@ -184,16 +186,17 @@ impl Batcher {
         }
     }
 
-    /// Decide the fixed window's batch with plain commands and answer its
+    /// Decide a window counter's batch with plain commands and answer its
     /// checks; the checks the script must decide again, or `None` when the
     /// batch failed (each check is answered its error).
     async fn plain(
+        &self,
         connections: &Connections,
         clock: &ClockSync,
         timeout: Duration,
         batch: Vec<Waiting>,
     ) -> Option<Vec<Waiting>> {
-        match plain::decide(connections, timeout, clock, &batch).await {
+        match plain::decide(connections, timeout, clock, self.algorithm, &batch).await {
             Ok(outcomes) => {
                 let mut again = Vec::new();
                 for (waiting, outcome) in batch.into_iter().zip(outcomes) {

@@ -179,12 +179,14 @@ impl Algo {
 
     /// The request whose reply carries the decision for `redis_key`: the
     /// `EXEC` of the transaction, the script's `EVALSHA`, or the first
-    /// command naming a fixed window's count (its batch's `INCRBY`, or
-    /// alone its script's `EVALSHA`).
+    /// command naming a window counter's count (in a batch of plain
+    /// commands, the fixed window's `INCRBY` or the sliding window's `MGET`
+    /// of the previous counts, sent together; alone, the script's
+    /// `EVALSHA`).
     pub fn decisive(self, redis_key: &str) -> Match {
         match self {
             Self::LogTransaction => Match::command("EXEC").arg(redis_key),
-            Self::FixedWindow => Match::any().arg(redis_key),
+            Self::FixedWindow | Self::SlidingWindow => Match::any().arg(redis_key),
             _ => Match::command("EVALSHA").arg(redis_key),
         }
     }

@@ -1,9 +1,10 @@
 -- Sliding window counter, decided inside Redis on Redis's own clock (TIME),
 -- with the semantics of src/algorithm/sliding_window.rs.
 --
--- KEYS[1]  a hash of one limited key: one field per rate, named by the
---          rate's window in µs, holding
---          "<window index>:<current count>:<previous count>"
+-- KEYS[1]  the name of one limited key's counts: each rate's count of a
+--          window is a plain integer at '<KEYS[1]>:<window µs>:<window index>'
+--          (the same hash tag, so the same cluster slot); it expires when
+--          the window after it ends, when it stops counting
 -- ARGV     cost: how many requests one request counts as; then max and
 --          window (µs) of each rate, in pairs
 --
@@ -11,10 +12,12 @@
 -- if, for every rate, previous × (window − elapsed) + (current + c) × window
 -- ≤ max × window (checked below in the equivalent form
 -- previous × (window − elapsed) ≤ (max − current − c) × window).
--- Only an admitted request counts, in every rate; a denied one writes
--- nothing. A penalty adds its units to every rate's current count (at most
--- 2^53); a reward takes them off the current count, the rest off the
--- previous one (never below zero).
+-- Only an admitted request counts, in every rate: a check counts first
+-- (INCRBY of the current window's count) and gives back when it is denied
+-- (DECRBY), atomically, so nobody ever sees a denied request's count. A
+-- penalty adds its units to every rate's current count (at most 2^53); a
+-- reward takes them off the current count, the rest off the previous one
+-- (never below zero; a count of zero is no key).
 --
 -- Precision: Redis's Lua computes in doubles, not in the 128-bit integers of
 -- the memory store. now (µs since the epoch, about 2^51), windows (at most
@@ -25,26 +28,34 @@
 -- the decision can differ from the memory store's within one microsecond of
 -- the exact boundary, the wait by one microsecond, and remaining by a
 -- request or two (out of a max near 2^53). A rate's own count (no previous
--- window) is always compared exactly.
+-- window) is always compared exactly. (The batches of plain commands decide
+-- in Rust, in 128-bit integers: exactly.)
 -- The limited key and its policy, set by bind(): each policy's windows
 -- are placed on the clock once per script call, however many keys it
 -- checks.
-local key, cost, nrates, names, maxes, windows, indexes
+local key, cost, cost_text, nrates, maxes, windows, indexes, currents_at, previouses_at, expiries
 
--- Each rate's current window index.
+-- Each rate's current window index, the suffixes of its current and
+-- previous counts' keys, and the current count's expiry (ms: the end of
+-- the next window).
 local function place(policy)
-  local is = {}
+  local is, cs, ps, es = {}, {}, {}, {}
   for i = 1, policy[2] do
-    is[i] = window_index(policy[5][i])
+    local w = policy[5][i]
+    is[i] = window_index(w)
+    cs[i] = ':' .. policy[3][i] .. ':' .. int(is[i])
+    ps[i] = ':' .. policy[3][i] .. ':' .. int(is[i] - 1)
+    es[i] = int(math.ceil((is[i] + 2) * w / 1000))
   end
-  policy[6] = is
+  policy[6], policy[7], policy[8], policy[9], policy[10] = is, cs, ps, es, int(policy[1])
 end
 
 local function bind(k)
   key = k
   local policy = policy_at(place)
-  cost, nrates, names, maxes, windows = policy[1], policy[2], policy[3], policy[4], policy[5]
-  indexes = policy[6]
+  cost, nrates, maxes, windows = policy[1], policy[2], policy[4], policy[5]
+  indexes, currents_at, previouses_at = policy[6], policy[7], policy[8]
+  expiries, cost_text = policy[9], policy[10]
 end
 
 -- Whether `c` more fits at `elapsed` into the window.
@@ -88,39 +99,6 @@ local function wait_for(prev, cur, elapsed, w, c, max)
   return (w - elapsed) + elapsed_needed(cur, w, max - c)
 end
 
--- Every rate's counters rolled forward to the window holding now:
--- indexes, currents, previouses, elapseds; and whether every rate's field
--- was last written in the current window with a current count (then the
--- key's expiry, the end of the next window, already covers it).
-local function counters()
-  local stored = redis.call('HMGET', key, unpack(names))
-  local currents, previouses, elapseds = {}, {}, {}
-  local covered = true
-  for i = 1, nrates do
-    local w = windows[i]
-    local index = indexes[i]
-    local cur, prev = 0, 0
-    if stored[i] then
-      local si, sc, sp = string.match(stored[i], '^(%d+):(%d+):(%d+)$')
-      if si then
-        si = tonumber(si)
-        if si == index then
-          cur, prev = tonumber(sc), tonumber(sp)
-        elseif si + 1 == index then
-          cur, prev = 0, tonumber(sc)
-        end
-      end
-    end
-    if cur == 0 then
-      covered = false
-    end
-    currents[i] = cur
-    previouses[i] = prev
-    elapseds[i] = now - index * w
-  end
-  return indexes, currents, previouses, elapseds, covered
-end
-
 -- µs until the estimate is back to zero: when both counted windows have
 -- slid out.
 local function reset_of(index, w, cur, prev)
@@ -133,51 +111,69 @@ local function reset_of(index, w, cur, prev)
   return 0
 end
 
--- Write every rate's counters (none left removes its field). The key
--- disappears once both counted windows of every rate have slid out; never
--- shorten it: fields of windows another policy counts on this key may need
--- longer. `covered`: the expiry is known to be long enough already.
-local function store(indexes, currents, previouses, covered)
-  local fields, gone = {}, {}
-  local expires_at = 0
+-- Every rate's current and previous counts.
+local function counters()
+  local ks = {}
   for i = 1, nrates do
-    local cur, prev = currents[i], previouses[i]
-    if cur > 0 or prev > 0 then
-      fields[#fields + 1] = names[i]
-      -- Indexes and counts are integers below 2^53: '%d' is exact.
-      fields[#fields + 1] = string.format('%d:%d:%d', indexes[i], cur, prev)
-      local at = now + reset_of(indexes[i], windows[i], cur, prev)
-      if at > expires_at then
-        expires_at = at
-      end
-    else
-      gone[#gone + 1] = names[i]
-    end
+    ks[2 * i - 1] = key .. currents_at[i]
+    ks[2 * i] = key .. previouses_at[i]
   end
-  write_fields(key, fields, gone, expires_at, covered)
+  local stored = redis.call('MGET', unpack(ks))
+  local currents, previouses = {}, {}
+  for i = 1, nrates do
+    currents[i] = tonumber(stored[2 * i - 1] or '0') or 0
+    previouses[i] = tonumber(stored[2 * i] or '0') or 0
+  end
+  return currents, previouses
 end
 
--- Decide one request; `commit`: count it if admitted.
-local function decide(commit)
-  local indexes, currents, previouses, elapseds, covered = counters()
-  local allowed = 1
+-- Every rate's previous count.
+local function previous_counts()
+  local ks = {}
   for i = 1, nrates do
-    if not fits(previouses[i], currents[i], elapseds[i], windows[i], cost, maxes[i]) then
-      allowed = 0
-    end
+    ks[i] = key .. previouses_at[i]
   end
+  local stored = redis.call('MGET', unpack(ks))
+  local previouses = {}
+  for i = 1, nrates do
+    previouses[i] = tonumber(stored[i] or '0') or 0
+  end
+  return previouses
+end
+
+-- Add `units` (and as text) to rate i's current count; its count after.
+local function add(i, units, text)
+  local k = key .. currents_at[i]
+  local count = redis.call('INCRBY', k, text)
+  if count == units then
+    -- A new count: it lives until the next window ends.
+    redis.call('PEXPIREAT', k, expiries[i])
+  end
+  return count
+end
+
+-- Set rate i's count at `suffix` to `count` (no key at zero), keeping its
+-- expiry.
+local function set(suffix, count)
+  local k = key .. suffix
+  if count > 0 then
+    redis.call('SET', k, int(count), 'KEEPTTL')
+  else
+    redis.call('DEL', k)
+  end
+end
+
+-- The reply of a decision on the counts (the current ones after it).
+local function reply(allowed, currents, previouses, denies)
   local out = { allowed, 0 }
   for i = 1, nrates do
     local max = maxes[i]
     local w = windows[i]
-    local cur, prev, elapsed = currents[i], previouses[i], elapseds[i]
+    local cur, prev = currents[i], previouses[i]
+    local elapsed = now - indexes[i] * w
     local wait = 0
-    if allowed == 0 and not fits(prev, cur, elapsed, w, cost, max) then
+    if denies[i] then
       wait = wait_for(prev, cur, elapsed, w, cost, max)
-    end
-    if allowed == 1 then
-      cur = cur + cost
-      currents[i] = cur
     end
     -- Requests that still fit now:
     -- floor((max × w − prev × (w − elapsed)) / w) − cur
@@ -194,26 +190,68 @@ local function decide(commit)
     out[#out + 1] = reset_of(indexes[i], w, cur, prev)
     out[#out + 1] = wait
   end
-  if allowed == 1 and commit then
-    store(indexes, currents, previouses, covered)
-  end
   return out
 end
 
-local function penalty(units)
-  local indexes, currents, previouses = counters()
-  for i = 1, nrates do
-    currents[i] = math.min(currents[i] + units, MAX_COUNT)
+-- Decide one request; `commit`: count it if admitted (a peek does not).
+local function decide(commit)
+  local currents, previouses
+  if commit then
+    previouses = previous_counts()
+    currents = {}
+    for i = 1, nrates do
+      currents[i] = add(i, cost, cost_text) - cost
+    end
+  else
+    currents, previouses = counters()
   end
-  store(indexes, currents, previouses)
+  local allowed = 1
+  local denies = {}
+  for i = 1, nrates do
+    local elapsed = now - indexes[i] * windows[i]
+    denies[i] = not fits(previouses[i], currents[i], elapsed, windows[i], cost, maxes[i])
+    if denies[i] then
+      allowed = 0
+    end
+  end
+  for i = 1, nrates do
+    if allowed == 1 then
+      -- Answered as the request would be: admitted, it counts.
+      currents[i] = currents[i] + cost
+      denies[i] = false
+    elseif commit then
+      redis.call('DECRBY', key .. currents_at[i], cost_text)
+    end
+  end
+  return reply(allowed, currents, previouses, denies)
+end
+
+local function penalty(units)
+  local text = int(units)
+  for i = 1, nrates do
+    -- (A count past 2^53 reads back rounded: at 2^53 or more, it is set.)
+    if add(i, units, text) >= MAX_COUNT then
+      redis.call('SET', key .. currents_at[i], int(MAX_COUNT), 'KEEPTTL')
+    end
+  end
 end
 
 local function reward(units)
-  local indexes, currents, previouses = counters()
+  local currents, previouses = counters()
   for i = 1, nrates do
     local from_current = math.min(units, currents[i])
-    currents[i] = currents[i] - from_current
-    previouses[i] = math.max(previouses[i] - (units - from_current), 0)
+    set(currents_at[i], currents[i] - from_current)
+    set(previouses_at[i], math.max(previouses[i] - (units - from_current), 0))
   end
-  store(indexes, currents, previouses)
+end
+
+-- The keys a reset deletes besides KEYS[1] and the block: every rate's
+-- current and previous counts.
+local function state_keys()
+  local ks = {}
+  for i = 1, nrates do
+    ks[#ks + 1] = key .. currents_at[i]
+    ks[#ks + 1] = key .. previouses_at[i]
+  end
+  return ks
 end

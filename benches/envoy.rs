@@ -5,24 +5,41 @@
 //! commands and CPU per descriptor beside the reference server's scheme
 //! for the same fixed window (`INCRBY` + `EXPIRE` per descriptor,
 //! pipelined), and for GCRA; requests per second through a real Envoy
-//! with the rate limit filter and without it. Every line
+//! with the rate limit filter and without it, and with it asking a stub
+//! service that answers `OK` at once (the filter's own cost). Every line
 //! `RESULT <name> <value>`.
+//!
+//! Kuadrant's Limitador, the Rust server of Envoy's protocol, is measured
+//! beside the service when `LIMITADOR` names a `limitador-server` binary
+//! (built from its sources; nothing of it is in this repository): one
+//! descriptor a call, a fixed window per user at the same max and window
+//! (its limits file is [`LIMITADOR_LIMITS`]), 10,000 keys, every call
+//! admitted, in memory and on the bench's redis-server, the same load and
+//! client (50 calls in flight over one HTTP/2 connection), rounds of the
+//! two interleaved (`BENCH_ROUNDS`, default 3): calls/s, p50 and p99 (the
+//! median of the rounds), CPU per call of Limitador's process and of the
+//! service's runtime thread, on Redis Redis's CPU and commands per call
+//! (sums over the rounds), and the ratios crate ÷ Limitador (the median of
+//! the rounds'). Without `LIMITADOR` those lines are left out.
 //!
 //! ```sh
 //! cargo bench --features envoy --bench envoy      # starts its own redis-server, and Envoy
+//! LIMITADOR=/path/to/limitador-server cargo bench --features envoy --bench envoy
 //! ```
 //!
 //! Settings (environment): `BENCH_SECONDS` (each measurement, default 5),
 //! `BENCH_CONCURRENCY` (calls in flight, default 50), `ENVOY` (an envoy
 //! binary; default the one `scripts/test` installs into `target/envoy`;
-//! without one, the Envoy figures are left out).
+//! without one, the Envoy figures are left out), `LIMITADOR` (a
+//! `limitador-server` binary), `BENCH_ROUNDS` (rounds of the service and
+//! Limitador, default 3).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -30,8 +47,14 @@ use tower_redis_ratelimit::envoy::RateLimitService;
 use tower_redis_ratelimit::envoy::envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
     RateLimitDescriptor, rate_limit_descriptor::Entry,
 };
-use tower_redis_ratelimit::envoy::envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use tower_redis_ratelimit::envoy::envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use tower_redis_ratelimit::envoy::envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tower_redis_ratelimit::envoy::envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService as RateLimitServiceApi, RateLimitServiceServer,
+};
+use tower_redis_ratelimit::envoy::envoy_types::pb::envoy::service::ratelimit::v3::{
+    RateLimitRequest, RateLimitResponse,
+};
 use tower_redis_ratelimit::rules::{RuleSet, Rules, RulesLayer};
 use tower_redis_ratelimit::{MemoryStore, RedisStore, Store};
 
@@ -214,33 +237,89 @@ where
     (all.len() as f64 / elapsed, at(0.5), at(0.99))
 }
 
-/// Serve `rules` on one core: the gRPC service and an HTTP app under the
-/// rules layer, on their own thread and current-thread runtime.
-fn serve_on_one_core<St: Store>(store: St) -> (SocketAddr, SocketAddr) {
+/// The id of the calling thread (`/proc/thread-self` links to
+/// `<pid>/task/<tid>`).
+fn thread_id() -> u32 {
+    std::fs::read_link("/proc/thread-self")
+        .unwrap()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Run `serve` on one core: a thread of its own and a current-thread
+/// runtime. What it sends (its addresses, its thread's id) is returned.
+fn on_one_core<T, Fut>(serve: impl FnOnce(std::sync::mpsc::Sender<T>) -> Fut + Send + 'static) -> T
+where
+    T: Send + 'static,
+    Fut: Future<Output = ()>,
+{
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
+        tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .unwrap();
-        runtime.block_on(async move {
-            let rules = Rules::new(store, RuleSet::from_toml(RULES).unwrap());
-            let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send((grpc.local_addr().unwrap(), http.local_addr().unwrap()))
-                .unwrap();
-            let app = axum::Router::new()
-                .fallback(|| async { "ok" })
-                .layer(RulesLayer::new(rules.clone()));
-            tokio::spawn(async move { axum::serve(http, app).await });
-            tonic::transport::Server::builder()
-                .add_service(RateLimitService::new(rules).into_server())
-                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(grpc))
-                .await
-                .unwrap();
-        });
+            .unwrap()
+            .block_on(serve(tx));
     });
     rx.recv().unwrap()
+}
+
+/// Serve `rules` on one core: the gRPC service and an HTTP app under the
+/// rules layer. Their addresses, and the id of the thread that runs both.
+fn serve_on_one_core<St: Store>(store: St) -> (SocketAddr, SocketAddr, u32) {
+    on_one_core(move |tx| async move {
+        let rules = Rules::new(store, RuleSet::from_toml(RULES).unwrap());
+        let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        tx.send((
+            grpc.local_addr().unwrap(),
+            http.local_addr().unwrap(),
+            thread_id(),
+        ))
+        .unwrap();
+        let app = axum::Router::new()
+            .fallback(|| async { "ok" })
+            .layer(RulesLayer::new(rules.clone()));
+        tokio::spawn(async move { axum::serve(http, app).await });
+        tonic::transport::Server::builder()
+            .add_service(RateLimitService::new(rules).into_server())
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(grpc))
+            .await
+            .unwrap();
+    })
+}
+
+/// A rate limit service that decides nothing: `OK` at once, to every call.
+struct Stub;
+
+#[tonic::async_trait]
+impl RateLimitServiceApi for Stub {
+    async fn should_rate_limit(
+        &self,
+        _: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        Ok(tonic::Response::new(RateLimitResponse {
+            overall_code: Code::Ok.into(),
+            ..RateLimitResponse::default()
+        }))
+    }
+}
+
+/// Serve [`Stub`] on one core, as [`serve_on_one_core`] serves the rules.
+fn stub_on_one_core() -> SocketAddr {
+    on_one_core(|tx| async move {
+        let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        tx.send(grpc.local_addr().unwrap()).unwrap();
+        tonic::transport::Server::builder()
+            .add_service(RateLimitServiceServer::new(Stub))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(grpc))
+            .await
+            .unwrap();
+    })
 }
 
 /// One HTTP/1.1 keep-alive connection per task, reading whole answers.
@@ -466,9 +545,286 @@ async fn redis_per_descriptor(url: &str, grpc: SocketAddr, seconds: Duration, co
     );
 }
 
-/// Requests per second through Envoy with the rate limit filter (asking
-/// the service, on Redis) and without it.
-async fn through_envoy(grpc: SocketAddr, seconds: Duration, concurrency: usize) {
+/// Limitador's limits: the service's `user` rule (a fixed window of
+/// 100,000,000 an hour per user, in the domain `bench`) in its format. Its
+/// window starts at a key's first hit, where the rule's starts on the hour.
+const LIMITADOR_LIMITS: &str = r#"
+- namespace: bench
+  name: user
+  max_value: 100000000
+  seconds: 3600
+  conditions: []
+  variables:
+    - descriptors[0].user
+"#;
+
+/// A `limitador-server` of the bench's own: its gRPC address and process
+/// id; stopped, and its limits file removed, when dropped.
+struct Limitador {
+    grpc: SocketAddr,
+    pid: u32,
+    process: Own,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Limitador {
+    fn drop(&mut self) {
+        let _ = self.process.0.kill();
+        let _ = self.process.0.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Start `binary` on loopback with [`LIMITADOR_LIMITS`] and `storage` (its
+/// subcommand and arguments: `memory`, or `redis <url>`).
+fn limitador(binary: &str, storage: &[&str]) -> Limitador {
+    let (rls, http) = (free_port(), free_port());
+    // A directory of its own: Limitador watches the limits file's
+    // directory, and all below it, for changes.
+    let dir = std::env::temp_dir().join(format!("bench-limitador-{rls}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let limits = dir.join("limits.yaml");
+    std::fs::write(&limits, LIMITADOR_LIMITS).unwrap();
+    let child = Command::new(binary)
+        .args(["--rls-ip", "127.0.0.1", "--rls-port", &rls.to_string()])
+        .args(["--http-ip", "127.0.0.1", "--http-port", &http.to_string()])
+        .arg(&limits)
+        .args(storage)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect(binary);
+    let limitador = Limitador {
+        grpc: format!("127.0.0.1:{rls}").parse().unwrap(),
+        pid: child.id(),
+        process: Own(child),
+        dir,
+    };
+    wait_for(rls);
+    limitador
+}
+
+/// The clock ticks a second of `/proc`'s CPU times.
+fn clock_ticks() -> f64 {
+    static TICKS: OnceLock<f64> = OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}
+
+/// CPU seconds (user + system) so far of a process (`/proc/<pid>/stat`)
+/// or of one thread (`/proc/self/task/<tid>/stat`).
+fn cpu_seconds(stat: &str) -> f64 {
+    let text = std::fs::read_to_string(stat).unwrap();
+    // The fields after the command's name: state is the 3rd, utime the
+    // 14th, stime the 15th.
+    let fields: Vec<&str> = text[text.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .collect();
+    (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()) / clock_ticks()
+}
+
+/// One side's round: calls, calls/s, p50 and p99 µs, CPU s of the server
+/// (its process or its runtime thread), and Redis's CPU µs and commands.
+#[derive(Clone, Copy, Default)]
+struct Round {
+    calls: f64,
+    rate: f64,
+    p50: f64,
+    p99: f64,
+    cpu: f64,
+    redis_cpu: f64,
+    redis_commands: f64,
+}
+
+/// Call `client` once for every key (one descriptor, the user's), 50 at
+/// a time, each call admitted: the counters exist before a round.
+async fn each_key_once(
+    client: &RateLimitServiceClient<tonic::transport::Channel>,
+    concurrency: usize,
+) {
+    futures_util::future::join_all((0..concurrency as u64).map(|first| {
+        let mut client = client.clone();
+        async move {
+            for n in (first..KEYS).step_by(concurrency) {
+                let answer = client.should_rate_limit(request(n, 1)).await.unwrap();
+                assert_eq!(answer.into_inner().overall_code, i32::from(Code::Ok));
+            }
+        }
+    }))
+    .await;
+}
+
+/// One descriptor a call to `client` for `seconds`, with the CPU of
+/// `stat` and the work of the Redis `admin` talks to around it.
+async fn round(
+    client: &RateLimitServiceClient<tonic::transport::Channel>,
+    stat: &str,
+    admin: Option<&mut redis::aio::MultiplexedConnection>,
+    seconds: Duration,
+    concurrency: usize,
+) -> Round {
+    let mut admin = admin;
+    let before = match admin.as_deref_mut() {
+        Some(admin) => redis_work(admin).await,
+        None => (0.0, 0.0),
+    };
+    let cpu = cpu_seconds(stat);
+    let (rate, p50, p99) = load(seconds, concurrency, {
+        let client = client.clone();
+        move |n| {
+            let mut client = client.clone();
+            async move {
+                client.should_rate_limit(request(n, 1)).await.unwrap();
+            }
+        }
+    })
+    .await;
+    let cpu = cpu_seconds(stat) - cpu;
+    let (redis_cpu, redis_commands) = match admin {
+        Some(admin) => {
+            let after = redis_work(admin).await;
+            (after.0 - before.0, after.1 - before.1 - 1.0)
+        }
+        None => (0.0, 0.0),
+    };
+    Round {
+        calls: rate * seconds.as_secs_f64(),
+        rate,
+        p50,
+        p99,
+        cpu,
+        redis_cpu,
+        redis_commands,
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// The service (its gRPC address and runtime thread) beside Limitador
+/// (`binary`), both in memory or both on the Redis at `redis_url`, rounds
+/// interleaved.
+async fn beside_limitador(
+    name: &str,
+    (grpc, thread): (SocketAddr, u32),
+    binary: &str,
+    redis_url: Option<&str>,
+    rounds: usize,
+    seconds: Duration,
+    concurrency: usize,
+) {
+    let peer = match redis_url {
+        Some(url) => limitador(binary, &["redis", url]),
+        None => limitador(binary, &["memory"]),
+    };
+    let mut admin = match redis_url {
+        Some(url) => Some(
+            redis::Client::open(url)
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap(),
+        ),
+        None => None,
+    };
+    let ours = RateLimitServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    let theirs = RateLimitServiceClient::connect(format!("http://{}", peer.grpc))
+        .await
+        .unwrap();
+    each_key_once(&ours, concurrency).await;
+    each_key_once(&theirs, concurrency).await;
+    let (our_stat, their_stat) = (
+        format!("/proc/self/task/{thread}/stat"),
+        format!("/proc/{}/stat", peer.pid),
+    );
+    let mut sides: [Vec<Round>; 2] = [Vec::new(), Vec::new()];
+    for r in 1..=rounds {
+        for (side, client, stat) in [(0, &ours, &our_stat), (1, &theirs, &their_stat)] {
+            let one = round(client, stat, admin.as_mut(), seconds, concurrency).await;
+            sides[side].push(one);
+        }
+        let (o, t) = (sides[0][r - 1], sides[1][r - 1]);
+        eprintln!(
+            "envoy/limitador/{name} round {r}/{rounds}: crate {:.0} calls/s, p99 {:.0} µs; \
+             Limitador {:.0} calls/s, p99 {:.0} µs",
+            o.rate, o.p99, t.rate, t.p99
+        );
+    }
+    let on_redis = redis_url.is_some();
+    for (side, who) in [(0, "crate"), (1, "limitador")] {
+        let all = &sides[side];
+        let of = |f: fn(&Round) -> f64| median(all.iter().map(f).collect());
+        let sum = |f: fn(&Round) -> f64| all.iter().map(f).sum::<f64>();
+        let calls = sum(|r| r.calls);
+        println!(
+            "RESULT envoy/limitador/{name}/{who}/per_second {:.0}",
+            of(|r| r.rate)
+        );
+        println!(
+            "RESULT envoy/limitador/{name}/{who}/p50_us {:.0}",
+            of(|r| r.p50)
+        );
+        println!(
+            "RESULT envoy/limitador/{name}/{who}/p99_us {:.0}",
+            of(|r| r.p99)
+        );
+        println!(
+            "RESULT envoy/limitador/{name}/{who}/cpu_us_per_call {:.2}",
+            sum(|r| r.cpu) * 1e6 / calls
+        );
+        if on_redis {
+            println!(
+                "RESULT envoy/limitador/{name}/{who}/redis_cpu_us_per_call {:.2}",
+                sum(|r| r.redis_cpu) / calls
+            );
+            println!(
+                "RESULT envoy/limitador/{name}/{who}/redis_commands_per_call {:.2}",
+                sum(|r| r.redis_commands) / calls
+            );
+        }
+    }
+    // Crate ÷ Limitador, round by round (each pair ran back to back).
+    let ratio = |f: fn(&Round) -> f64| {
+        median(
+            sides[0]
+                .iter()
+                .zip(&sides[1])
+                .map(|(o, t)| f(o) / f(t))
+                .collect(),
+        )
+    };
+    println!(
+        "RESULT envoy/limitador/{name}/ratio/per_second {:.2}",
+        ratio(|r| r.rate)
+    );
+    println!(
+        "RESULT envoy/limitador/{name}/ratio/p99_us {:.2}",
+        ratio(|r| r.p99)
+    );
+    println!(
+        "RESULT envoy/limitador/{name}/ratio/cpu_us_per_call {:.2}",
+        ratio(|r| r.cpu / r.calls)
+    );
+    if on_redis {
+        println!(
+            "RESULT envoy/limitador/{name}/ratio/redis_cpu_us_per_call {:.2}",
+            ratio(|r| r.redis_cpu / r.calls)
+        );
+    }
+}
+
+/// Requests per second through Envoy without the rate limit filter, and
+/// with it asking each of `services` (a name, its gRPC address).
+async fn through_envoy(services: &[(&str, SocketAddr)], seconds: Duration, concurrency: usize) {
     let envoy = std::env::var("ENVOY")
         .ok()
         .filter(|e| !e.is_empty())
@@ -487,16 +843,20 @@ async fn through_envoy(grpc: SocketAddr, seconds: Duration, concurrency: usize) 
     let guide = include_str!("../src/docs/guide/envoy.md");
     let start = guide.find("static_resources:").unwrap();
     let end = start + guide[start..].find("```").unwrap();
-    for (name, filtered) in [("without-filter", false), ("with-filter", true)] {
+    let without = std::iter::once(("without-filter", None));
+    for (name, grpc) in without.chain(services.iter().map(|&(n, a)| (n, Some(a)))) {
         let port = free_port();
         let mut bootstrap = guide[start..end]
             .replace("port_value: 10000", &format!("port_value: {port}"))
             .replace("port_value: 8080", &format!("port_value: {upstream_port}"))
-            .replace("port_value: 8081", &format!("port_value: {}", grpc.port()))
+            .replace(
+                "port_value: 8081",
+                &format!("port_value: {}", grpc.map_or(0, |g| g.port())),
+            )
             // The bench's own domain and a limit no client reaches.
             .replace("domain: edge", "domain: bench")
             .replace("descriptor_key: api_key", "descriptor_key: user");
-        if !filtered {
+        if grpc.is_none() {
             let from = bootstrap
                 .find("          - name: envoy.filters.http.ratelimit")
                 .unwrap();
@@ -537,12 +897,17 @@ fn main() {
     let seconds = Duration::from_secs_f64(setting("BENCH_SECONDS", 5.0));
     let concurrency = setting("BENCH_CONCURRENCY", 50.0) as usize;
     let (url, _redis) = redis_server();
-    let (memory_grpc, memory_http) = serve_on_one_core(MemoryStore::new());
+    let (memory_grpc, memory_http, memory_thread) = serve_on_one_core(MemoryStore::new());
     let store = tokio::runtime::Runtime::new()
         .unwrap()
         .block_on(RedisStore::connect(&url))
         .unwrap();
-    let (redis_grpc, redis_http) = serve_on_one_core(store);
+    let (redis_grpc, redis_http, redis_thread) = serve_on_one_core(store);
+    let stub_grpc = stub_on_one_core();
+    let rounds = setting("BENCH_ROUNDS", 3.0) as usize;
+    let limitador_binary = std::env::var("LIMITADOR")
+        .ok()
+        .filter(|l| !l.is_empty() && std::path::Path::new(l).exists());
     // The load on the other core.
     let client = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -553,6 +918,31 @@ fn main() {
         decisions("memory", memory_grpc, memory_http, seconds, concurrency).await;
         decisions("redis", redis_grpc, redis_http, seconds, concurrency).await;
         redis_per_descriptor(&url, redis_grpc, seconds, concurrency).await;
-        through_envoy(redis_grpc, seconds, concurrency).await;
+        match &limitador_binary {
+            Some(binary) => {
+                let (memory, redis) = ((memory_grpc, memory_thread), (redis_grpc, redis_thread));
+                beside_limitador("memory", memory, binary, None, rounds, seconds, concurrency)
+                    .await;
+                beside_limitador(
+                    "redis",
+                    redis,
+                    binary,
+                    Some(&url),
+                    rounds,
+                    seconds,
+                    concurrency,
+                )
+                .await;
+            }
+            None => {
+                eprintln!("LIMITADOR names no limitador-server binary: Limitador was not measured")
+            }
+        }
+        let services = [
+            ("stub", stub_grpc),
+            ("memory", memory_grpc),
+            ("redis", redis_grpc),
+        ];
+        through_envoy(&services, seconds, concurrency).await;
     });
 }

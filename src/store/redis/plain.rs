@@ -14,7 +14,10 @@
 //! its cost taken back off (`DECRBY`, with the count's expiry again: a
 //! count that expired meanwhile is not left behind without one) before it
 //! is answered, so a denied request counts nothing. A give-back that fails
-//! leaves its cost counted: at most once, as a lost reply.
+//! leaves its cost counted: at most once, as a lost reply. Until it is
+//! given back, a concurrent check of the key sees the denied cost: with a
+//! cost above 1 (or several rates) it may be denied too, never admitted
+//! too many.
 //!
 //! Windows follow Redis's clock, as the scripts' do: the counts are named
 //! by the window this process places at Redis's time (its clock's offset

@@ -23,7 +23,9 @@ use super::decide::{Outcome, Outcomes, decide};
 use super::plan::{DescriptorPlan, Refusal};
 use super::unit;
 use crate::decision::Decision;
-use crate::http::{HeaderStyle, Rendering};
+use crate::http::{
+    HeaderStyle, Rendering, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+};
 use crate::limiter::Limiter;
 use crate::rules::{self, Rules};
 
@@ -283,15 +285,19 @@ fn header_fields(style: HeaderStyle, outcome: &Outcome, over: bool) -> Vec<Heade
     let Some(decision) = &outcome.decision else {
         return Vec::new();
     };
+    let retry_after = (over && !decision.allowed())
+        .then(|| (decision.retry_after().as_secs_f64().ceil() as u64).max(1));
+    if style == HeaderStyle::XRateLimit {
+        return x_ratelimit_fields(decision, retry_after);
+    }
     let rendering = Rendering {
         headers: style,
         ..Rendering::default()
     };
     let mut headers = HeaderMap::new();
     rendering.set_headers(&mut headers, &outcome.limiter, decision, outcome.decided_by);
-    if over && !decision.allowed() {
-        let seconds = decision.retry_after().as_secs_f64().ceil() as u64;
-        headers.insert(http::header::RETRY_AFTER, seconds.max(1).into());
+    if let Some(seconds) = retry_after {
+        headers.insert(http::header::RETRY_AFTER, seconds.into());
     }
     headers
         .iter()
@@ -303,6 +309,30 @@ fn header_fields(style: HeaderStyle, outcome: &Outcome, over: bool) -> Vec<Heade
             })
         })
         .collect()
+}
+
+/// The `X-RateLimit-*` fields of `decision` (and `Retry-After`), as
+/// [`Rendering`] writes them in that style, written straight into the
+/// message: the default style, on every call, where a `HeaderMap` and the
+/// copies out of it were most of the work of an answer. A test holds the
+/// two to the same fields.
+fn x_ratelimit_fields(decision: &Decision, retry_after: Option<u64>) -> Vec<HeaderValue> {
+    let reset = decision.reset();
+    // Whole seconds, rounded up.
+    let reset = reset.as_secs() + u64::from(reset.subsec_nanos() > 0);
+    let field = |name: &http::HeaderName, n: u64| HeaderValue {
+        key: name.as_str().to_owned(),
+        value: itoa::Buffer::new().format(n).to_owned(),
+        ..HeaderValue::default()
+    };
+    let mut fields = Vec::with_capacity(4);
+    fields.push(field(&X_RATELIMIT_LIMIT, decision.limit()));
+    fields.push(field(&X_RATELIMIT_REMAINING, decision.remaining()));
+    fields.push(field(&X_RATELIMIT_RESET, reset));
+    if let Some(seconds) = retry_after {
+        fields.push(field(&http::header::RETRY_AFTER, seconds));
+    }
+    fields
 }
 
 #[tonic::async_trait]
@@ -409,5 +439,58 @@ fn proto_duration(d: std::time::Duration) -> ProtoDuration {
     ProtoDuration {
         seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
         nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryStore;
+    use crate::limiter::DecidedBy;
+
+    /// The `X-RateLimit-*` fields written straight into the message are
+    /// those `Rendering` writes in that style, admitted and denied, with
+    /// and without `Retry-After`, for every algorithm's resets.
+    #[tokio::test]
+    async fn x_ratelimit_fields_are_those_the_rendering_writes() {
+        for policy in ["3/s", "2/1500ms", "5/1h", "1/7s"] {
+            for algorithm in ["sliding-log", "fixed-window", "sliding-window", "gcra"] {
+                let policy = policy
+                    .parse::<crate::Policy>()
+                    .unwrap()
+                    .with_algorithm(algorithm.parse().unwrap())
+                    .unwrap();
+                let limiter = Limiter::new(MemoryStore::new(), policy);
+                for _ in 0..4 {
+                    let verdict = limiter.check("k").await.unwrap();
+                    let (Some(decision), ..) = verdict.into_parts() else {
+                        panic!("no decision");
+                    };
+                    for over in [false, true] {
+                        let retry_after = (over && !decision.allowed())
+                            .then(|| (decision.retry_after().as_secs_f64().ceil() as u64).max(1));
+                        let rendering = Rendering {
+                            headers: HeaderStyle::XRateLimit,
+                            ..Rendering::default()
+                        };
+                        let mut headers = HeaderMap::new();
+                        rendering.set_headers(&mut headers, &limiter, &decision, DecidedBy::Store);
+                        if let Some(seconds) = retry_after {
+                            headers.insert(http::header::RETRY_AFTER, seconds.into());
+                        }
+                        let rendered: Vec<(String, String)> = headers
+                            .iter()
+                            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+                            .collect();
+                        let written: Vec<(String, String)> =
+                            x_ratelimit_fields(&decision, retry_after)
+                                .into_iter()
+                                .map(|f| (f.key, f.value))
+                                .collect();
+                        assert_eq!(written, rendered, "{algorithm} {decision:?}");
+                    }
+                }
+            }
+        }
     }
 }

@@ -743,6 +743,11 @@ mod through_envoy {
                 "unknown style",
             ),
             (
+                vec![("RULES", good), ("GRPC_THREADS", "0")],
+                "GRPC_THREADS",
+                "a number of threads, 1 to 1024",
+            ),
+            (
                 vec![("RULES", good), ("FAIL_MODE", "maybe")],
                 "FAIL_MODE",
                 "unknown fail mode",

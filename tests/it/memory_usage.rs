@@ -30,10 +30,10 @@ async fn bytes_per_key(
         _ => "conc",
     };
     let redis_key = store.redis_key(tag, key);
-    // The fixed window keeps an integer per rate and window under the key's
-    // name (`{name}:{window}:{index}`); the others one key.
+    // The window counters keep an integer per rate and window under the
+    // key's name (`{name}:{window}:{index}`); the others one key.
     let keys = match policy.algorithm() {
-        Algorithm::FixedWindow => server.keys(&format!("{redis_key}:*")),
+        Algorithm::FixedWindow | Algorithm::SlidingWindow => server.keys(&format!("{redis_key}:*")),
         _ => vec![redis_key],
     };
     assert!(!keys.is_empty(), "no key of {key}");

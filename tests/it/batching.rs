@@ -310,3 +310,43 @@ async fn a_gcra_check_never_shortens_the_expiry_another_policy_needs() {
         assert!(!store.check(&key, &hourly).await.unwrap().allowed());
     }
 }
+
+/// A policy of two rates whose second count is of another type: the check
+/// fails, and the first rate's count keeps nothing of it, batched (plain
+/// commands) and alone (the script counts first too), for both window
+/// counters.
+#[tokio::test]
+async fn a_failing_rate_gives_back_what_the_others_counted() {
+    let server = RedisServer::start();
+    for batches in [2, 0] {
+        let store = RedisStore::connect(&server.url())
+            .await
+            .unwrap()
+            .with_batches(batches);
+        for (algorithm, tag) in [("fixed-window", "fixed"), ("sliding-window", "swc")] {
+            let limit = policy(algorithm, "10/60s, 100/3600s");
+            let key = format!("two-rates-{batches}");
+            let hour = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_secs()
+                / 3600;
+            let name = store.redis_key(tag, &key);
+            for index in [hour, hour + 1] {
+                let count = format!("{name}:3600000000:{index}");
+                server.command(&["HSET", &count, "not", "an integer"]);
+            }
+            let error = store.check(&key, &limit).await.unwrap_err();
+            assert!(error.to_string().contains("WRONGTYPE"), "{error}");
+            // The minute's count: nothing, or a count of zero.
+            for count in server.keys(&format!("{name}:60000000:*")) {
+                let value = server.command(&["GET", &count]);
+                assert_eq!(
+                    value.lines().nth(1),
+                    Some("0"),
+                    "{algorithm}, batches {batches}: {count} holds {value:?}"
+                );
+            }
+        }
+    }
+}

@@ -26,7 +26,7 @@ use tokio::sync::oneshot;
 use super::call::Call;
 use super::clock_sync::ClockSync;
 use super::connection::Connections;
-use super::plain::{self, Outcome};
+use super::plain;
 use super::script::{self, BatchItem, Keys};
 use crate::decision::Decision;
 use crate::policy::{Algorithm, Policy};
@@ -153,11 +153,15 @@ impl Batcher {
             return;
         }
         let batch = match self.algorithm {
+            // Decided with plain commands; the checks placed in another
+            // window than Redis's clock says go on to the script (those
+            // whose caller has not given up meanwhile).
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
-                match self.plain(connections, clock, timeout, batch).await {
-                    Some(again) => again,
-                    None => return,
-                }
+                plain::decide(connections, timeout, clock, self.algorithm, batch)
+                    .await
+                    .into_iter()
+                    .filter(|waiting| !waiting.reply.is_closed())
+                    .collect()
             }
             _ => batch,
         };
@@ -183,36 +187,6 @@ impl Batcher {
                 answer_all(batch, &error);
             }
             Err(error) => answer_all(batch, &error),
-        }
-    }
-
-    /// Decide a window counter's batch with plain commands and answer its
-    /// checks; the checks the script must decide again, or `None` when the
-    /// batch failed (each check is answered its error).
-    async fn plain(
-        &self,
-        connections: &Connections,
-        clock: &ClockSync,
-        timeout: Duration,
-        batch: Vec<Waiting>,
-    ) -> Option<Vec<Waiting>> {
-        match plain::decide(connections, timeout, clock, self.algorithm, &batch).await {
-            Ok(outcomes) => {
-                let mut again = Vec::new();
-                for (waiting, outcome) in batch.into_iter().zip(outcomes) {
-                    match outcome {
-                        Outcome::Decided(decision) => {
-                            let _ = waiting.reply.send(decision);
-                        }
-                        Outcome::Again => again.push(waiting),
-                    }
-                }
-                Some(again)
-            }
-            Err(error) => {
-                answer_all(batch, &error);
-                None
-            }
         }
     }
 
@@ -275,14 +249,14 @@ impl Drop for Running {
 }
 
 /// Fail every check of a batch with `error`.
-fn answer_all(batch: Vec<Waiting>, error: &StoreError) {
+pub(super) fn answer_all(batch: Vec<Waiting>, error: &StoreError) {
     for waiting in batch {
         let _ = waiting.reply.send(Err(duplicate(error)));
     }
 }
 
 /// The same error again, for each check of a failed batch.
-fn duplicate(error: &StoreError) -> StoreError {
+pub(super) fn duplicate(error: &StoreError) -> StoreError {
     match error {
         StoreError::Timeout(after) => StoreError::Timeout(*after),
         StoreError::CircuitOpen => StoreError::CircuitOpen,

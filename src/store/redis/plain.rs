@@ -1,37 +1,40 @@
 //! The window counters' batched checks as plain commands, pipelined on one
-//! connection: per check and rate an `INCRBY` of the current window's
-//! count and a `PEXPIREAT` of it (the fixed window: at the window's end;
-//! the sliding window: at the next one's, while it counts as the previous
-//! window), and per batch one `TIME`, one `MGET` of the blocks and, for
+//! connection: per check and rate a `SET … PXAT … NX` that makes the
+//! current window's count with its expiry if it is missing (the fixed
+//! window's at the window's end; the sliding window's at the next one's,
+//! while it counts as the previous window) and an `INCRBY` of it; per batch
+//! a `TIME` before and after the counts, one `MGET` of the blocks and, for
 //! the sliding window, one `MGET` of the previous windows' counts. Redis
-//! runs no script: a check costs it about what the plain `INCRBY` +
-//! `EXPIRE` of a counter costs.
+//! runs no script for an admission: a check costs it about what the plain
+//! `INCRBY` + `EXPIRE` of a counter costs.
 //!
 //! The store counts first and decides on the counts after: a check is
 //! admitted when every rate's count, with its cost, is within its max (an
-//! `INCRBY` is atomic, so no two checks are admitted on the same room). A
-//! check that is denied, blocked, failed or placed in the wrong window has
-//! its cost taken back off (`DECRBY`, with the count's expiry again: a
-//! count that expired meanwhile is not left behind without one) before it
-//! is answered, so a denied request counts nothing. A give-back that fails
-//! leaves its cost counted: at most once, as a lost reply. Until it is
-//! given back, a concurrent check of the key sees the denied cost: with a
-//! cost above 1 (or several rates) it may be denied too, never admitted
-//! too many.
+//! `INCRBY` is atomic, so no two checks are admitted on the same room).
+//! Admitted checks are answered at once. A check that is denied, blocked,
+//! failed or placed in the wrong window has its cost taken back off (one
+//! script for the batch, `scripts/give_back.lua`, which deletes a count
+//! that would go to zero or below: reset, rewarded or ended meanwhile)
+//! before it is answered, so a denied request counts nothing. A give-back
+//! that fails leaves its cost counted: at most once, as a lost reply, and
+//! the denials are then decided on counts holding their own cost. Until it
+//! is given back, a concurrent check of the key sees the denied cost and
+//! may be denied too (never admitted too many).
 //!
 //! Windows follow Redis's clock, as the scripts' do: the counts are named
 //! by the window this process places at Redis's time (its clock's offset
-//! to Redis, measured from each batch's `TIME`), and the batch's `TIME`,
-//! read before any of its counts, checks the placing. A check placed in
-//! another window than that `TIME` says (its clock and Redis's a window
-//! boundary apart, or no offset measured yet) gives its cost back and is
-//! decided again by the script.
+//! to Redis, measured from each batch's `TIME`), and the batch's two
+//! `TIME`s check the placing: a check whose counts are not in the window
+//! both say (its clock and Redis's a window boundary apart, no offset
+//! measured yet, or a batch that ran across a window's end, where a count
+//! that expired starts afresh) gives its cost back and is decided again by
+//! the script.
 
 use std::time::Duration;
 
-use redis::{Pipeline, Value};
+use redis::Value;
 
-use super::batch::Waiting;
+use super::batch::{Waiting, answer_all};
 use super::call::Call;
 use super::clock_sync::ClockSync;
 use super::connection::Connections;
@@ -42,11 +45,17 @@ use crate::policy::{Algorithm, Policy, Rate};
 use crate::store::StoreError;
 
 /// What became of one check of a batch.
-pub(super) enum Outcome {
-    /// Decided (or failed) here.
-    Decided(Result<Decision, StoreError>),
-    /// Placed in another window than Redis's clock says: its cost was
-    /// given back; the script decides it.
+enum Outcome {
+    /// Admitted: answered at once.
+    Admitted(Decision),
+    /// Denied on these counts (each rate's count after the `INCRBY`, and
+    /// the sliding window's previous count or the fixed window's end):
+    /// answered once its cost is given back.
+    Denied(Vec<(u64, u64)>),
+    /// Blocked, or failed: answered once its cost is given back.
+    Answered(Result<Decision, StoreError>),
+    /// Placed in another window than Redis's clock says: its cost is given
+    /// back and the script decides it.
     Again,
 }
 
@@ -59,16 +68,20 @@ struct Count {
     previous: Option<String>,
 }
 
-/// Decide `batch`'s checks of `algorithm` (a window counter) with plain
-/// commands within `timeout`; an error is the whole batch's (it may have
-/// counted).
+/// The latest Redis time a reply may show (µs: the end of the year 9999);
+/// a later one is not a clock.
+const MAX_REDIS_TIME: u64 = 253_402_300_799_999_999;
+
+/// Decide and answer `batch`'s checks of `algorithm` (a window counter)
+/// with plain commands within `timeout`; the checks the script must decide
+/// again. A failure of the batch is every check's (it may have counted).
 pub(super) async fn decide(
     connections: &Connections,
     timeout: Duration,
     clock: &ClockSync,
     algorithm: Algorithm,
-    batch: &[Waiting],
-) -> Result<Vec<Outcome>, StoreError> {
+    batch: Vec<Waiting>,
+) -> Vec<Waiting> {
     let started = tokio::time::Instant::now();
     let at = clock
         .now()
@@ -89,7 +102,7 @@ pub(super) async fn decide(
     pipe.ignore_errors();
     pipe.cmd("TIME");
     let blocks = pipe.cmd("MGET");
-    for waiting in batch {
+    for waiting in &batch {
         blocks.arg(&waiting.block);
     }
     let reads = if algorithm == Algorithm::SlidingWindow {
@@ -103,68 +116,146 @@ pub(super) async fn decide(
     };
     for (waiting, counts) in batch.iter().zip(&counts) {
         for count in counts {
+            // The count is made with its expiry before it is added to, so
+            // a connection cut between the two never leaves one without.
+            pipe.cmd("SET")
+                .arg(&count.key)
+                .arg(0)
+                .arg("PXAT")
+                .arg(expiry(count.expires))
+                .arg("NX");
             pipe.cmd("INCRBY")
                 .arg(&count.key)
                 .arg(waiting.policy.cost());
-            pipe.cmd("PEXPIREAT")
-                .arg(&count.key)
-                .arg(expiry(count.expires));
         }
     }
+    // Redis's clock again after the counts: a batch that ran across a
+    // window's end is decided again (a count whose window ended meanwhile
+    // started afresh).
+    pipe.cmd("TIME");
     let sent = clock.local_micros();
-    let replies: Vec<Value> = Call::new(connections, timeout, "batch")
+    let replies: Result<Vec<Value>, StoreError> = Call::new(connections, timeout, "batch")
         .replica_reply(|replies: &Vec<Value>| replies.iter().any(refused_as_replica))
         .run(|mut conn| {
             let pipe = &pipe;
             async move { Ok(pipe.query_async(conn.get()).await?) }
         })
-        .await?;
+        .await;
     let received = clock.local_micros();
-    if replies.len() != reads + 2 * rates {
-        return Err(StoreError::UnexpectedReply(format!(
-            "{algorithm} batch: {} replies for {}",
-            replies.len(),
-            reads + 2 * rates
-        )));
-    }
-    let now = redis_time(&replies[0])?;
+    let read = replies.and_then(|replies| {
+        let want = reads + 2 * rates + 1;
+        if replies.len() != want {
+            return Err(StoreError::UnexpectedReply(format!(
+                "{algorithm} batch: {} replies for {want}",
+                replies.len(),
+            )));
+        }
+        let now = redis_time(&replies[0])?;
+        let after = redis_time(&replies[want - 1])?;
+        Ok((replies, now, after))
+    });
+    let (replies, now, after) = match read {
+        Ok(read) => read,
+        Err(error) => {
+            answer_all(batch, &error);
+            return Vec::new();
+        }
+    };
     clock.record(sent, received, now);
-    let blocks = values(&replies[1], batch.len(), algorithm, "blocks")?;
-    let mut previous = match algorithm {
-        Algorithm::SlidingWindow => values(&replies[2], rates, algorithm, "previous counts")?,
-        _ => &[],
-    }
-    .iter();
-    let mut added = replies[reads..].chunks(2).map(|pair| &pair[0]);
-    let mut give_back = redis::pipe();
-    let mut outcomes = Vec::with_capacity(batch.len());
-    for ((waiting, counts), block) in batch.iter().zip(&counts).zip(blocks) {
-        let policy = &waiting.policy;
-        let replies: Vec<&Value> = added.by_ref().take(counts.len()).collect();
-        let previous: Vec<&Value> = previous.by_ref().take(counts.len()).collect();
-        let outcome = outcome(algorithm, policy, counts, &replies, &previous, block, now);
-        if !matches!(&outcome, Outcome::Decided(Ok(d)) if d.allowed()) {
-            for (count, reply) in counts.iter().zip(&replies) {
-                if matches!(reply, Value::Int(_)) {
-                    give_back.cmd("DECRBY").arg(&count.key).arg(policy.cost());
-                    give_back
-                        .cmd("PEXPIREAT")
-                        .arg(&count.key)
-                        .arg(expiry(count.expires));
+    let blocks = match values(&replies[1], batch.len(), algorithm, "blocks") {
+        Ok(blocks) => blocks,
+        Err(error) => {
+            answer_all(batch, &error);
+            return Vec::new();
+        }
+    };
+    let previous = match algorithm {
+        Algorithm::SlidingWindow => {
+            match values(&replies[2], rates, algorithm, "previous counts") {
+                Ok(previous) => previous,
+                Err(error) => {
+                    answer_all(batch, &error);
+                    return Vec::new();
                 }
             }
         }
-        outcomes.push(outcome);
-    }
-    if !give_back.is_empty() {
-        // Within what is left of the timeout: a give-back that fails leaves
-        // the cost counted (at most once), and the decisions stand.
-        let left = timeout.saturating_sub(started.elapsed());
-        if let Err(error) = send_back(connections, left, &give_back).await {
-            tracing::debug!(%error, "redis: a denied {algorithm} check's cost was not given back");
+        _ => &[],
+    };
+    let mut previous = previous.iter();
+    let mut added = replies[reads..replies.len() - 1]
+        .chunks(2)
+        .map(|pair| &pair[1]);
+    let mut give_back = GIVE_BACK.prepare_invoke();
+    let mut given = 0;
+    let mut held = Vec::new();
+    for ((waiting, counts), block) in batch.into_iter().zip(&counts).zip(blocks) {
+        let policy = &waiting.policy;
+        let replies: Vec<&Value> = added.by_ref().take(counts.len()).collect();
+        let previous: Vec<&Value> = previous.by_ref().take(counts.len()).collect();
+        let outcome = outcome(
+            algorithm, policy, counts, &replies, &previous, block, now, after,
+        );
+        if let Outcome::Admitted(decision) = outcome {
+            // Answered before any give-back of the batch.
+            let _ = waiting.reply.send(Ok(decision));
+            continue;
         }
+        for (count, reply) in counts.iter().zip(&replies) {
+            if matches!(reply, Value::Int(_)) {
+                give_back.key(&count.key).arg(policy.cost());
+                given += 1;
+            }
+        }
+        held.push((waiting, outcome));
     }
-    Ok(outcomes)
+    // Within what is left of the timeout. A give-back that fails leaves the
+    // costs counted (at most once): the denials are then decided on counts
+    // that hold their own cost, and the misplaced checks fail.
+    let given_back = given == 0
+        || {
+            let left = timeout.saturating_sub(started.elapsed());
+            match send_back(connections, left, &give_back).await {
+                Ok(()) => true,
+                Err(error) => {
+                    tracing::debug!(%error, "redis: denied {algorithm} checks' costs were not given back");
+                    false
+                }
+            }
+        };
+    let mut again = Vec::new();
+    for (waiting, outcome) in held {
+        let answer = match outcome {
+            Outcome::Admitted(decision) => Ok(decision),
+            Outcome::Denied(mut added) => {
+                if !given_back {
+                    let cost = waiting.policy.cost();
+                    for (count, _) in &mut added {
+                        *count = count.saturating_add(cost);
+                    }
+                }
+                Ok(decided(algorithm, &waiting.policy, now, &added))
+            }
+            Outcome::Answered(answer) => answer,
+            Outcome::Again if given_back => {
+                again.push(waiting);
+                continue;
+            }
+            Outcome::Again => Err(StoreError::UnexpectedReply(format!(
+                "{algorithm} batch: a check counted in another window than Redis's clock's, \
+                 and not given back"
+            ))),
+        };
+        let _ = waiting.reply.send(answer);
+    }
+    again
+}
+
+/// The decision on counts added to first.
+fn decided(algorithm: Algorithm, policy: &Policy, now: u64, added: &[(u64, u64)]) -> Decision {
+    match algorithm {
+        Algorithm::SlidingWindow => sliding_window::decided_after_adding(policy, now, added),
+        _ => fixed_window::decided_after_adding(policy, now, added),
+    }
 }
 
 /// Where `rate`'s count is at Redis time `at` (µs): the key
@@ -233,7 +324,9 @@ fn expiry(end: u64) -> u64 {
 }
 
 /// One check's outcome from its block, its counts' `INCRBY` replies and
-/// (the sliding window) its previous windows' counts, at Redis time `now`.
+/// (the sliding window) its previous windows' counts, at Redis time `now`
+/// (before the counts) and `after` (after them).
+#[allow(clippy::too_many_arguments)]
 fn outcome(
     algorithm: Algorithm,
     policy: &Policy,
@@ -242,31 +335,32 @@ fn outcome(
     previous: &[&Value],
     block: &Value,
     now: u64,
+    after: u64,
 ) -> Outcome {
-    // Placed at Redis's time, in the window every count was named by?
-    if counts
-        .iter()
-        .zip(policy.rates())
-        .any(|(count, rate)| place(algorithm, rate, now).0 != count.index)
-    {
+    // Counted in the window every count was named by, from before the
+    // first command to after the last?
+    if counts.iter().zip(policy.rates()).any(|(count, rate)| {
+        place(algorithm, rate, now).0 != count.index
+            || place(algorithm, rate, after).0 != count.index
+    }) {
         return Outcome::Again;
     }
     if let Some(ends) = block_end(block)
         && ends > now
     {
-        return Outcome::Decided(Ok(algorithm::blocked(policy, ends - now)));
+        return Outcome::Answered(Ok(algorithm::blocked(policy, ends - now)));
     }
     let mut added = Vec::with_capacity(counts.len());
     for (i, (rate, reply)) in policy.rates().iter().zip(replies).enumerate() {
         let count = match reply {
             Value::Int(n) => u64::try_from(*n).unwrap_or(0),
             Value::ServerError(error) => {
-                return Outcome::Decided(Err(StoreError::UnexpectedReply(format!(
+                return Outcome::Answered(Err(StoreError::UnexpectedReply(format!(
                     "{algorithm}: {error}"
                 ))));
             }
             other => {
-                return Outcome::Decided(Err(StoreError::UnexpectedReply(format!(
+                return Outcome::Answered(Err(StoreError::UnexpectedReply(format!(
                     "{algorithm}: INCRBY replied {other:?}"
                 ))));
             }
@@ -275,16 +369,18 @@ fn outcome(
         let other = match algorithm {
             Algorithm::SlidingWindow => match previous.get(i).map_or(Ok(0), |v| integer(v)) {
                 Ok(previous) => previous,
-                Err(error) => return Outcome::Decided(Err(error)),
+                Err(error) => return Outcome::Answered(Err(error)),
             },
             _ => place(algorithm, rate, now).1,
         };
         added.push((count, other));
     }
-    Outcome::Decided(Ok(match algorithm {
-        Algorithm::SlidingWindow => sliding_window::decided_after_adding(policy, now, &added),
-        _ => fixed_window::decided_after_adding(policy, now, &added),
-    }))
+    let decision = decided(algorithm, policy, now, &added);
+    if decision.allowed() {
+        Outcome::Admitted(decision)
+    } else {
+        Outcome::Denied(added)
+    }
 }
 
 /// A count read with `MGET` (none is zero).
@@ -324,7 +420,8 @@ fn redis_time(reply: &Value) -> Result<u64, StoreError> {
     match reply {
         Value::Array(parts) if parts.len() == 2 => part(&parts[0])
             .zip(part(&parts[1]))
-            .map(|(s, us)| s.saturating_mul(1_000_000).saturating_add(us)),
+            .map(|(s, us)| s.saturating_mul(1_000_000).saturating_add(us))
+            .filter(|&us| us <= MAX_REDIS_TIME),
         _ => None,
     }
     .ok_or_else(|| StoreError::UnexpectedReply(format!("TIME replied {reply:?}")))
@@ -335,17 +432,23 @@ fn refused_as_replica(reply: &Value) -> bool {
     matches!(reply, Value::ServerError(error) if error.code() == "READONLY")
 }
 
+/// The script that gives denied checks' costs back.
+static GIVE_BACK: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("scripts/give_back.lua")));
+
 /// Send the give-backs within `left`, never twice (a cost given back
-/// twice would let a request too many in).
+/// twice would let a request too many in): sent again only when Redis
+/// refused the script before running it, or did not have it.
 async fn send_back(
     connections: &Connections,
     left: Duration,
-    give_back: &Pipeline,
+    give_back: &redis::ScriptInvocation<'_>,
 ) -> Result<(), StoreError> {
     Call::new(connections, left, "give-back")
+        .script(Some(&GIVE_BACK))
         .run(|mut conn| async move {
             give_back
-                .query_async::<Vec<Value>>(conn.get())
+                .invoke_async::<Value>(conn.get())
                 .await
                 .map(drop)
                 .map_err(StoreError::from)

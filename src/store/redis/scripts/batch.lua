@@ -36,7 +36,8 @@ for d = 1, n do
     reply = encode({ -1, ends - now })
   else
     -- A failing command (a key of another type under the prefix) fails
-    -- this check alone: decide reads before it writes, so it wrote nothing.
+    -- this check alone: decide reads before it writes (GCRA), or gives
+    -- back what it counted before the failure (the window counters).
     local ok, result = pcall(decide, true)
     if not ok then
       if type(result) == 'table' and result.err then

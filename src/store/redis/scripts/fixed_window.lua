@@ -148,8 +148,16 @@ local function decide(commit)
   local counts = {}
   local allowed = 1
   for i = 1, nrates do
-    counts[i] = add(i, cost, cost_text)
-    if counts[i] > maxes[i] then
+    local ok, count = pcall(add, i, cost, cost_text)
+    if not ok then
+      -- (A count of another type.) What the check counted goes back.
+      for j = 1, i - 1 do
+        redis.call('DECRBY', key .. suffixes[j], cost_text)
+      end
+      error(count)
+    end
+    counts[i] = count
+    if count > maxes[i] then
       allowed = 0
     end
   end

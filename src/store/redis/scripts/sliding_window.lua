@@ -200,7 +200,15 @@ local function decide(commit)
     previouses = previous_counts()
     currents = {}
     for i = 1, nrates do
-      currents[i] = add(i, cost, cost_text) - cost
+      local ok, count = pcall(add, i, cost, cost_text)
+      if not ok then
+        -- (A count of another type.) What the check counted goes back.
+        for j = 1, i - 1 do
+          redis.call('DECRBY', key .. currents_at[j], cost_text)
+        end
+        error(count)
+      end
+      currents[i] = count - cost
     end
   else
     currents, previouses = counters()

@@ -252,7 +252,7 @@ fn one_per_rate(counters: &State, rates: &[Rate]) -> bool {
 }
 
 /// Add to `next` the counters of other windows (another policy on this
-/// key) still current at `now`, as the Redis hash keeps their fields, and
+/// key) still current at `now`, as Redis keeps their counts, and
 /// move `expires_at` to their end.
 #[inline]
 fn keep_other_windows(counters: &State, next: &mut State, now: u64, expires_at: &mut u64) {

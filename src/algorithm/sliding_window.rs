@@ -273,7 +273,7 @@ fn reset(c: &Counters, now: u64) -> u64 {
 }
 
 /// Counters of other windows (another policy on this key) stay while they
-/// still count, as the Redis hash keeps their fields.
+/// still count, as Redis keeps their counts.
 #[inline]
 fn keep_others(state: &State, next: &mut State, now: u64, policy: &Policy, expires_at: &mut u64) {
     for other in state.iter() {

@@ -325,9 +325,9 @@ impl Calendar {
         Ok(calendar)
     }
 
-    /// The name of this calendar's counter in a Redis hash:
+    /// The name of this calendar's counter in Redis:
     /// `day:UTC`, `week:Europe/Paris:wed`, `month:+05:30:15` (never a
-    /// number, so never a rolling window's field).
+    /// number, so never a rolling window's).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn field(&self) -> String {
         match self.period {

@@ -6,8 +6,8 @@ use crate::clock::{Clock, ManualClock};
 use crate::store::MAX_RAW_KEY_LEN;
 use std::time::Duration;
 
-/// Two policies counting one key keep each other's counters, as the
-/// Redis hash keeps each window's field.
+/// Two policies counting one key keep each other's counters, as Redis
+/// keeps each window's count.
 #[test]
 fn policies_sharing_a_key_keep_each_others_counters() {
     let clock = ManualClock::new(Duration::from_secs(1_000));

@@ -13,7 +13,7 @@ pub(super) const ACL_COMMANDS: &[&str] = &[
     "+mget",
     "+set",
     "+del",
-    // The fixed window's counts.
+    // The window counters' counts.
     "+incrby",
     "+decrby",
     "+hset",

@@ -1,17 +1,20 @@
 //! Checks decided in batches: the concurrent checks of one algorithm (the
-//! window counters and GCRA) on a single Redis go out as one `EVALSHA`
-//! that decides each in turn, on one reading of Redis's clock.
+//! window counters and GCRA) on a single Redis go out together: GCRA's as
+//! one `EVALSHA` that decides each in turn, on one reading of Redis's
+//! clock; the window counters' as one pipeline of plain commands
+//! ([`plain`](super::plain)).
 //!
 //! A check joins a queue. While fewer than the store's limit of batches are
 //! in flight for the algorithm, it starts one at once (a lone check waits
 //! for nothing); otherwise it waits, and the next batch to go takes every
-//! check queued meanwhile (up to [`MAX_BATCH`]). Under load the cost of an
-//! `EVALSHA`, the script's set-up and Redis's socket work is shared by the
-//! checks of a batch; each check's own work is one `HMGET` and, admitted,
-//! one `HSET`.
+//! check queued meanwhile (up to [`MAX_BATCH`]). Under load the cost of a
+//! call, a script's set-up and Redis's socket work is shared by the checks
+//! of a batch; each GCRA check's own work is one `HMGET` and, admitted,
+//! one `HSET`, a window counter's an `INCRBY` per rate.
 //!
-//! Exactness is the single check's: the script runs atomically, each check
-//! against the state the checks before it left. A failure is each check's
+//! GCRA's exactness is the single check's: the script runs atomically,
+//! each check against the state the checks before it left; the window
+//! counters' rests on `INCRBY` being atomic. A failure is each check's
 //! own (its caller's fail mode decides): a batch that may have run is never
 //! sent again (the counters would count twice); one that Redis refused
 //! before running it is, as a single check would be. A check whose caller
@@ -32,7 +35,7 @@ use crate::decision::Decision;
 use crate::policy::{Algorithm, Policy};
 use crate::store::StoreError;
 
-/// The most checks one batch decides (one `EVALSHA`).
+/// The most checks one batch decides (one `EVALSHA`, or one pipeline).
 pub(super) const MAX_BATCH: usize = 128;
 
 /// One check waiting for its batch.

@@ -359,18 +359,22 @@ impl RedisStore {
     /// A check goes out at once while fewer batches are in flight;
     /// otherwise it waits for one to come back, and goes out with the
     /// checks queued meanwhile (128 at most per batch; the rest go in the
-    /// next) in one `EVALSHA` that decides each in turn, atomically, on one
-    /// reading of Redis's clock. A batch costs Redis a fraction of what its
-    /// checks cost one by one (see BENCHMARKS.md): fewer batches in flight
-    /// make larger batches, and less Redis work per check, for a little more
-    /// latency under load. Each decision is the one the check would get
-    /// alone. A check's own failure (its key holds something unreadable)
+    /// next): GCRA's in one `EVALSHA` that decides each in turn, atomically,
+    /// on one reading of Redis's clock; the window counters' as plain
+    /// commands in one pipeline (an `INCRBY` a rate, counted first and given
+    /// back when denied; the guide's Redis page says what that means). A
+    /// batch costs Redis a fraction of what its checks cost one by one (see
+    /// BENCHMARKS.md): fewer batches in flight make larger batches, and less
+    /// Redis work per check, for a little more latency under load. Each
+    /// decision is the one the check would get alone (a window counter's
+    /// may, for a moment, see the cost of a concurrent denied check before
+    /// it is given back). A check's own failure (its key holds something unreadable)
     /// fails that check alone. A failure of the call (a lost connection, a
     /// timeout) fails every check of the batch, each to its caller's fail
     /// mode, exactly as it would fail each of them sent alone: the checks
     /// Redis decided before the connection broke may have counted, and the
     /// batch is not sent again (that would count them twice). Batches add
-    /// `MGET` (of the blocks) to the commands an ACL user needs.
+    /// `MGET`, `INCRBY` and `DECRBY` to the commands an ACL user needs.
     ///
     /// Not for a cluster (whose keys are spread over slots and nodes): its
     /// checks always go one by one, and this setting is ignored. The sliding

@@ -69,9 +69,10 @@ pub const SLIDING_LOG_SCRIPT: &str = check_script!("scripts/sliding_log.lua");
 /// integer at `{name}:{window µs or calendar}:{window index}`) and its
 /// block; `ARGV` the cost, then each rate's max and window in µs.
 pub const FIXED_WINDOW_SCRIPT: &str = check_script!("scripts/fixed_window.lua");
-/// The Lua source of [`Algorithm::SlidingWindow`]. `KEYS` are the key's
-/// hash and its block; `ARGV` the cost, then each rate's max and window in
-/// µs.
+/// The Lua source of [`Algorithm::SlidingWindow`]. `KEYS` are the name its
+/// counts start with (each rate's count of a window is an integer at
+/// `{name}:{window µs}:{window index}`) and its block; `ARGV` the cost,
+/// then each rate's max and window in µs.
 pub const SLIDING_WINDOW_SCRIPT: &str = check_script!("scripts/sliding_window.lua");
 /// The Lua source of [`Algorithm::Gcra`]. `KEYS` are the key's hash and its
 /// block; `ARGV` the cost, then each rate's max and window in µs.
@@ -100,8 +101,10 @@ pub const GCRA_COMMAND_SCRIPT: &str = command_script!("scripts/gcra.lua");
 /// [`SLIDING_LOG_COMMAND_SCRIPT`]'s, then [`CONCURRENCY_SCRIPT`]'s).
 pub const CONCURRENCY_COMMAND_SCRIPT: &str = command_script!("scripts/concurrency.lua");
 
-/// The batch of checks of [`Algorithm::FixedWindow`]: `KEYS` are the
-/// checked keys' hashes, then their blocks in the same order; `ARGV` the
+/// The batch of checks of [`Algorithm::FixedWindow`] (the store sends its
+/// batches as plain commands, and this script for the checks placed in
+/// another window than Redis's clock): `KEYS` are the checked keys' names,
+/// then their blocks in the same order; `ARGV` the
 /// number of distinct policies, each policy as its number of arguments and
 /// [`FIXED_WINDOW_SCRIPT`]'s arguments, then (with more than one policy)
 /// each check's policy, from 1. Replies with each check's reply.
@@ -185,7 +188,7 @@ fn evalsha(script: &redis::Script, keys: Keys<'_>) -> redis::Cmd {
 }
 
 /// The window argument of `rate`: its window in µs (also the name of its
-/// field in the key's hash), or for a calendar rate its field's name, `@`,
+/// count), or for a calendar rate its count's name, `@`,
 /// and four consecutive boundaries (µs) around `now`, this process's time,
 /// separated by commas (`month:Europe/Paris:15@b0,b1,b2,b3`): the script
 /// counts in the window among them that holds Redis's own time.

@@ -106,7 +106,7 @@ local function bind()
 end
 
 -- The keys of the limited key's state besides KEYS[1], which a reset
--- deletes too: none, but for the fixed window's counts.
+-- deletes too: none, but for the window counters' counts.
 local function state_keys()
   return {}
 end

@@ -43,6 +43,7 @@ mod memory_usage;
 mod network_faults;
 #[cfg(feature = "admin")]
 mod operating;
+mod plain_attack;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "postgres")]

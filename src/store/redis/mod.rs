@@ -366,9 +366,9 @@ impl RedisStore {
     /// batch costs Redis a fraction of what its checks cost one by one (see
     /// BENCHMARKS.md): fewer batches in flight make larger batches, and less
     /// Redis work per check, for a little more latency under load. Each
-    /// decision is the one the check would get alone (a window counter's
-    /// may, for a moment, see the cost of a concurrent denied check before
-    /// it is given back). A check's own failure (its key holds something unreadable)
+    /// decision is the one the check would get alone (but for a reset or a
+    /// reward racing a window counter's denied checks: the guide's Redis
+    /// page). A check's own failure (its key holds something unreadable)
     /// fails that check alone. A failure of the call (a lost connection, a
     /// timeout) fails every check of the batch, each to its caller's fail
     /// mode, exactly as it would fail each of them sent alone: the checks

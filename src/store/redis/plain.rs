@@ -1,34 +1,39 @@
-//! The window counters' batched checks as plain commands, pipelined on one
-//! connection: per check and rate a `SET … PXAT … NX` that makes the
-//! current window's count with its expiry if it is missing (the fixed
-//! window's at the window's end; the sliding window's at the next one's,
-//! while it counts as the previous window) and an `INCRBY` of it; per batch
-//! a `TIME` before and after the counts, one `MGET` of the blocks and, for
-//! the sliding window, one `MGET` of the previous windows' counts. Redis
-//! runs no script for an admission: a check costs it about what the plain
-//! `INCRBY` + `EXPIRE` of a counter costs.
+//! The window counters' batched checks as plain commands: one `MULTI` …
+//! `EXEC` transaction a batch, holding a `TIME`, an `MGET` of the blocks
+//! (and, for the sliding window, of the previous windows' counts), and per
+//! check and rate an `INCRBY` of the current window's count and a
+//! `PEXPIREAT` of it (the fixed window's at the window's end; the sliding
+//! window's at the next one's, while it counts as the previous window).
+//! Redis runs no script for an admission: a check costs it about what the
+//! plain `INCRBY` + `EXPIRE` of a counter costs. The transaction runs its
+//! commands together on one reading of Redis's clock, with nothing between
+//! them, and a connection cut before its `EXEC` runs none of them: no count
+//! is ever left without its expiry.
 //!
 //! The store counts first and decides on the counts after: a check is
 //! admitted when every rate's count, with its cost, is within its max (an
-//! `INCRBY` is atomic, so no two checks are admitted on the same room).
-//! Admitted checks are answered at once. A check that is denied, blocked,
-//! failed or placed in the wrong window has its cost taken back off (one
-//! script for the batch, `scripts/give_back.lua`, which deletes a count
-//! that would go to zero or below: reset, rewarded or ended meanwhile)
-//! before it is answered, so a denied request counts nothing. A give-back
-//! that fails leaves its cost counted: at most once, as a lost reply, and
-//! the denials are then decided on counts holding their own cost. Until it
-//! is given back, a concurrent check of the key sees the denied cost and
-//! may be denied too (never admitted too many).
+//! `INCRBY` is atomic, so no two checks are admitted on the same room), and
+//! answered at once. A check that is denied, blocked, failed or placed in
+//! the wrong window has its cost taken back off (one script for the batch,
+//! `scripts/give_back.lua`, which deletes a count that would go to zero or
+//! below) before it is answered; a denied or misplaced one is then decided
+//! again by the batch script, exactly (a denial taken here may have seen
+//! another denied check's cost, not yet given back). A give-back that fails
+//! leaves its cost counted: at most once, as a lost reply, and the denials
+//! are then decided on counts holding their own cost.
+//!
+//! The one inexactness: a reset or reward of a key between a denied
+//! check's `INCRBY` and its give-back (one round trip) removes the denied
+//! cost with the rest, and the give-back then takes it off the count again
+//! (never below zero): up to the costs of the key's denials in flight at
+//! that moment may be admitted over the max in that window.
 //!
 //! Windows follow Redis's clock, as the scripts' do: the counts are named
 //! by the window this process places at Redis's time (its clock's offset
-//! to Redis, measured from each batch's `TIME`), and the batch's two
-//! `TIME`s check the placing: a check whose counts are not in the window
-//! both say (its clock and Redis's a window boundary apart, no offset
-//! measured yet, or a batch that ran across a window's end, where a count
-//! that expired starts afresh) gives its cost back and is decided again by
-//! the script.
+//! to Redis, measured from each batch's `TIME`), and the batch's `TIME`
+//! checks the placing: a check whose counts are not in the window it says
+//! (its clock and Redis's a window boundary apart, no offset measured yet)
+//! gives its cost back and is decided again by the script.
 
 use std::time::Duration;
 
@@ -49,8 +54,9 @@ enum Outcome {
     /// Admitted: answered at once.
     Admitted(Decision),
     /// Denied on these counts (each rate's count after the `INCRBY`, and
-    /// the sliding window's previous count or the fixed window's end):
-    /// answered once its cost is given back.
+    /// the sliding window's previous count or the fixed window's end): its
+    /// cost is given back and the script decides it (on these counts, with
+    /// its own cost still in them, when the give-back failed).
     Denied(Vec<(u64, u64)>),
     /// Blocked, or failed: answered once its cost is given back.
     Answered(Result<Decision, StoreError>),
@@ -98,8 +104,11 @@ pub(super) async fn decide(
         })
         .collect();
     let rates = counts.iter().map(Vec::len).sum::<usize>();
+    // One transaction: its commands run together, on one reading of
+    // Redis's clock, with nothing between them (a reset, another batch's
+    // give-back), and a connection cut before its `EXEC` runs none of them.
     let mut pipe = redis::pipe();
-    pipe.ignore_errors();
+    pipe.atomic().ignore_errors();
     pipe.cmd("TIME");
     let blocks = pipe.cmd("MGET");
     for waiting in &batch {
@@ -116,23 +125,16 @@ pub(super) async fn decide(
     };
     for (waiting, counts) in batch.iter().zip(&counts) {
         for count in counts {
-            // The count is made with its expiry before it is added to, so
-            // a connection cut between the two never leaves one without.
-            pipe.cmd("SET")
-                .arg(&count.key)
-                .arg(0)
-                .arg("PXAT")
-                .arg(expiry(count.expires))
-                .arg("NX");
+            // (An expiry already past, for a check placed in an ended
+            // window, deletes the count at once: it is given back anyway.)
             pipe.cmd("INCRBY")
                 .arg(&count.key)
                 .arg(waiting.policy.cost());
+            pipe.cmd("PEXPIREAT")
+                .arg(&count.key)
+                .arg(expiry(count.expires));
         }
     }
-    // Redis's clock again after the counts: a batch that ran across a
-    // window's end is decided again (a count whose window ended meanwhile
-    // started afresh).
-    pipe.cmd("TIME");
     let sent = clock.local_micros();
     let replies: Result<Vec<Value>, StoreError> = Call::new(connections, timeout, "batch")
         .replica_reply(|replies: &Vec<Value>| replies.iter().any(refused_as_replica))
@@ -143,7 +145,7 @@ pub(super) async fn decide(
         .await;
     let received = clock.local_micros();
     let read = replies.and_then(|replies| {
-        let want = reads + 2 * rates + 1;
+        let want = reads + 2 * rates;
         if replies.len() != want {
             return Err(StoreError::UnexpectedReply(format!(
                 "{algorithm} batch: {} replies for {want}",
@@ -151,10 +153,9 @@ pub(super) async fn decide(
             )));
         }
         let now = redis_time(&replies[0])?;
-        let after = redis_time(&replies[want - 1])?;
-        Ok((replies, now, after))
+        Ok((replies, now))
     });
-    let (replies, now, after) = match read {
+    let (replies, now) = match read {
         Ok(read) => read,
         Err(error) => {
             answer_all(batch, &error);
@@ -182,9 +183,7 @@ pub(super) async fn decide(
         _ => &[],
     };
     let mut previous = previous.iter();
-    let mut added = replies[reads..replies.len() - 1]
-        .chunks(2)
-        .map(|pair| &pair[1]);
+    let mut added = replies[reads..].chunks(2).map(|pair| &pair[0]);
     let mut give_back = GIVE_BACK.prepare_invoke();
     let mut given = 0;
     let mut held = Vec::new();
@@ -192,9 +191,7 @@ pub(super) async fn decide(
         let policy = &waiting.policy;
         let replies: Vec<&Value> = added.by_ref().take(counts.len()).collect();
         let previous: Vec<&Value> = previous.by_ref().take(counts.len()).collect();
-        let outcome = outcome(
-            algorithm, policy, counts, &replies, &previous, block, now, after,
-        );
+        let outcome = outcome(algorithm, policy, counts, &replies, &previous, block, now);
         if let Outcome::Admitted(decision) = outcome {
             // Answered before any give-back of the batch.
             let _ = waiting.reply.send(Ok(decision));
@@ -208,7 +205,10 @@ pub(super) async fn decide(
         }
         held.push((waiting, outcome));
     }
-    // Within what is left of the timeout. A give-back that fails leaves the
+    // Within what is left of the timeout. Given back, the denied checks are
+    // decided again by the script, on the counts as they are then (a denial
+    // decided here may have seen another denied check's cost, not yet given
+    // back: its wait would be too long). A give-back that fails leaves the
     // costs counted (at most once): the denials are then decided on counts
     // that hold their own cost, and the misplaced checks fail.
     let given_back = given == 0
@@ -226,6 +226,10 @@ pub(super) async fn decide(
     for (waiting, outcome) in held {
         let answer = match outcome {
             Outcome::Admitted(decision) => Ok(decision),
+            Outcome::Denied(_) | Outcome::Again if given_back => {
+                again.push(waiting);
+                continue;
+            }
             Outcome::Denied(mut added) => {
                 if !given_back {
                     let cost = waiting.policy.cost();
@@ -236,10 +240,6 @@ pub(super) async fn decide(
                 Ok(decided(algorithm, &waiting.policy, now, &added))
             }
             Outcome::Answered(answer) => answer,
-            Outcome::Again if given_back => {
-                again.push(waiting);
-                continue;
-            }
             Outcome::Again => Err(StoreError::UnexpectedReply(format!(
                 "{algorithm} batch: a check counted in another window than Redis's clock's, \
                  and not given back"
@@ -324,9 +324,7 @@ fn expiry(end: u64) -> u64 {
 }
 
 /// One check's outcome from its block, its counts' `INCRBY` replies and
-/// (the sliding window) its previous windows' counts, at Redis time `now`
-/// (before the counts) and `after` (after them).
-#[allow(clippy::too_many_arguments)]
+/// (the sliding window) its previous windows' counts, at Redis time `now`.
 fn outcome(
     algorithm: Algorithm,
     policy: &Policy,
@@ -335,14 +333,13 @@ fn outcome(
     previous: &[&Value],
     block: &Value,
     now: u64,
-    after: u64,
 ) -> Outcome {
-    // Counted in the window every count was named by, from before the
-    // first command to after the last?
-    if counts.iter().zip(policy.rates()).any(|(count, rate)| {
-        place(algorithm, rate, now).0 != count.index
-            || place(algorithm, rate, after).0 != count.index
-    }) {
+    // Counted in the window every count was named by?
+    if counts
+        .iter()
+        .zip(policy.rates())
+        .any(|(count, rate)| place(algorithm, rate, now).0 != count.index)
+    {
         return Outcome::Again;
     }
     if let Some(ends) = block_end(block)

@@ -72,25 +72,19 @@ local function bind(k)
   finishes, suffixes, expiries, cost_text = policy[6], policy[7], policy[8], policy[9]
 end
 
--- Add `units` (and as text: Lua would write a large number with an
--- exponent) to rate i's count; its count after.
-local function add(i, units, text)
-  local k = key .. suffixes[i]
-  local count = redis.call('INCRBY', k, text)
-  if count == units then
-    -- A new count: it lives until its window ends.
-    redis.call('PEXPIREAT', k, expiries[i])
-  end
-  return count
-end
-
--- Every rate's count in its current window.
-local function counters()
+-- Every rate's current count (and what a reset deletes besides KEYS[1]
+-- and the block).
+local function state_keys()
   local ks = {}
   for i = 1, nrates do
     ks[i] = key .. suffixes[i]
   end
-  local stored = redis.call('MGET', unpack(ks))
+  return ks
+end
+
+-- Every rate's count in its current window.
+local function counters()
+  local stored = redis.call('MGET', unpack(state_keys()))
   local counts = {}
   for i = 1, nrates do
     counts[i] = tonumber(stored[i] or '0') or 0
@@ -145,19 +139,10 @@ local function decide(commit)
     end
     return reply(allowed, counts)
   end
-  local counts = {}
+  local counts = add_counts(state_keys(), expiries, cost, cost_text)
   local allowed = 1
   for i = 1, nrates do
-    local ok, count = pcall(add, i, cost, cost_text)
-    if not ok then
-      -- (A count of another type.) What the check counted goes back.
-      for j = 1, i - 1 do
-        redis.call('DECRBY', key .. suffixes[j], cost_text)
-      end
-      error(count)
-    end
-    counts[i] = count
-    if count > maxes[i] then
+    if counts[i] > maxes[i] then
       allowed = 0
     end
   end
@@ -174,7 +159,7 @@ local function penalty(units)
   local text = int(units)
   for i = 1, nrates do
     -- (A count past 2^53 reads back rounded: at 2^53 or more, it is set.)
-    if add(i, units, text) >= MAX_COUNT then
+    if add_count(key .. suffixes[i], units, text, expiries[i]) >= MAX_COUNT then
       redis.call('SET', key .. suffixes[i], int(MAX_COUNT), 'KEEPTTL')
     end
   end
@@ -190,12 +175,3 @@ local function reward(units)
   end
 end
 
--- The keys a reset deletes besides KEYS[1] and the block: every rate's
--- current count.
-local function state_keys()
-  local ks = {}
-  for i = 1, nrates do
-    ks[i] = key .. suffixes[i]
-  end
-  return ks
-end

@@ -105,6 +105,35 @@ end
 local function bind()
 end
 
+-- Add `units` (and as `text`: Lua would write a large number with an
+-- exponent) to the integer count at `k` (the window counters'); a new
+-- count lives until `at` (ms). Its count after.
+local function add_count(k, units, text, at)
+  local count = redis.call('INCRBY', k, text)
+  if count == units then
+    redis.call('PEXPIREAT', k, at)
+  end
+  return count
+end
+
+-- add_count to every count of `ks` (a new one living until its `ats`), all
+-- or none: a failing one (a key of another type) fails the check, and what
+-- the others counted goes back first. The counts after.
+local function add_counts(ks, ats, units, text)
+  local counts = {}
+  for i = 1, #ks do
+    local ok, count = pcall(add_count, ks[i], units, text, ats[i])
+    if not ok then
+      for j = 1, i - 1 do
+        redis.call('DECRBY', ks[j], text)
+      end
+      error(count)
+    end
+    counts[i] = count
+  end
+  return counts
+end
+
 -- The keys of the limited key's state besides KEYS[1], which a reset
 -- deletes too: none, but for the window counters' counts.
 local function state_keys()

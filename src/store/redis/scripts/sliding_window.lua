@@ -141,17 +141,6 @@ local function previous_counts()
   return previouses
 end
 
--- Add `units` (and as text) to rate i's current count; its count after.
-local function add(i, units, text)
-  local k = key .. currents_at[i]
-  local count = redis.call('INCRBY', k, text)
-  if count == units then
-    -- A new count: it lives until the next window ends.
-    redis.call('PEXPIREAT', k, expiries[i])
-  end
-  return count
-end
-
 -- Set rate i's count at `suffix` to `count` (no key at zero), keeping its
 -- expiry.
 local function set(suffix, count)
@@ -198,17 +187,13 @@ local function decide(commit)
   local currents, previouses
   if commit then
     previouses = previous_counts()
-    currents = {}
+    local ks = {}
     for i = 1, nrates do
-      local ok, count = pcall(add, i, cost, cost_text)
-      if not ok then
-        -- (A count of another type.) What the check counted goes back.
-        for j = 1, i - 1 do
-          redis.call('DECRBY', key .. currents_at[j], cost_text)
-        end
-        error(count)
-      end
-      currents[i] = count - cost
+      ks[i] = key .. currents_at[i]
+    end
+    currents = add_counts(ks, expiries, cost, cost_text)
+    for i = 1, nrates do
+      currents[i] = currents[i] - cost
     end
   else
     currents, previouses = counters()
@@ -238,7 +223,7 @@ local function penalty(units)
   local text = int(units)
   for i = 1, nrates do
     -- (A count past 2^53 reads back rounded: at 2^53 or more, it is set.)
-    if add(i, units, text) >= MAX_COUNT then
+    if add_count(key .. currents_at[i], units, text, expiries[i]) >= MAX_COUNT then
       redis.call('SET', key .. currents_at[i], int(MAX_COUNT), 'KEEPTTL')
     end
   end

@@ -230,12 +230,11 @@ pub(super) async fn decide(
                 again.push(waiting);
                 continue;
             }
+            // Not given back: decided on counts that hold its own cost.
             Outcome::Denied(mut added) => {
-                if !given_back {
-                    let cost = waiting.policy.cost();
-                    for (count, _) in &mut added {
-                        *count = count.saturating_add(cost);
-                    }
+                let cost = waiting.policy.cost();
+                for (count, _) in &mut added {
+                    *count = count.saturating_add(cost);
                 }
                 Ok(decided(algorithm, &waiting.policy, now, &added))
             }

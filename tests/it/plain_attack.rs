@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::support::faults::{self, Connections, FaultSpans, Loss, SteppingClock, random_fault};
-use crate::support::harness::away_from_a_boundary;
+use crate::support::harness::{away_from_a_boundary, micros};
 use crate::support::proxy::{FaultProxy, Match};
 use crate::support::rng::Rng;
 use crate::support::{RedisServer, start_of_a_second};
@@ -55,13 +55,7 @@ fn tag(algorithm: &str) -> &'static str {
 }
 
 fn now_us() -> u64 {
-    u64::try_from(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_micros(),
-    )
-    .unwrap()
+    micros(now_duration())
 }
 
 fn now_duration() -> Duration {

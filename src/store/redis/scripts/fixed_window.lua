@@ -84,12 +84,7 @@ end
 
 -- Every rate's count in its current window.
 local function counters()
-  local stored = redis.call('MGET', unpack(state_keys()))
-  local counts = {}
-  for i = 1, nrates do
-    counts[i] = tonumber(stored[i] or '0') or 0
-  end
-  return counts
+  return read_counts(state_keys())
 end
 
 -- The reply of a decision on `counts` (after it).

@@ -105,6 +105,16 @@ end
 local function bind()
 end
 
+-- The integer counts at `ks` (the window counters'; none is 0).
+local function read_counts(ks)
+  local stored = redis.call('MGET', unpack(ks))
+  local counts = {}
+  for i = 1, #ks do
+    counts[i] = tonumber(stored[i] or '0') or 0
+  end
+  return counts
+end
+
 -- Add `units` (and as `text`: Lua would write a large number with an
 -- exponent) to the integer count at `k` (the window counters'); a new
 -- count lives until `at` (ms). Its count after.

@@ -118,11 +118,10 @@ local function counters()
     ks[2 * i - 1] = key .. currents_at[i]
     ks[2 * i] = key .. previouses_at[i]
   end
-  local stored = redis.call('MGET', unpack(ks))
+  local counts = read_counts(ks)
   local currents, previouses = {}, {}
   for i = 1, nrates do
-    currents[i] = tonumber(stored[2 * i - 1] or '0') or 0
-    previouses[i] = tonumber(stored[2 * i] or '0') or 0
+    currents[i], previouses[i] = counts[2 * i - 1], counts[2 * i]
   end
   return currents, previouses
 end
@@ -133,12 +132,7 @@ local function previous_counts()
   for i = 1, nrates do
     ks[i] = key .. previouses_at[i]
   end
-  local stored = redis.call('MGET', unpack(ks))
-  local previouses = {}
-  for i = 1, nrates do
-    previouses[i] = tonumber(stored[i] or '0') or 0
-  end
-  return previouses
+  return read_counts(ks)
 end
 
 -- Set rate i's count at `suffix` to `count` (no key at zero), keeping its

@@ -114,15 +114,12 @@ pub(super) async fn decide(
     for waiting in &batch {
         blocks.arg(&waiting.block);
     }
-    let reads = if algorithm == Algorithm::SlidingWindow {
+    if algorithm == Algorithm::SlidingWindow {
         let previous = pipe.cmd("MGET");
         for count in counts.iter().flatten() {
             previous.arg(&count.previous);
         }
-        3
-    } else {
-        2
-    };
+    }
     for (waiting, counts) in batch.iter().zip(&counts) {
         for count in counts {
             // (An expiry already past, for a check placed in an ended
@@ -144,18 +141,19 @@ pub(super) async fn decide(
         })
         .await;
     let received = clock.local_micros();
-    let read = replies.and_then(|replies| {
-        let want = reads + 2 * rates;
-        if replies.len() != want {
-            return Err(StoreError::UnexpectedReply(format!(
-                "{algorithm} batch: {} replies for {want}",
-                replies.len(),
-            )));
+    let replies = match replies {
+        Ok(replies) => replies,
+        Err(error) => {
+            answer_all(batch, &error);
+            return Vec::new();
         }
-        let now = redis_time(&replies[0])?;
-        Ok((replies, now))
-    });
-    let (replies, now) = match read {
+    };
+    let Replies {
+        now,
+        blocks,
+        previous,
+        counted: added,
+    } = match read(&replies, algorithm, batch.len(), rates) {
         Ok(read) => read,
         Err(error) => {
             answer_all(batch, &error);
@@ -163,27 +161,8 @@ pub(super) async fn decide(
         }
     };
     clock.record(sent, received, now);
-    let blocks = match values(&replies[1], batch.len(), algorithm, "blocks") {
-        Ok(blocks) => blocks,
-        Err(error) => {
-            answer_all(batch, &error);
-            return Vec::new();
-        }
-    };
-    let previous = match algorithm {
-        Algorithm::SlidingWindow => {
-            match values(&replies[2], rates, algorithm, "previous counts") {
-                Ok(previous) => previous,
-                Err(error) => {
-                    answer_all(batch, &error);
-                    return Vec::new();
-                }
-            }
-        }
-        _ => &[],
-    };
     let mut previous = previous.iter();
-    let mut added = replies[reads..].chunks(2).map(|pair| &pair[0]);
+    let mut added = added.chunks(2).map(|pair| &pair[0]);
     let mut give_back = GIVE_BACK.prepare_invoke();
     let mut given = 0;
     let mut held = Vec::new();
@@ -255,6 +234,52 @@ fn decided(algorithm: Algorithm, policy: &Policy, now: u64, added: &[(u64, u64)]
         Algorithm::SlidingWindow => sliding_window::decided_after_adding(policy, now, added),
         _ => fixed_window::decided_after_adding(policy, now, added),
     }
+}
+
+/// A batch's replies, read.
+struct Replies<'a> {
+    /// Redis's time (µs).
+    now: u64,
+    /// Each check's block.
+    blocks: &'a [Value],
+    /// The sliding window's previous count of each rate of each check.
+    previous: &'a [Value],
+    /// An `INCRBY`'s and a `PEXPIREAT`'s reply a rate of each check.
+    counted: &'a [Value],
+}
+
+/// A batch's `replies` read, for its `checks` and their `rates`, after
+/// checking that every reply is there.
+fn read(
+    replies: &[Value],
+    algorithm: Algorithm,
+    checks: usize,
+    rates: usize,
+) -> Result<Replies<'_>, StoreError> {
+    let reads = if algorithm == Algorithm::SlidingWindow {
+        3
+    } else {
+        2
+    };
+    if replies.len() != reads + 2 * rates {
+        return Err(StoreError::UnexpectedReply(format!(
+            "{algorithm} batch: {} replies for {}",
+            replies.len(),
+            reads + 2 * rates
+        )));
+    }
+    let now = redis_time(&replies[0])?;
+    let blocks = values(&replies[1], checks, algorithm, "blocks")?;
+    let previous = match algorithm {
+        Algorithm::SlidingWindow => values(&replies[2], rates, algorithm, "previous counts")?,
+        _ => &[],
+    };
+    Ok(Replies {
+        now,
+        blocks,
+        previous,
+        counted: &replies[reads..],
+    })
 }
 
 /// Where `rate`'s count is at Redis time `at` (µs): the key

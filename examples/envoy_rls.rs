@@ -415,10 +415,18 @@ async fn main() -> ExitCode {
             .add_service(service.clone().into_server())
             .serve_with_incoming_shutdown(dealt_connections(dealt), stop());
         let ended = ended.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("calls-{i}"))
-            .spawn(move || {
-                let _ = ended.send(on_this_thread(served));
+        // Each runtime is built here, before the listening starts: built
+        // on its thread, a flood of connections could take the descriptors
+        // its reactor needs first, and the thread would end.
+        let thread = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .and_then(|runtime| {
+                std::thread::Builder::new()
+                    .name(format!("calls-{i}"))
+                    .spawn(move || {
+                        let _ = ended.send(runtime.block_on(served));
+                    })
             });
         match thread {
             Ok(_) => threads.push(deal),
@@ -527,16 +535,6 @@ fn over_size_as_resource_exhausted(
         *status = http::HeaderValue::from_static("8");
     }
     response
-}
-
-/// Run `served` on a single-threaded runtime of the calling thread.
-fn on_this_thread(
-    served: impl Future<Output = Result<(), tonic::transport::Error>>,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    Ok(runtime.block_on(served)?)
 }
 
 /// Deal the listener's connections to the calls' `threads` in turn.

@@ -23,6 +23,7 @@ page!(responses);
 page!(stacking);
 page!(rules);
 page!(budgets);
+page!(ai_gateways);
 page!(calendar);
 page!(engine);
 page!(testing);

@@ -20,6 +20,7 @@ macro_rules! links_without {
 
 #[cfg(feature = "admin")]
 pub mod admin;
+pub mod ai;
 mod algorithm;
 pub mod clock;
 pub mod decision;

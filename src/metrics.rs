@@ -129,6 +129,20 @@ pub(crate) fn settlement(rule: &str, result: &'static str) {
     let _ = (rule, result);
 }
 
+/// Count a notice of a budget's share crossed (`threshold` percent), told
+/// once per key and period, of the rule named `rule`.
+pub(crate) fn notice(rule: &str, threshold: u8) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "ratelimit_notices_total",
+        "rule" => rule.to_owned(),
+        "threshold" => threshold.to_string()
+    )
+    .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (rule, threshold);
+}
+
 /// Count a rule set a watch put in force (`loaded`) or refused.
 pub(crate) fn rules_loaded(loaded: bool) {
     #[cfg(feature = "metrics")]

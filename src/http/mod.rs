@@ -20,6 +20,7 @@ pub use fields::{
 pub use future::ResponseFuture;
 pub use layer::RateLimitLayer;
 pub use rules::{RuleLimit, RulesFuture, RulesLayer};
+pub(crate) use rules::{rule_key, tier_of};
 pub use service::RateLimit;
 #[cfg(feature = "envoy")]
 pub(crate) use settings::Rendering;

@@ -265,36 +265,12 @@ impl Settings {
         if let Some(tier) = &self.tier {
             return tier(request.headers(), request.extensions());
         }
-        match from {
-            // Believed only from a trusted proxy (which sets it), never
-            // from a client: it would pick its own plan.
-            TierFrom::Header(name) if self.client_ip.peer_is_trusted(request) => request
-                .headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned),
-            TierFrom::Extension => request.extensions().get::<Tier>().map(|t| t.0.clone()),
-            _ => None,
-        }
+        tier_of(request, from, &self.client_ip)
     }
 
     /// The key of `rule` for `request`, and its cost.
     fn call<B>(&self, rule: &Rule, request: &Request<B>) -> Result<Option<Call>, KeyError> {
-        let mut parts = Vec::with_capacity(rule.key().len());
-        for part in rule.key() {
-            let value = match part {
-                KeyPart::Ip => key::peer_ip().extract(request)?,
-                KeyPart::ClientIp => self.client_ip.extract(request)?,
-                KeyPart::Header(name) => key::Header::from_name(name.clone()).extract(request)?,
-                KeyPart::Global => Some("global".to_owned()),
-                KeyPart::Path => Some(request.uri().path().to_owned()),
-            };
-            // A request without the header counts with every other request
-            // without it, under a key no header value gives (the header
-            // part encodes any value starting with `hex:` in hex).
-            parts.push(value.unwrap_or_else(|| MISSING.to_owned()));
-        }
-        let call = Call::new(key::joined(&parts));
+        let call = Call::new(rule_key(rule, request, &self.client_ip)?);
         Ok(Some(
             match self
                 .cost
@@ -363,6 +339,48 @@ impl Settings {
                 .set_headers(headers, limiter, decision, decided_by);
         }
     }
+}
+
+/// The tier of `request` where the rule set says it comes `from`.
+pub(crate) fn tier_of<B>(
+    request: &Request<B>,
+    from: &TierFrom,
+    client_ip: &ClientIp,
+) -> Option<String> {
+    match from {
+        // Believed only from a trusted proxy (which sets it), never
+        // from a client: it would pick its own plan.
+        TierFrom::Header(name) if client_ip.peer_is_trusted(request) => request
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        TierFrom::Extension => request.extensions().get::<Tier>().map(|t| t.0.clone()),
+        _ => None,
+    }
+}
+
+/// The key of `rule` for `request`.
+pub(crate) fn rule_key<B>(
+    rule: &Rule,
+    request: &Request<B>,
+    client_ip: &ClientIp,
+) -> Result<String, KeyError> {
+    let mut parts = Vec::with_capacity(rule.key().len());
+    for part in rule.key() {
+        let value = match part {
+            KeyPart::Ip => key::peer_ip().extract(request)?,
+            KeyPart::ClientIp => client_ip.extract(request)?,
+            KeyPart::Header(name) => key::Header::from_name(name.clone()).extract(request)?,
+            KeyPart::Global => Some("global".to_owned()),
+            KeyPart::Path => Some(request.uri().path().to_owned()),
+        };
+        // A request without the header counts with every other request
+        // without it, under a key no header value gives (the header
+        // part encodes any value starting with `hex:` in hex).
+        parts.push(value.unwrap_or_else(|| MISSING.to_owned()));
+    }
+    Ok(key::joined(&parts))
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RuleLimit<S>

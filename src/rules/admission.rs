@@ -78,6 +78,17 @@ impl Checked {
     }
 }
 
+/// A check of an admission whose estimate a front end settles itself
+/// (the AI gateway, from the usage an answer reports): its rule, decision
+/// and, when it was counted, what settles it.
+#[derive(Debug)]
+pub(crate) struct Charge {
+    pub(crate) rule: Arc<str>,
+    pub(crate) decision: Decision,
+    pub(crate) key: String,
+    pub(crate) unsettled: Option<Unsettled>,
+}
+
 /// One check of an admission, as a front end reports it.
 #[cfg(feature = "envoy")]
 pub(crate) struct CheckedView<'a> {
@@ -152,6 +163,36 @@ impl Admission {
     /// limit, as by fail-open).
     pub fn decisions(&self) -> impl Iterator<Item = (&str, Option<&Decision>)> {
         self.checks.iter().map(|c| (&*c.rule, c.decision.as_ref()))
+    }
+
+    /// Every check that decided, to be settled by the front end (counting
+    /// by outcome does not apply), and the concurrency slots to hold until
+    /// the response ends.
+    pub(crate) fn into_charges(self) -> (Vec<Permit>, Vec<Charge>) {
+        let mut permits = Vec::new();
+        let mut charges = Vec::new();
+        for c in self.checks {
+            if let Some(permit) = c.permit {
+                permits.push(permit);
+                continue;
+            }
+            let Some(decision) = c.decision else { continue };
+            let unsettled = (c.cost > 0)
+                .then(|| c.limiter.estimated(c.cost).ok())
+                .flatten()
+                .and_then(|policy| {
+                    let key = bounded_key(&c.key).into_owned();
+                    c.limiter
+                        .unsettled(key, policy, c.decided_by, &decision, c.at)
+                });
+            charges.push(Charge {
+                rule: c.rule,
+                decision,
+                key: c.key,
+                unsettled,
+            });
+        }
+        (permits, charges)
     }
 
     /// The request was answered with `status` (`None`: the inner service

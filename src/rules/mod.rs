@@ -55,6 +55,7 @@ use crate::limiter::LocalQuota;
 use crate::policy::Policy;
 
 mod admission;
+mod catalog;
 mod check;
 mod descriptor;
 mod engine;
@@ -67,6 +68,7 @@ mod json;
 #[cfg(feature = "redis")]
 mod redis_source;
 mod target;
+mod unit;
 mod validate;
 mod watch;
 
@@ -75,7 +77,8 @@ use validate::RuleSetSpec;
 
 pub use crate::http::{RuleLimit, RulesLayer};
 pub use admission::Admission;
-pub(crate) use admission::ToSettle;
+pub(crate) use admission::{Charge, ToSettle};
+pub use catalog::{Catalog, NotPriced, Prices, Usage};
 #[cfg(feature = "envoy")]
 pub(crate) use check::Planned;
 pub use check::RulesCheck;
@@ -84,6 +87,7 @@ pub use engine::{ActiveRules, Call, Rules};
 #[cfg(feature = "envoy")]
 pub(crate) use envoy_yaml::{rate_of_unit, window_of_unit};
 pub use expansion::MAX_VALUES;
+pub use unit::Unit;
 
 #[cfg(feature = "redis")]
 pub use redis_source::{PublishError, publish};
@@ -101,6 +105,8 @@ pub struct RuleSet {
     version: Option<u64>,
     tier: TierFrom,
     rules: Vec<Rule>,
+    /// The prices that rules counted in money charge (`[catalog]`).
+    catalog: Option<Arc<Catalog>>,
     /// The places of a reference-server configuration that hold no limit:
     /// each domain (no entries), and each descriptor without a
     /// `rate_limit`. A descriptor reaching one is matched, and limited by
@@ -247,6 +253,11 @@ pub struct Rule {
     block: Option<Duration>,
     local_quota: Option<LocalQuota>,
     settle: Option<Arc<SettleFrom>>,
+    /// What the policy counts: requests, tokens or money.
+    unit: Unit,
+    /// The shares of each budget (percent) whose crossing is told once per
+    /// key and period (`notify`).
+    notify: Vec<u8>,
     /// What the rule matches of Envoy's descriptors (`domain` and
     /// `descriptor`).
     descriptor: Option<Descriptor>,
@@ -299,6 +310,8 @@ impl fmt::Debug for Rule {
             .field("block", &self.block)
             .field("local_quota", &self.local_quota)
             .field("settle", &self.settle)
+            .field("unit", &self.unit)
+            .field("notify", &self.notify)
             .field("descriptor", &self.descriptor)
             .field("envoy", &self.envoy)
             .finish()
@@ -386,6 +399,12 @@ impl RuleSet {
     /// Where the tier of a request comes from.
     pub fn tier(&self) -> &TierFrom {
         &self.tier
+    }
+
+    /// The price catalog (`[catalog]`), which prices the usage that rules
+    /// counted in money charge.
+    pub fn catalog(&self) -> Option<&Catalog> {
+        self.catalog.as_deref()
     }
 
     /// The rules, in order.
@@ -482,6 +501,20 @@ impl Rule {
 
     pub(crate) fn shared_settle(&self) -> Option<Arc<SettleFrom>> {
         self.settle.clone()
+    }
+
+    /// What the rule's policy counts (`"60/min"`: requests; `"20000
+    /// tokens/min"`: tokens; `"100 USD/month"`: money, in micro-units of
+    /// the catalog's currency).
+    pub fn unit(&self) -> Unit {
+        self.unit
+    }
+
+    /// The shares of the budget, in percent, whose crossing is told once
+    /// per key and period (`notify = [50, 80, 95, 100]`), in increasing
+    /// order.
+    pub fn notify(&self) -> &[u8] {
+        &self.notify
     }
 
     /// What the rule matches of a request to Envoy's rate limit service

@@ -7,11 +7,13 @@ use std::sync::Arc;
 use http::header::HeaderName;
 use serde::Deserialize;
 
+use super::catalog::{Catalog, CatalogSpec};
 use super::descriptor::Descriptor;
 use super::fields::{
     block, counting, fault, key, label, methods, name, only_list, settle, target, tiers,
 };
 use super::target::Target;
+use super::unit::{self, Unit};
 use super::{Counting, EnvoyFlags, KeyPart, Rule, RuleSet, RulesError, TierFrom};
 use crate::limiter::LocalQuota;
 use crate::policy::{Algorithm, Policy};
@@ -22,6 +24,7 @@ use crate::policy::{Algorithm, Policy};
 pub(super) struct RuleSetSpec {
     version: Option<u64>,
     tier: Option<String>,
+    catalog: Option<CatalogSpec>,
     #[serde(default)]
     rules: Vec<RuleSpec>,
 }
@@ -48,6 +51,7 @@ struct RuleSpec {
     block: Option<String>,
     local_quota: Option<String>,
     settle: Option<SettleSpec>,
+    notify: Option<Vec<u64>>,
     domain: Option<String>,
     descriptor: Option<Vec<String>>,
     #[serde(default)]
@@ -76,11 +80,13 @@ pub(super) struct SettleSpec {
 
 impl RuleSet {
     pub(super) fn validate(spec: RuleSetSpec) -> Result<Self, RulesError> {
+        let catalog = spec.catalog.map(Catalog::validate).transpose()?;
+        let currency = catalog.as_ref().map(Catalog::currency);
         let mut names = HashSet::new();
         let mut rules = Vec::with_capacity(spec.rules.len());
         for (i, rule) in spec.rules.into_iter().enumerate() {
             let label = label(rule.name.as_deref(), i);
-            let rule = Rule::validate(rule, &label)?;
+            let rule = Rule::validate(rule, &label, currency)?;
             if !names.insert(rule.name.clone()) {
                 return Err(fault(&label, "name", "another rule has this name"));
             }
@@ -110,6 +116,7 @@ impl RuleSet {
             version: spec.version,
             tier,
             rules,
+            catalog: catalog.map(Arc::new),
             places: Vec::new(),
         })
     }
@@ -118,7 +125,7 @@ impl RuleSet {
 impl Rule {
     /// Each field read on its own, then what no field alone can say
     /// ([`check_combinations`](Self::check_combinations)).
-    fn validate(spec: RuleSpec, label: &str) -> Result<Self, RulesError> {
+    fn validate(spec: RuleSpec, label: &str, currency: Option<&str>) -> Result<Self, RulesError> {
         // In the order of the fields, so a rule with several faults is
         // told the first.
         let name: Arc<str> = Arc::from(name(spec.name, label)?);
@@ -140,9 +147,15 @@ impl Rule {
             key: spec.key,
         };
         let (target, key) = http.read(descriptor.as_ref(), &envoy, label)?;
-        let shape = Shape::read(spec.algorithm, spec.execution, spec.cost, label)?;
+        let shape = Shape::read(spec.algorithm, spec.execution, spec.cost, label, currency)?;
         let policy = shape.rule_policy(spec.policy.as_deref(), &envoy)?;
         let tiers = tiers(&spec.tiers, &shape)?;
+        let unit = shape.unit(spec.policy.as_deref(), &spec.tiers)?;
+        let notify = spec
+            .notify
+            .map(|n| notify(n, label))
+            .transpose()?
+            .unwrap_or_default();
         let counting = counting(spec.count, spec.refund, label)?;
         let block = spec.block.map(|text| block(&text, label)).transpose()?;
         let local_quota = spec
@@ -164,6 +177,8 @@ impl Rule {
             block,
             local_quota,
             settle: settle.map(Arc::new),
+            unit,
+            notify,
             descriptor,
             envoy,
         };
@@ -391,6 +406,8 @@ pub(super) struct Shape<'a> {
     algorithm: Option<Algorithm>,
     execution: Option<crate::policy::Execution>,
     cost: Option<u64>,
+    /// The price catalog's currency, which money policies count in.
+    currency: Option<&'a str>,
 }
 
 impl<'a> Shape<'a> {
@@ -399,6 +416,7 @@ impl<'a> Shape<'a> {
         execution: Option<String>,
         cost: Option<u64>,
         label: &'a str,
+        currency: Option<&'a str>,
     ) -> Result<Self, RulesError> {
         let algorithm = algorithm
             .map(|a| {
@@ -422,7 +440,36 @@ impl<'a> Shape<'a> {
             algorithm,
             execution,
             cost,
+            currency,
         })
+    }
+
+    /// The unit the rule's policy and every tier's count in: one for all.
+    fn unit(
+        &self,
+        policy: Option<&str>,
+        tiers: &BTreeMap<String, String>,
+    ) -> Result<Unit, RulesError> {
+        let Some(policy) = policy else {
+            return Ok(Unit::Requests);
+        };
+        let of = |field: &str, text: &str| {
+            unit::read(text, self.currency)
+                .map(|(_, unit)| unit)
+                .map_err(|e| fault(self.label, field, e))
+        };
+        let unit = of("policy", policy)?;
+        for (tier, text) in tiers {
+            let field = format!("tiers.{tier}");
+            if of(&field, text)? != unit {
+                return Err(fault(
+                    self.label,
+                    &field,
+                    format!("counts in another unit than the rule's policy ({unit})"),
+                ));
+            }
+        }
+        Ok(unit)
     }
 
     /// The policy written `text` in `field`, in this shape.
@@ -445,6 +492,7 @@ impl<'a> Shape<'a> {
 
     pub(super) fn policy(&self, field: &str, text: &str) -> Result<Policy, RulesError> {
         let label = self.label;
+        let (text, _) = unit::read(text, self.currency).map_err(|e| fault(label, field, e))?;
         let mut policy: Policy = text.parse().map_err(|e| fault(label, field, e))?;
         if let Some(algorithm) = self.algorithm {
             policy = policy
@@ -541,4 +589,35 @@ impl EnvoyFlags {
             None
         }
     }
+}
+
+/// `notify = [50, 80, 95, 100]`: shares in percent, 1 to 100, each once;
+/// kept in increasing order.
+fn notify(shares: Vec<u64>, label: &str) -> Result<Vec<u8>, RulesError> {
+    if shares.is_empty() {
+        return Err(fault(
+            label,
+            "notify",
+            "is empty: leave it out to be told nothing",
+        ));
+    }
+    let mut out = Vec::with_capacity(shares.len());
+    for share in shares {
+        let share = u8::try_from(share)
+            .ok()
+            .filter(|s| (1..=100).contains(s))
+            .ok_or_else(|| {
+                fault(
+                    label,
+                    "notify",
+                    format!("{share} is not a share of the budget in percent, 1 to 100"),
+                )
+            })?;
+        if out.contains(&share) {
+            return Err(fault(label, "notify", format!("{share} is given twice")));
+        }
+        out.push(share);
+    }
+    out.sort_unstable();
+    Ok(out)
 }

@@ -1,0 +1,269 @@
+//! The bodies of [`OpenAi`](super::OpenAi): the request as read (or as it
+//! came, for a request the layer does not read), and the answer, watched
+//! for its usage as it passes.
+
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+
+use super::charge::{Bill, Ended};
+use super::stream::Events;
+use super::usage::{Reported, reported};
+
+pin_project! {
+    /// The body of a request passed to the inner service: read whole by
+    /// the layer, or, for a request it does not read, as it came.
+    #[derive(Debug)]
+    pub struct RequestBody<B> {
+        #[pin]
+        kind: RequestKind<B>,
+    }
+}
+
+pin_project! {
+    #[project = RequestKindProj]
+    #[derive(Debug)]
+    enum RequestKind<B> {
+        Read { data: Option<Bytes> },
+        Untouched { #[pin] body: B },
+    }
+}
+
+impl<B> RequestBody<B> {
+    pub(crate) fn read(data: Bytes) -> Self {
+        Self {
+            kind: RequestKind::Read {
+                data: (!data.is_empty()).then_some(data),
+            },
+        }
+    }
+
+    pub(crate) fn untouched(body: B) -> Self {
+        Self {
+            kind: RequestKind::Untouched { body },
+        }
+    }
+}
+
+impl<B> Body for RequestBody<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        match self.project().kind.project() {
+            RequestKindProj::Read { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            RequestKindProj::Untouched { body } => body.poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            RequestKind::Read { data } => data.is_none(),
+            RequestKind::Untouched { body } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            RequestKind::Read { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            RequestKind::Untouched { body } => body.size_hint(),
+        }
+    }
+}
+
+/// The most bytes of an answer that is not streamed kept to read its
+/// usage: a longer one is charged its estimate.
+const MAX_ANSWER: usize = 8 << 20;
+
+/// How an answer is watched.
+#[derive(Debug)]
+pub(crate) enum Watch {
+    /// Server-sent events.
+    Stream(Events),
+    /// One JSON object, kept (up to [`MAX_ANSWER`]) to read at its end.
+    Json(Option<BytesMut>),
+    /// An error answer: charged nothing billable.
+    Refused,
+}
+
+pin_project! {
+    /// The body of every answer of [`OpenAi`](super::OpenAi).
+    #[derive(Debug)]
+    pub struct ResponseBody<B> {
+        #[pin]
+        kind: ResponseKind<B>,
+    }
+}
+
+pin_project! {
+    #[project = ResponseKindProj]
+    #[derive(Debug)]
+    enum ResponseKind<B> {
+        Watched {
+            #[pin]
+            body: B,
+            watch: Watch,
+            // Settled when the body ends; dropped before, it settles what
+            // was streamed.
+            bill: Option<Bill>,
+            // The end of a stream's events still to pass on.
+            rest: Option<Bytes>,
+        },
+        Untouched { #[pin] body: B },
+        Full { data: Option<Bytes> },
+    }
+}
+
+impl<B> ResponseBody<B> {
+    pub(crate) fn watched(body: B, watch: Watch, bill: Bill) -> Self {
+        Self {
+            kind: ResponseKind::Watched {
+                body,
+                watch,
+                bill: Some(bill),
+                rest: None,
+            },
+        }
+    }
+
+    pub(crate) fn untouched(body: B) -> Self {
+        Self {
+            kind: ResponseKind::Untouched { body },
+        }
+    }
+
+    pub(crate) fn full(data: Bytes) -> Self {
+        Self {
+            kind: ResponseKind::Full {
+                data: (!data.is_empty()).then_some(data),
+            },
+        }
+    }
+}
+
+impl Watch {
+    /// How the answer ended, once its body has.
+    fn ended(&mut self) -> Ended {
+        match self {
+            Watch::Stream(events) => Ended::Reported(events.usage.clone()),
+            Watch::Json(Some(kept)) => {
+                let usage = serde_json::from_slice::<serde_json::Value>(kept)
+                    .map(|answer| reported(answer.get("usage")))
+                    .unwrap_or(Reported::Bad("the answer is not JSON"));
+                Ended::Reported(usage)
+            }
+            Watch::Json(None) => Ended::Reported(Reported::Bad("the answer is too long to read")),
+            Watch::Refused => Ended::Refused,
+        }
+    }
+}
+
+impl<B> Body for ResponseBody<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        match self.project().kind.project() {
+            ResponseKindProj::Watched {
+                mut body,
+                watch,
+                bill,
+                rest,
+            } => loop {
+                if let Some(rest) = rest.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(rest))));
+                }
+                if bill.is_none() {
+                    return Poll::Ready(None);
+                }
+                match ready!(body.as_mut().poll_frame(cx)) {
+                    Some(Ok(frame)) => {
+                        let data = match frame.into_data() {
+                            Ok(data) => data,
+                            // Trailers: passed on as they are.
+                            Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                        };
+                        let data = match watch {
+                            Watch::Stream(events) => {
+                                let out = events.feed(&data);
+                                if let Some(bill) = bill.as_mut() {
+                                    bill.streamed = events.content_chunks;
+                                }
+                                if out.is_empty() {
+                                    continue;
+                                }
+                                out
+                            }
+                            Watch::Json(kept) => {
+                                if let Some(buf) = kept {
+                                    if buf.len() + data.len() > MAX_ANSWER {
+                                        *kept = None;
+                                    } else {
+                                        buf.extend_from_slice(&data);
+                                    }
+                                }
+                                data
+                            }
+                            Watch::Refused => data,
+                        };
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
+                    Some(Err(error)) => {
+                        // A stream cut: dropping the bill settles what was
+                        // streamed.
+                        drop(bill.take());
+                        return Poll::Ready(Some(Err(error)));
+                    }
+                    None => {
+                        if let Watch::Stream(events) = watch {
+                            let tail = events.finish();
+                            if !tail.is_empty() {
+                                *rest = Some(tail);
+                            }
+                        }
+                        if let Some(bill) = bill.take() {
+                            bill.settle(watch.ended());
+                        }
+                    }
+                }
+            },
+            ResponseKindProj::Untouched { body } => body.poll_frame(cx),
+            ResponseKindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            ResponseKind::Watched { bill, rest, .. } => bill.is_none() && rest.is_none(),
+            ResponseKind::Untouched { body } => body.is_end_stream(),
+            ResponseKind::Full { data } => data.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            ResponseKind::Watched { .. } => SizeHint::default(),
+            ResponseKind::Untouched { body } => body.size_hint(),
+            ResponseKind::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+        }
+    }
+}

@@ -24,6 +24,7 @@ pub mod faults;
 pub mod harness;
 pub mod http;
 pub mod logs;
+pub mod openai_upstream;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod proxy;

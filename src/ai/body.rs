@@ -169,6 +169,19 @@ impl Watch {
     }
 }
 
+/// The answer's body has ended: its bill settled, and the end of a
+/// stream's events still to pass on.
+fn end(watch: &mut Watch, bill: &mut Option<Bill>) -> Option<Bytes> {
+    let tail = match watch {
+        Watch::Stream(events) => Some(events.finish()).filter(|tail| !tail.is_empty()),
+        _ => None,
+    };
+    if let Some(bill) = bill.take() {
+        bill.settle(watch.ended());
+    }
+    tail
+}
+
 impl<B> Body for ResponseBody<B>
 where
     B: Body<Data = Bytes>,
@@ -200,14 +213,12 @@ where
                             // Trailers: passed on as they are.
                             Err(frame) => return Poll::Ready(Some(Ok(frame))),
                         };
-                        let data = match watch {
+                        let ended = body.is_end_stream();
+                        let mut data = match watch {
                             Watch::Stream(events) => {
                                 let out = events.feed(&data);
                                 if let Some(bill) = bill.as_mut() {
                                     bill.streamed = events.content_chunks;
-                                }
-                                if out.is_empty() {
-                                    continue;
                                 }
                                 out
                             }
@@ -223,6 +234,20 @@ where
                             }
                             Watch::Refused => data,
                         };
+                        // A body that knows its length ends with its last
+                        // frame: its reader may never ask for more.
+                        if ended {
+                            if let Some(tail) = end(watch, bill) {
+                                if data.is_empty() {
+                                    data = tail;
+                                } else {
+                                    *rest = Some(tail);
+                                }
+                            }
+                        }
+                        if data.is_empty() {
+                            continue;
+                        }
                         return Poll::Ready(Some(Ok(Frame::data(data))));
                     }
                     Some(Err(error)) => {
@@ -231,17 +256,7 @@ where
                         drop(bill.take());
                         return Poll::Ready(Some(Err(error)));
                     }
-                    None => {
-                        if let Watch::Stream(events) = watch {
-                            let tail = events.finish();
-                            if !tail.is_empty() {
-                                *rest = Some(tail);
-                            }
-                        }
-                        if let Some(bill) = bill.take() {
-                            bill.settle(watch.ended());
-                        }
-                    }
+                    None => *rest = end(watch, bill),
                 }
             },
             ResponseKindProj::Untouched { body } => body.poll_frame(cx),

@@ -146,13 +146,15 @@ async fn settle_one(
         return;
     };
     let unit = rule.unit();
-    let mut after = charge.decision.clone();
+    // A check's decision counts the request; a command's (the settlement)
+    // answers as one more unit would after it.
+    let mut after = (charge.decision.clone(), false);
     if let (Some(unsettled), Some(cost)) =
         (charge.unsettled, cost(unit, rules, model, usage, estimate))
     {
         match unsettled.settle(cost).await {
             Ok(Settled::Charged { decision, .. } | Settled::GivenBack { decision, .. }) => {
-                after = decision
+                after = (decision, true);
             }
             Ok(_) => {}
             Err(error) => {
@@ -161,7 +163,14 @@ async fn settle_one(
         }
     }
     notices
-        .crossed(rule.name(), &charge.key, unit, rule.notify(), &after)
+        .crossed(
+            rule.name(),
+            &charge.key,
+            unit,
+            rule.notify(),
+            &after.0,
+            after.1,
+        )
         .await;
 }
 

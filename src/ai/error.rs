@@ -90,8 +90,7 @@ pub(crate) fn refusal(
     };
     let unit = unit_of(active, rule);
     let rate = decision.rate();
-    let long = rate.calendar().is_some() || rate.window() >= Duration::from_secs(86_400);
-    let mut response = if unit == Unit::Money || long {
+    let mut response = if unit == Unit::Money || super::headers::is_budget(&rate) {
         let limit = match (unit, active.set().catalog()) {
             (Unit::Money, Some(catalog)) => format!(
                 "{} {}/{}",

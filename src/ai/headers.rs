@@ -30,6 +30,10 @@ pub(crate) fn set<'d>(
     let mut requests: Option<&Decision> = None;
     let mut tokens: Option<&Decision> = None;
     for (unit, decision) in decisions {
+        if is_budget(&decision.rate()) {
+            // A quota, not a rate: OpenAI's fields describe rates.
+            continue;
+        }
         let slot = match unit {
             Unit::Requests => &mut requests,
             Unit::Tokens => &mut tokens,
@@ -48,6 +52,12 @@ pub(crate) fn set<'d>(
             headers.insert(reset, value);
         }
     }
+}
+
+/// Whether `rate` is a budget (on the calendar, or a day or longer)
+/// rather than a rate: spent, it is `insufficient_quota`, not a wait.
+pub(crate) fn is_budget(rate: &crate::policy::Rate) -> bool {
+    rate.calendar().is_some() || rate.window() >= Duration::from_secs(86_400)
 }
 
 /// A duration as OpenAI writes its resets (Go's style, to the

@@ -73,6 +73,9 @@ impl Notices {
 
     /// Tell each share of `notify` that `decision` (the key's state after
     /// its latest charge) has crossed, unless told already this period.
+    /// `command`: the decision is a command's, which answers as a request
+    /// of one unit would after it (a key with nothing left has spent its
+    /// budget, to the unit).
     pub(crate) async fn crossed(
         &self,
         rule: &str,
@@ -80,6 +83,7 @@ impl Notices {
         unit: Unit,
         notify: &[u8],
         decision: &Decision,
+        command: bool,
     ) {
         if notify.is_empty() {
             return;
@@ -87,7 +91,12 @@ impl Notices {
         for status in decision.rates() {
             let rate = status.rate();
             let limit = rate.max();
-            let used = limit.saturating_sub(status.remaining());
+            let left = match status.remaining() {
+                0 => 0,
+                remaining if command => remaining + 1,
+                remaining => remaining,
+            };
+            let used = limit.saturating_sub(left);
             for &threshold in notify {
                 if u128::from(used) * 100 < u128::from(threshold) * u128::from(limit) {
                     break;

@@ -18,6 +18,8 @@ scripts/test installs the pinned SDK into target/openai. The spec:
     include_usage  optional bool: stream_options={"include_usage": ...}
     headers        optional {name: value}: extra request headers
     calls          how many calls to make, one after another (default 1)
+    concurrent     instead of the above: a list of specs, run at once (a
+                   thread each); the results of each in the list's order
 
 It prints one JSON line: {"results": [one per call]}, each with
 ok, status, error_class, error_code, error_type, error_message, elapsed
@@ -28,6 +30,7 @@ not null) and embeddings (the vectors). An SDK exception is reported in its
 call's result, never raised.
 """
 
+import concurrent.futures
 import json
 import sys
 import time
@@ -37,14 +40,26 @@ import openai
 
 def main():
     spec = json.loads(sys.argv[1])
+    if "concurrent" in spec:
+        # Several specs at once, a thread each: their results in order.
+        specs = spec["concurrent"]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(specs) or 1) as pool:
+            answers = list(pool.map(run, specs))
+        results = [result for answer in answers for result in answer]
+    else:
+        results = run(spec)
+    print(json.dumps({"results": results}, default=str), flush=True)
+
+
+def run(spec):
+    """The calls of one spec, one after another."""
     client = openai.OpenAI(
         base_url=spec["base_url"],
         api_key=spec.get("api_key", "sk-test"),
         max_retries=spec.get("max_retries", 2),
         timeout=spec.get("timeout", 20),
     )
-    results = [call(client, spec) for _ in range(spec.get("calls", 1))]
-    print(json.dumps({"results": results}, default=str), flush=True)
+    return [call(client, spec) for _ in range(spec.get("calls", 1))]
 
 
 def call(client, spec):

@@ -236,13 +236,11 @@ where
                         };
                         // A body that knows its length ends with its last
                         // frame: its reader may never ask for more.
-                        if ended {
-                            if let Some(tail) = end(watch, bill) {
-                                if data.is_empty() {
-                                    data = tail;
-                                } else {
-                                    *rest = Some(tail);
-                                }
+                        if ended && let Some(tail) = end(watch, bill) {
+                            if data.is_empty() {
+                                data = tail;
+                            } else {
+                                *rest = Some(tail);
                             }
                         }
                         if data.is_empty() {

@@ -114,12 +114,12 @@ async fn main() -> ExitCode {
 async fn run(stop: impl Future<Output = ()> + Send + 'static) -> Result<(), BadSetting> {
     let required =
         |name: &'static str| var(name).ok_or_else(|| BadSetting(name, "is required".to_owned()));
-    let upstream_url = required("UPSTREAM_URL")?;
-    let rules_path = PathBuf::from(required("RULES")?);
-    let keys_path = PathBuf::from(required("KEYS")?);
     let timeout = Duration::from_secs(number("UPSTREAM_TIMEOUT", 120u64)?.max(1));
+    let upstream_url = required("UPSTREAM_URL")?;
     let upstream = Upstream::new(&upstream_url, var("UPSTREAM_KEY").as_deref(), timeout)
         .map_err(|e| BadSetting("UPSTREAM_URL", e))?;
+    let rules_path = PathBuf::from(required("RULES")?);
+    let keys_path = PathBuf::from(required("KEYS")?);
     let keys = Keys::read(&keys_path).map_err(|e| BadSetting("KEYS", e))?;
     let keys_count = keys.len();
     let set = RuleSet::from_file(&rules_path).map_err(|e| BadSetting("RULES", e.to_string()))?;

@@ -733,3 +733,69 @@ async fn two_gateways_on_postgres_keep_three_teams_within_budget() {
     let postgres = crate::support::postgres::PostgresServer::start();
     two_gateways_keep_three_teams_within_budget(("DATABASE_URL", postgres.url())).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_rules_and_keys_serve_in_memory() {
+    let upstream = OpenAiUpstream::start().await;
+    let root = env!("CARGO_MANIFEST_DIR");
+    let gateway = Gateway::spawn(&[
+        ("RULES", format!("{root}/examples/ai_gateway/rules.toml")),
+        ("KEYS", format!("{root}/examples/ai_gateway/keys.toml")),
+        ("UPSTREAM_URL", upstream.url()),
+    ]);
+    let result = sdk_once(spec(
+        &gateway,
+        "sk-demo-alice-0001",
+        json!({"stream": true}),
+    ))
+    .await;
+    assert_eq!(result["ok"], true, "{result}");
+    assert_eq!(result["headers"]["x-ratelimit-limit-requests"], "60");
+    assert_eq!(result["headers"]["x-ratelimit-remaining-requests"], "59");
+    assert_eq!(result["headers"]["x-ratelimit-limit-tokens"], "200000");
+}
+
+#[test]
+fn a_bad_setting_exits_2_naming_it() {
+    let exe = std::env::current_exe().unwrap();
+    let binary = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .unwrap()
+        .join("examples/ai_gateway");
+    let dir = Scratch::new();
+    let rules = dir.file(
+        "rules.toml",
+        "[[rules]]\nname = \"spend\"\nkey = \"global\"\npolicy = \"5 USD/day\"\n",
+    );
+    let keys = dir.file("keys.toml", KEYS);
+    for (env, named) in [
+        (vec![], "UPSTREAM_URL"),
+        (vec![("UPSTREAM_URL", "ftp://x")], "UPSTREAM_URL"),
+        (vec![("UPSTREAM_URL", "http://127.0.0.1:1")], "RULES"),
+        (
+            vec![
+                ("UPSTREAM_URL", "http://127.0.0.1:1"),
+                ("RULES", rules.as_str()),
+            ],
+            "KEYS",
+        ),
+        (
+            vec![
+                ("UPSTREAM_URL", "http://127.0.0.1:1"),
+                ("RULES", rules.as_str()),
+                ("KEYS", keys.as_str()),
+            ],
+            "RULES",
+        ),
+    ] {
+        let output = Command::new(&binary)
+            .env_clear()
+            .envs(env.clone())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{env:?}: {stderr}");
+        assert!(stderr.starts_with(named), "{env:?}: {stderr}");
+    }
+}

@@ -103,6 +103,28 @@ impl Descriptor {
     }
 }
 
+/// The entries of a descriptor rule's descriptor that say what a
+/// descriptor's `hits_addend` counts (`usage = { model = "model", kind =
+/// "token_kind" }`): the model whose tokens they are, and their kind
+/// (`input`, `cached_input`, `output`, or any kind the price catalog
+/// names). Like a `tier_entry`, they are entries of the rule's descriptor
+/// left out of its key: the models and kinds of one key spend one budget.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct UsageEntries {
+    /// The entry whose value is the model.
+    pub(crate) model: Option<String>,
+    /// The entry whose value is the kind of tokens.
+    pub(crate) kind: Option<String>,
+}
+
+impl UsageEntries {
+    /// Whether `key` is the model's entry or the kind's.
+    #[cfg_attr(not(feature = "envoy"), allow(dead_code))]
+    pub(crate) fn names(&self, key: &str) -> bool {
+        self.model.as_deref() == Some(key) || self.kind.as_deref() == Some(key)
+    }
+}
+
 #[cfg(feature = "envoy")]
 /// Whether `value` is `parts` joined with any text in place of each `*`.
 fn wildcard_matches(parts: &[String], value: &str) -> bool {

@@ -287,6 +287,9 @@ pub(crate) struct EnvoyFlags {
     /// The rate whose unit and reset a refusing rule's status reports
     /// (a reference-server `requests_per_unit: 0` of that unit).
     pub(crate) refused_rate: Option<crate::policy::Rate>,
+    /// The entries of the descriptor naming the model and the kind of
+    /// tokens its `hits_addend` counts (`usage`), left out of the key.
+    pub(crate) usage: Option<descriptor::UsageEntries>,
 }
 
 impl fmt::Debug for Rule {

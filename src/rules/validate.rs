@@ -8,7 +8,7 @@ use http::header::HeaderName;
 use serde::Deserialize;
 
 use super::catalog::{Catalog, CatalogSpec};
-use super::descriptor::Descriptor;
+use super::descriptor::{Descriptor, UsageEntries};
 use super::fields::{
     block, counting, fault, key, label, methods, name, only_list, settle, target, tiers,
 };
@@ -63,6 +63,16 @@ struct RuleSpec {
     #[serde(default)]
     replaces: Vec<String>,
     tier_entry: Option<String>,
+    usage: Option<UsageSpec>,
+}
+
+/// `usage = { model = "model", kind = "token_kind" }`: the entries of the
+/// descriptor naming the model and the kind of tokens of its `hits_addend`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UsageSpec {
+    model: Option<String>,
+    kind: Option<String>,
 }
 
 /// `settle = { header = "x-usage-tokens", strip = true, body = true }`.
@@ -138,6 +148,10 @@ impl Rule {
             tier_entry: spec.tier_entry,
             shown_name: Some(Arc::clone(&name)),
             refused_rate: None,
+            usage: spec.usage.map(|u| UsageEntries {
+                model: u.model,
+                kind: u.kind,
+            }),
         };
         let descriptor = descriptor_for(spec.domain, spec.descriptor, &envoy, label)?;
         let http = Http {
@@ -193,6 +207,7 @@ impl Rule {
             .any(|(_, p)| p.algorithm() == Algorithm::Concurrency);
         self.check_counting(label, concurrency)?;
         self.check_envoy(label)?;
+        self.check_usage(label)?;
         self.check_settle(label, concurrency)?;
         if self.block.is_some() && concurrency {
             return Err(fault(
@@ -296,6 +311,77 @@ impl Rule {
                 label,
                 "settle.hits_addend",
                 "a descriptor's hits_addend is Envoy's: only a descriptor rule settles from it",
+            ));
+        }
+        Ok(())
+    }
+
+    /// A rule's `usage` names entries of its descriptor, and counts tokens
+    /// (of any model and kind) or money (the catalog's price of the
+    /// model's tokens of that kind).
+    fn check_usage(&self, label: &str) -> Result<(), RulesError> {
+        let (Some(usage), Some(descriptor)) = (&self.envoy.usage, &self.descriptor) else {
+            return Ok(());
+        };
+        match self.unit {
+            Unit::Requests => {
+                return Err(fault(
+                    label,
+                    "usage",
+                    "names what a descriptor's hits_addend counts: tokens, or money at the \
+                     catalog's prices, and the rule's policy counts requests \
+                     (write \"20000 tokens/min\" or \"100 USD/month\")",
+                ));
+            }
+            Unit::Money => {
+                for (field, entry) in [("usage.model", &usage.model), ("usage.kind", &usage.kind)] {
+                    if entry.is_none() {
+                        return Err(fault(
+                            label,
+                            field,
+                            "is missing: a rule counted in money prices each descriptor's \
+                             hits_addend as tokens of its model and kind (both entries of the \
+                             descriptor)",
+                        ));
+                    }
+                }
+            }
+            Unit::Tokens => {
+                if usage.model.is_none() && usage.kind.is_none() {
+                    return Err(fault(
+                        label,
+                        "usage",
+                        "names no entry: name the model's (model = \"model\"), the kind's \
+                         (kind = \"token_kind\") or both",
+                    ));
+                }
+            }
+        }
+        for (field, entry) in [("usage.model", &usage.model), ("usage.kind", &usage.kind)] {
+            let Some(entry) = entry else { continue };
+            if !descriptor.has_key(entry) {
+                return Err(fault(
+                    label,
+                    field,
+                    format!(
+                        "{entry:?} is no entry of the rule's descriptor: add it there \
+                         (`\"{entry}\"`, any value), and it is left out of the key"
+                    ),
+                ));
+            }
+            if self.envoy.tier_entry.as_ref() == Some(entry) {
+                return Err(fault(
+                    label,
+                    field,
+                    format!("{entry:?} is the tier_entry: the plan and the usage are two entries"),
+                ));
+            }
+        }
+        if usage.model.is_some() && usage.model == usage.kind {
+            return Err(fault(
+                label,
+                "usage.kind",
+                "is the model's entry too: the model and the kind are two entries",
             ));
         }
         Ok(())
@@ -585,6 +671,8 @@ impl EnvoyFlags {
             Some("replaces")
         } else if self.tier_entry.is_some() {
             Some("tier_entry")
+        } else if self.usage.is_some() {
+            Some("usage")
         } else {
             None
         }
@@ -620,4 +708,100 @@ fn notify(shares: Vec<u64>, label: &str) -> Result<Vec<u8>, RulesError> {
     }
     out.sort_unstable();
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CATALOG: &str =
+        "[catalog]\ncurrency = \"USD\"\n[catalog.default]\ninput = 1\noutput = 1\n";
+
+    fn rule(fields: &str) -> Result<RuleSet, RulesError> {
+        RuleSet::from_toml(&format!(
+            "{CATALOG}[[rules]]\nname = \"r\"\ndomain = \"ai\"\n{fields}\n"
+        ))
+    }
+
+    /// `usage` names entries of the rule's descriptor, on a descriptor
+    /// rule counted in tokens (one entry or both) or money (both).
+    #[test]
+    fn a_usage_names_entries_of_the_descriptor_and_counts_tokens_or_money() {
+        let usage = "usage = { model = \"model\", kind = \"token_kind\" }";
+        let entries = "descriptor = [\"api_key\", \"model\", \"token_kind\"]";
+        for (fields, field, says) in [
+            (
+                format!("{entries}\npolicy = \"100/min\"\n{usage}"),
+                "usage",
+                "counts requests",
+            ),
+            (
+                format!("{entries}\npolicy = \"1 USD/day\"\nusage = {{ model = \"model\" }}"),
+                "usage.kind",
+                "is missing",
+            ),
+            (
+                format!("{entries}\npolicy = \"1 USD/day\"\nusage = {{ kind = \"token_kind\" }}"),
+                "usage.model",
+                "is missing",
+            ),
+            (
+                format!("{entries}\npolicy = \"100 tokens/min\"\nusage = {{}}"),
+                "usage",
+                "names no entry",
+            ),
+            (
+                format!("descriptor = [\"api_key\", \"model\"]\npolicy = \"1 USD/day\"\n{usage}"),
+                "usage.kind",
+                "no entry of the rule's descriptor",
+            ),
+            (
+                format!(
+                    "{entries}\npolicy = \"1 USD/day\"\nusage = {{ model = \"model\", kind = \"model\" }}"
+                ),
+                "usage.kind",
+                "two entries",
+            ),
+            (
+                format!(
+                    "{entries}\npolicy = \"1 USD/day\"\ntiers = {{ pro = \"2 USD/day\" }}\ntier_entry = \"model\"\n{usage}"
+                ),
+                "usage.model",
+                "tier_entry",
+            ),
+            (
+                format!(
+                    "{entries}\npolicy = \"1 USD/day\"\nusage = {{ model = \"model\", price = 1 }}"
+                ),
+                "TOML",
+                "unknown field",
+            ),
+            (
+                format!("key = \"ip\"\n{entries}\npolicy = \"1 USD/day\"\n{usage}"),
+                "usage",
+                "applies to Envoy alone",
+            ),
+        ] {
+            let error = rule(&fields).unwrap_err();
+            assert_eq!(error.field(), field, "{fields}: {error}");
+            assert!(error.to_string().contains(says), "{fields}: {error}");
+        }
+        // Not a descriptor rule.
+        let error = RuleSet::from_toml(&format!(
+            "{CATALOG}[[rules]]\nname = \"r\"\nkey = \"ip\"\npolicy = \"1 USD/day\"\n{usage}\n"
+        ))
+        .unwrap_err();
+        assert_eq!(error.field(), "usage", "{error}");
+
+        let set = rule(&format!(
+            "{entries}\npolicy = \"1 USD/day\"\nsettle = {{ hits_addend = true }}\n{usage}"
+        ))
+        .unwrap();
+        let found = set.rules()[0].envoy.usage.clone().unwrap();
+        assert_eq!(found.model.as_deref(), Some("model"));
+        assert!(found.names("token_kind") && !found.names("api_key"));
+        // Counted in tokens, one entry is enough; an exact kind too.
+        rule("descriptor = [\"api_key\", \"model\", \"token_kind=output\"]\npolicy = \"100 tokens/min\"\nusage = { model = \"model\" }").unwrap();
+        rule(&format!("{entries}\npolicy = \"100 tokens/min\"\n{usage}")).unwrap();
+    }
 }

@@ -85,11 +85,11 @@ fn ask(plan: &DescriptorPlan<'_>, limit: &Limit<'_>) -> Ask {
         Ask::GiveBack
     } else if limit.charge {
         Ask::Charge
-    } else if plan.cost == 0 {
+    } else if limit.cost == 0 {
         Ask::Peek
     } else if limit.shadow {
         Ask::Shadow
-    } else if plan.cost > limit.limiter.policy().max_cost() {
+    } else if limit.cost > limit.limiter.policy().max_cost() {
         Ask::TooCostly
     } else {
         Ask::Enforced
@@ -136,13 +136,13 @@ pub(super) async fn decide(plans: &[DescriptorPlan<'_>]) -> Result<Outcomes, ton
     let enforced: SmallVec<[(usize, &Limit<'_>, u64); 4]> = limits
         .iter()
         .filter(|(_, _, asked)| *asked == Ask::Enforced)
-        .map(|&(i, limit, _)| (i, limit, plans[i].cost))
+        .map(|&(i, limit, _)| (i, limit, limit.cost))
         .collect();
     if !denied && !enforced.is_empty() {
         denied |= check_enforced(&enforced, &mut all).await?;
     }
     for &(i, limit, asked) in &limits {
-        let cost = plans[i].cost;
+        let cost = limit.cost;
         let outcome = match asked {
             Ask::Shadow if denied => peek(i, limit).await,
             Ask::Shadow => shadow(i, limit, cost).await,

@@ -5,6 +5,7 @@
 
 mod decide;
 mod plan;
+mod price;
 mod service;
 mod unit;
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use smallvec::SmallVec;
 
+use super::price;
 use crate::key;
 use crate::limiter::Limiter;
 use crate::policy::Rate;
@@ -14,7 +15,6 @@ use crate::rules::{ActiveRules, Rule};
 
 /// What one descriptor is checked against.
 pub(super) struct DescriptorPlan<'a> {
-    pub(super) cost: u64,
     /// `is_negative_hits`: the cost is given back, not taken.
     pub(super) negative: bool,
     pub(super) limits: Vec<Limit<'a>>,
@@ -29,6 +29,10 @@ pub(super) struct Limit<'a> {
     pub(super) rule: Option<&'a Rule>,
     /// The key of the count.
     pub(super) key: String,
+    /// The units it is asked for: the descriptor's cost, or (a rule
+    /// counted in money that names its usage) the catalog's price of
+    /// that many tokens.
+    pub(super) cost: u64,
     pub(super) limiter: Limiter,
     pub(super) shadow: bool,
     /// Charged the cost after the response (a penalty past the max if
@@ -51,13 +55,16 @@ pub(super) struct Refusal {
     pub(super) rate: Option<Rate>,
     /// Reported, never refusing.
     pub(super) shadow: bool,
+    /// Not a limit of 0: the price catalog has no price for the
+    /// descriptor's usage (its status reports the rule's rate, nothing
+    /// left, and no reset: waiting cures nothing).
+    pub(super) unpriced: bool,
 }
 
 impl<'a> DescriptorPlan<'a> {
-    /// A plan of no limit yet, at `cost`.
-    pub(super) fn new(descriptor: &RateLimitDescriptor, cost: u64) -> Self {
+    /// A plan of no limit yet.
+    pub(super) fn new(descriptor: &RateLimitDescriptor) -> Self {
         Self {
-            cost,
             negative: descriptor.is_negative_hits,
             limits: Vec::new(),
             unlimited: false,
@@ -73,10 +80,11 @@ impl<'a> DescriptorPlan<'a> {
         cost: u64,
         limiter: Limiter,
     ) -> Self {
-        let mut plan = Self::new(descriptor, cost);
+        let mut plan = Self::new(descriptor);
         plan.limits.push(Limit {
             rule: None,
             key: own_key(domain, descriptor),
+            cost,
             limiter,
             shadow: false,
             charge: false,
@@ -86,12 +94,13 @@ impl<'a> DescriptorPlan<'a> {
 
     /// The plan of a descriptor carrying its own `limit` of 0 requests per
     /// the unit of `rate`: every request over it.
-    pub(super) fn own_refusal(descriptor: &RateLimitDescriptor, cost: u64, rate: Rate) -> Self {
-        let mut plan = Self::new(descriptor, cost);
+    pub(super) fn own_refusal(descriptor: &RateLimitDescriptor, rate: Rate) -> Self {
+        let mut plan = Self::new(descriptor);
         plan.refused.push(Refusal {
             name: None,
             rate: Some(rate),
             shadow: false,
+            unpriced: false,
         });
         plan
     }
@@ -111,7 +120,8 @@ impl<'a> DescriptorPlan<'a> {
             .iter()
             .map(|e| (e.key.as_str(), e.value.as_str()))
             .collect();
-        let mut plan = Self::new(descriptor, cost);
+        let mut plan = Self::new(descriptor);
+        let settles = descriptor.hits_addend.as_ref().is_some_and(|h| h.value > 0);
         for (rule, limiters) in active.descriptor_rules(domain, &entries) {
             let envoy = rule.envoy();
             replaced.extend(envoy.replaces.iter().map(String::as_str));
@@ -124,6 +134,7 @@ impl<'a> DescriptorPlan<'a> {
                     name: envoy.shown_name.clone(),
                     rate: envoy.refused_rate,
                     shadow: envoy.shadow,
+                    unpriced: false,
                 });
                 continue;
             }
@@ -133,15 +144,39 @@ impl<'a> DescriptorPlan<'a> {
             let tier = tier_entry
                 .and_then(|name| entries.iter().find(|(k, _)| *k == name))
                 .map(|(_, value)| *value);
+            let limiter = limiters.pick(tier);
+            // The descriptor Envoy sends again when the stream is done,
+            // with the cost the response reported.
+            let settling = settles && rule.settle().is_some_and(|s| s.from_hits_addend());
+            // A rule naming its usage counts the descriptor's tokens, or
+            // (counted in money) their price; a usage the catalog cannot
+            // price is refused, never free.
+            let cost = match price::units(rule, active.set().catalog(), &entries, cost) {
+                Ok(units) => units,
+                Err(unpriced) => {
+                    price::log_unpriced(rule, &entries, &unpriced, settling);
+                    plan.refused.push(Refusal {
+                        name: envoy.shown_name.clone(),
+                        rate: limiter.policy().rates().first().copied(),
+                        shadow: envoy.shadow,
+                        unpriced: true,
+                    });
+                    continue;
+                }
+            };
+            // Neither are the entries of the usage's model and kind: the
+            // models and kinds of a key spend one budget.
+            let usage = envoy.usage.as_ref();
+            let left_out =
+                |key: &str| Some(key) == tier_entry || usage.is_some_and(|u| u.names(key));
             plan.limits.push(Limit {
                 rule: Some(rule),
-                key: key_of(descriptor, tier_entry),
-                limiter: limiters.pick(tier).clone(),
+                key: key_of(descriptor, left_out),
+                cost,
+                limiter: limiter.clone(),
                 shadow: envoy.shadow,
-                // The descriptor Envoy sends again when the stream
-                // is done, with the cost the response reported.
-                charge: descriptor.hits_addend.as_ref().is_some_and(|h| h.value > 0)
-                    && rule.settle().is_some_and(|s| s.from_hits_addend()),
+                // A price of 0 is asked as a peek.
+                charge: settling && cost > 0,
             });
         }
         plan
@@ -156,14 +191,15 @@ impl<'a> DescriptorPlan<'a> {
     }
 }
 
-/// The key of a descriptor's count: its entries' values but the tier's,
-/// joined (a long one is held by its hash, as every key).
-fn key_of(descriptor: &RateLimitDescriptor, tier_entry: Option<&str>) -> String {
+/// The key of a descriptor's count: its entries' values but those
+/// `left_out` (the tier's, the usage's model and kind), joined (a long
+/// one is held by its hash, as every key).
+fn key_of(descriptor: &RateLimitDescriptor, left_out: impl Fn(&str) -> bool) -> String {
     let kept = || {
         descriptor
             .entries
             .iter()
-            .filter(|entry| Some(entry.key.as_str()) != tier_entry)
+            .filter(|entry| !left_out(entry.key.as_str()))
     };
     let mut values = kept();
     if let (Some(only), None) = (values.next(), values.next()) {

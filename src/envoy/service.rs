@@ -172,7 +172,7 @@ impl RateLimitService {
             let rate = rules::rate_of_unit(unit.as_str_name()).ok_or_else(|| {
                 refuse(format!("unit {} is not a unit of time", unit.as_str_name()))
             })?;
-            return Ok(DescriptorPlan::own_refusal(descriptor, cost, rate));
+            return Ok(DescriptorPlan::own_refusal(descriptor, rate));
         }
         let limiter = self
             .override_limiter(limit.requests_per_unit, unit)
@@ -200,9 +200,7 @@ impl RateLimitService {
                 // The reference server looks the domain up first: a
                 // descriptor's own limit in a domain it does not know
                 // is no limit.
-                Some(_) if !active.knows_domain(&request.domain) => {
-                    DescriptorPlan::new(descriptor, cost)
-                }
+                Some(_) if !active.knows_domain(&request.domain) => DescriptorPlan::new(descriptor),
                 Some(limit) => self.own_plan(&request.domain, descriptor, cost, limit)?,
                 None => DescriptorPlan::of_rules(
                     &active,
@@ -375,8 +373,14 @@ fn check_shape(request: &RateLimitRequest) -> Result<(), tonic::Status> {
 }
 
 /// The status of a descriptor a limit of 0 refuses: its name, the unit
-/// and reset of its rate, nothing left (`OK` for a shadow's).
+/// and reset of its rate, nothing left (`OK` for a shadow's). A usage the
+/// catalog cannot price reports its rule's rate, and no reset: waiting
+/// cures nothing.
 fn refused(refusal: &Refusal) -> DescriptorStatus {
+    let max = match refusal.rate {
+        Some(rate) if refusal.unpriced => u32::try_from(rate.max()).unwrap_or(u32::MAX),
+        _ => 0,
+    };
     DescriptorStatus {
         code: if refusal.shadow {
             Code::Ok
@@ -385,13 +389,14 @@ fn refused(refusal: &Refusal) -> DescriptorStatus {
         } as i32,
         current_limit: Some(RateLimit {
             name: refusal.name.as_deref().unwrap_or_default().to_owned(),
-            requests_per_unit: 0,
+            requests_per_unit: max,
             unit: refusal.rate.as_ref().map_or(Unit::Unknown, unit::of_rate) as i32,
         }),
         limit_remaining: 0,
         duration_until_reset: refusal
             .rate
             .as_ref()
+            .filter(|_| !refusal.unpriced)
             .map(|rate| proto_duration(unit::reset(rate))),
         ..DescriptorStatus::default()
     }

@@ -58,6 +58,10 @@ use tower_redis_ratelimit::envoy::envoy_types::pb::envoy::service::ratelimit::v3
 use tower_redis_ratelimit::rules::{RuleSet, Rules, RulesLayer};
 use tower_redis_ratelimit::{MemoryStore, RedisStore, Store};
 
+#[path = "support/redis_work.rs"]
+mod redis_work;
+use redis_work::redis_work;
+
 /// Keys the load spreads over.
 const KEYS: u64 = 10_000;
 
@@ -444,34 +448,6 @@ async fn decisions(
         println!("RESULT envoy/{name}/http/{descriptors}/p50_us {p50:.0}");
         println!("RESULT envoy/{name}/http/{descriptors}/p99_us {p99:.0}");
     }
-}
-
-/// Redis's CPU µs (user + system) and commands so far.
-async fn redis_work(connection: &mut redis::aio::MultiplexedConnection) -> (f64, f64) {
-    let info: String = redis::cmd("INFO")
-        .arg("all")
-        .query_async(connection)
-        .await
-        .unwrap();
-    let field = |name: &str| -> f64 {
-        info.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map_or(0.0, |v| v.trim().parse().unwrap_or(0.0))
-    };
-    let cpu = (field("used_cpu_user:") + field("used_cpu_sys:")) * 1e6;
-    let commands: f64 = info
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<f64>()
-                .ok()
-        })
-        .sum();
-    (cpu, commands)
 }
 
 /// Redis CPU and commands per descriptor: this service's fixed window and

@@ -101,9 +101,10 @@ impl Bill {
             return;
         };
         runtime.spawn(async move {
-            for charge in charges {
-                settle_one(charge, &rules, &model, &usage, &estimate, &notices).await;
-            }
+            let settling = charges
+                .into_iter()
+                .map(|charge| settle_one(charge, &rules, &model, &usage, &estimate, &notices));
+            futures_util::future::join_all(settling).await;
         });
     }
 }

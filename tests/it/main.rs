@@ -25,6 +25,7 @@ mod demotion;
 mod deny_cache;
 #[cfg(feature = "envoy")]
 mod envoy;
+mod envoy_ai;
 #[cfg(feature = "envoy")]
 mod envoy_program;
 #[cfg(feature = "envoy")]

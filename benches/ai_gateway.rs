@@ -354,7 +354,11 @@ fn main() {
                 .get_multiplexed_async_connection()
                 .await
                 .unwrap();
-            let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut connection).await.unwrap();
+            let stats: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut connection)
+                .await
+                .unwrap();
             eprintln!("{stats}");
         });
     }

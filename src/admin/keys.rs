@@ -60,7 +60,9 @@ pub(crate) async fn top(
 }
 
 /// `GET /api/limits/{name}/keys/{key}`: the decision a request would get
-/// now, consuming nothing.
+/// now, consuming nothing; for a rule, also what it counts (`unit`:
+/// requests, tokens or money, and the catalog's `currency`) and the units
+/// the key has `spent` (money in micro-units).
 pub(crate) async fn peek(
     State(operated): State<Arc<Operated>>,
     path: Result<Path<(String, String)>, PathRejection>,
@@ -70,11 +72,39 @@ pub(crate) async fn peek(
     let Query(tier) = tier.map_err(|e| Problem::bad_request(e.body_text()))?;
     let limiter = find(&operated, &name, tier.tier.as_deref())?;
     let held = held_key(&key)?;
-    answer(
+    let mut answer = answer(
         &name,
         &held,
         limiter.command_limited(&held, Command::Peek).await,
-    )
+    )?;
+    spend(&operated, &name, &mut answer.0);
+    Ok(answer)
+}
+
+/// A peek at a rule counting tokens or money says what it counts and
+/// what the key has spent of the rate that decides (a peek answers as a
+/// request of one unit would: a key with nothing left has spent it all,
+/// or more).
+fn spend(operated: &Operated, name: &str, answer: &mut Value) {
+    let Some(rules) = &operated.rules else { return };
+    let active = rules.current();
+    let Some(rule) = active.set().rules().iter().find(|r| r.name() == name) else {
+        return;
+    };
+    let unit = rule.unit();
+    answer["unit"] = json!(unit.to_string());
+    if unit == crate::rules::Unit::Money
+        && let Some(catalog) = active.set().catalog()
+    {
+        answer["currency"] = json!(catalog.currency());
+    }
+    let state = &answer["state"];
+    let (Some(limit), Some(remaining)) = (state["limit"].as_u64(), state["remaining"].as_u64())
+    else {
+        return;
+    };
+    let left = if remaining == 0 { 0 } else { remaining + 1 };
+    answer["spent"] = json!(limit.saturating_sub(left));
 }
 
 /// `POST /api/limits/{name}/keys/{key}/{command}`.

@@ -799,3 +799,55 @@ fn a_bad_setting_exits_2_naming_it() {
         assert!(stderr.starts_with(named), "{env:?}: {stderr}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_router_shows_each_levels_spend() {
+    let redis = RedisServer::start();
+    let upstream = OpenAiUpstream::start().await;
+    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let token = "3f9c2a7e1b8d4c6f0a5e9d2b7c4f1a8e6d3b0c9f2e5a8d1c4b7e0f3a6d9c2b5e";
+    let (gateway, _dir) = Gateway::start(
+        &upstream,
+        r#"
+        [[rules]]
+        name = "team-spend"
+        key = "header:x-gateway-team"
+        policy = "1 USD/month"
+        algorithm = "fixed-window"
+        "#,
+        &[
+            ("REDIS_URL", redis.url()),
+            ("ADMIN_BIND", format!("127.0.0.1:{admin_port}")),
+            ("ADMIN_TOKEN", token.to_owned()),
+        ],
+    );
+    let result = sdk_once(spec(&gateway, "sk-red-two-secret", json!({}))).await;
+    assert_eq!(result["ok"], true, "{result}");
+    let client = reqwest_free_client();
+    let url = format!("http://127.0.0.1:{admin_port}/api/limits/team-spend/keys/red");
+    let mut peeked = Value::Null;
+    for _ in 0..50 {
+        use http_body_util::BodyExt;
+        let request = http::Request::get(&url)
+            .header("authorization", format!("Bearer {token}"))
+            .body(String::new())
+            .unwrap();
+        let response = client.request(request).await.unwrap();
+        assert_eq!(response.status(), 200);
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        peeked = serde_json::from_slice(&bytes).unwrap();
+        if peeked["spent"] == 11 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // 3 prompt tokens at a micro-dollar and 4 answered at two.
+    assert_eq!(peeked["spent"], 11, "{peeked}");
+    assert_eq!(peeked["unit"], "money");
+    assert_eq!(peeked["currency"], "USD");
+    assert_eq!(peeked["state"]["limit"], 1_000_000);
+}

@@ -341,6 +341,16 @@ impl RateStatus {
     pub fn wait(&self) -> Duration {
         self.wait.duration()
     }
+
+    /// The units of this rate spent: as a check's decision says it
+    /// (`command`: `None`), or a command's (`Some(allowed)`: a peek, a
+    /// settlement), which answers as a request of one unit would after it
+    /// (`allowed` when that unit fits). A key in debt shows its whole
+    /// max spent.
+    pub(crate) fn spent(&self, command: Option<bool>) -> u64 {
+        let left = self.remaining + command.map_or(0, u64::from);
+        self.rate.max().saturating_sub(left)
+    }
 }
 
 /// Builds a [`Decision`] from the state of every rate, so every store picks

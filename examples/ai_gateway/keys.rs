@@ -35,7 +35,7 @@ const MAX_FILE: u64 = 16 << 20;
 
 /// Who a key spends for: its name, user, team and organisation, as header
 /// values.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct Account {
     levels: [HeaderValue; 4],
 }
@@ -56,8 +56,8 @@ struct AccountSpec {
     org: String,
 }
 
-/// Every key, by the secret a client sends.
-#[derive(Debug)]
+/// Every key, by the secret a client sends (its `Debug` shows how many,
+/// never a secret).
 pub(crate) struct Keys {
     accounts: HashMap<String, Account>,
 }
@@ -74,8 +74,17 @@ impl Keys {
         }
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let file: KeysFile =
-            toml::from_str(&text).map_err(|e| format!("{}: {}", path.display(), e.message()))?;
+        // Where it does not read, never what: a message may quote a key.
+        let file: KeysFile = toml::from_str(&text).map_err(|e| {
+            let at = e
+                .span()
+                .map_or(0, |span| text[..span.start].lines().count().max(1));
+            format!(
+                "{}: line {at} does not read as a table of keys, each with its name, user, team \
+                 and org",
+                path.display()
+            )
+        })?;
         let mut accounts = HashMap::with_capacity(file.keys.len());
         for (secret, spec) in file.keys {
             let name = spec.name.unwrap_or_else(|| {
@@ -118,6 +127,12 @@ impl Keys {
 
     pub(crate) fn len(&self) -> usize {
         self.accounts.len()
+    }
+}
+
+impl std::fmt::Debug for Keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Keys({} keys)", self.accounts.len())
     }
 }
 

@@ -17,8 +17,9 @@
 //! ([the AI gateways guide](https://docs.rs/tower-redis-ratelimit/latest/tower_redis_ratelimit/guide/ai_gateways/index.html)).
 //! `POST /v1/chat/completions`, `/v1/completions` and `/v1/embeddings`
 //! are estimated, checked against every budget at once, and settled to
-//! the usage the upstream reports (streamed or not); other `/v1/` requests
-//! pass through. Answers carry OpenAI's `x-ratelimit-*` fields; a denial
+//! the usage the upstream reports (streamed or not); `GET /v1/models`
+//! passes through; any other path is answered 404 (it would reach the
+//! upstream on the gateway's key, counted by no budget). Answers carry OpenAI's `x-ratelimit-*` fields; a denial
 //! is OpenAI's `429` error JSON: `rate_limit_exceeded` with `retry-after`
 //! (the SDKs wait and retry), or `insufficient_quota` (they do not).
 //!
@@ -48,7 +49,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::middleware::from_fn_with_state;
-use axum::routing::any;
+use axum::routing::{get, post};
 use tokio::net::TcpListener;
 use tower_redis_ratelimit::ai::OpenAiLayer;
 use tower_redis_ratelimit::rules::{RuleSet, Rules};
@@ -120,10 +121,13 @@ async fn run(stop: impl Future<Output = ()> + Send + 'static) -> Result<(), BadS
         .map_err(|e| BadSetting("UPSTREAM_URL", e))?;
     let rules_path = PathBuf::from(required("RULES")?);
     let keys_path = PathBuf::from(required("KEYS")?);
+    let webhook = var("WEBHOOK_URL")
+        .map(|url| webhook::url(&url))
+        .transpose()
+        .map_err(|e| BadSetting("WEBHOOK_URL", e))?;
     let keys = Keys::read(&keys_path).map_err(|e| BadSetting("KEYS", e))?;
     let keys_count = keys.len();
     let set = RuleSet::from_file(&rules_path).map_err(|e| BadSetting("RULES", e.to_string()))?;
-    let currency = set.catalog().map(|c| c.currency().to_owned());
     let rules = match (var("REDIS_URL"), var("DATABASE_URL")) {
         (Some(_), Some(_)) => {
             return Err(BadSetting(
@@ -154,9 +158,16 @@ async fn run(stop: impl Future<Output = ()> + Send + 'static) -> Result<(), BadS
     }
     let limits = OpenAiLayer::new(rules.clone())
         .with_max_body(bounds.limit)
-        .on_notice(webhook::teller(var("WEBHOOK_URL"), currency));
+        .on_notice(webhook::teller(webhook, rules.clone()));
+    // The endpoints the layer reads, and the models' list; nothing else
+    // reaches the upstream (which would serve it on the gateway's key,
+    // counted by no budget).
     let app = Router::new()
-        .route("/v1/{*rest}", any(proxy::forward))
+        .route("/v1/chat/completions", post(proxy::forward))
+        .route("/v1/completions", post(proxy::forward))
+        .route("/v1/embeddings", post(proxy::forward))
+        .route("/v1/models", get(proxy::forward))
+        .route("/v1/models/{model}", get(proxy::forward))
         .with_state(Arc::new(upstream))
         .layer(limits)
         .layer(from_fn_with_state(Bodies::new(bounds), bodies::bounded))

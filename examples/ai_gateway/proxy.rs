@@ -17,6 +17,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::time::Sleep;
+use tower_redis_ratelimit::ai::Unanswered;
 
 use crate::keys::HIERARCHY;
 
@@ -81,7 +82,17 @@ pub(crate) async fn forward(State(upstream): State<Arc<Upstream>>, request: Requ
     {
         headers.remove(name);
     }
-    for name in ["keep-alive", "proxy-connection", "te", "trailer", "upgrade"] {
+    // Hop-by-hop headers, and those that pick which of the upstream
+    // account's organisations or projects pays: the gateway's key decides.
+    for name in [
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "upgrade",
+        "openai-organization",
+        "openai-project",
+    ] {
         headers.remove(name);
     }
     if let Some(key) = &upstream.key {
@@ -89,7 +100,20 @@ pub(crate) async fn forward(State(upstream): State<Arc<Upstream>>, request: Requ
     }
     let asked = upstream.client.request(Request::from_parts(parts, body));
     match tokio::time::timeout(upstream.timeout, asked).await {
-        Ok(Ok(response)) => response.map(|body| Body::new(Silence::new(body, upstream.timeout))),
+        Ok(Ok(mut response)) => {
+            // The upstream's own rate-limit fields would mix with the
+            // gateway's (each client sees its budgets, not the account's).
+            let upstream_fields: Vec<_> = response
+                .headers()
+                .keys()
+                .filter(|name| name.as_str().starts_with("x-ratelimit-"))
+                .cloned()
+                .collect();
+            for name in upstream_fields {
+                response.headers_mut().remove(name);
+            }
+            response.map(|body| Body::new(Silence::new(body, upstream.timeout)))
+        }
         Ok(Err(error)) => {
             tracing::warn!(%error, "the upstream cannot be reached");
             failed(StatusCode::BAD_GATEWAY, "The upstream cannot be reached.")
@@ -101,16 +125,21 @@ pub(crate) async fn forward(State(upstream): State<Arc<Upstream>>, request: Requ
     }
 }
 
+/// The gateway's own answer when the upstream gave none: what the request
+/// cost there is unknown, so the limits charge its estimate
+/// ([`Unanswered`]).
 fn failed(status: StatusCode, message: &str) -> Response {
     let body = serde_json::json!({"error": {
         "message": message, "type": "server_error", "param": null, "code": null,
     }});
-    (
+    let mut response = (
         status,
         [(header::CONTENT_TYPE, "application/json")],
         body.to_string(),
     )
-        .into_response()
+        .into_response();
+    response.extensions_mut().insert(Unanswered);
+    response
 }
 
 /// An upstream body that fails once no frame has come for `timeout`.

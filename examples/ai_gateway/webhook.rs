@@ -3,35 +3,59 @@
 //! `WEBHOOK_URL`, a JSON `POST` there.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
-use http::{Request, header};
+use http::{Request, Uri, header};
 use tokio::sync::Semaphore;
 use tower_redis_ratelimit::ai::Notice;
-use tower_redis_ratelimit::rules::Unit;
+use tower_redis_ratelimit::rules::{Rules, Unit};
 
 use crate::proxy::client;
 
 /// The most webhook calls in flight: past it, a notice is logged only.
 const IN_FLIGHT: usize = 64;
 
-/// What tells each notice.
+/// How long a webhook call may take.
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `WEBHOOK_URL` read: an http:// or https:// URL.
+pub(crate) fn url(text: &str) -> Result<Uri, String> {
+    let uri: Uri = text
+        .parse()
+        .map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+        return Err(format!("{text:?} is not an http:// or https:// URL"));
+    }
+    Ok(uri)
+}
+
+/// What tells each notice; amounts of money in the currency of the
+/// catalog of `rules` in force.
 pub(crate) fn teller(
-    webhook: Option<String>,
-    currency: Option<String>,
+    webhook: Option<Uri>,
+    rules: Rules,
 ) -> impl Fn(&Notice) + Send + Sync + 'static {
     let client = client();
     let room = Arc::new(Semaphore::new(IN_FLIGHT));
     move |notice: &Notice| {
-        let used = amount(notice.used, notice.unit, currency.as_deref());
-        let limit = amount(notice.limit, notice.unit, currency.as_deref());
+        let active = rules.current();
+        let catalog = active
+            .set()
+            .catalog()
+            .filter(|_| notice.unit == Unit::Money);
+        let amount = |units: u64| match catalog {
+            Some(catalog) => catalog.amount(units),
+            None => format!("{units} {}", notice.unit),
+        };
         tracing::info!(
             rule = notice.rule,
             key = notice.key,
             threshold = notice.threshold,
-            "notice: {}% of {limit} {} spent ({used})",
+            "notice: {}% of the budget spent: {} of {} this period",
             notice.threshold,
-            notice.rate,
+            amount(notice.used),
+            amount(notice.limit),
         );
         let Some(url) = &webhook else { return };
         let Ok(permit) = Arc::clone(&room).try_acquire_owned() else {
@@ -46,23 +70,23 @@ pub(crate) fn teller(
             "key": notice.key,
             "threshold": notice.threshold,
             "unit": notice.unit.to_string(),
-            "currency": if notice.unit == Unit::Money { currency.clone() } else { None },
+            "currency": catalog.map(|c| c.currency().to_owned()),
             "used": notice.used,
             "limit": notice.limit,
             "period": notice.rate.to_string(),
             "resets_in_seconds": notice.resets.as_secs(),
         });
-        let request = Request::post(url.as_str())
+        let request = Request::post(url.clone())
             .header(header::CONTENT_TYPE, "application/json")
             .body(Body::from(body.to_string()));
         let client = client.clone();
         tokio::spawn(async move {
             let sent = match request {
-                Ok(request) => client
-                    .request(request)
-                    .await
-                    .map(|r| r.status())
-                    .map_err(|e| e.to_string()),
+                Ok(request) => match tokio::time::timeout(TIMEOUT, client.request(request)).await {
+                    Ok(Ok(response)) => Ok(response.status()),
+                    Ok(Err(error)) => Err(error.to_string()),
+                    Err(_) => Err(format!("no answer within {TIMEOUT:?}")),
+                },
                 Err(error) => Err(error.to_string()),
             };
             match sent {
@@ -72,19 +96,5 @@ pub(crate) fn teller(
             }
             drop(permit);
         });
-    }
-}
-
-/// Units as a reader says them: money in the currency (`12.5 USD`).
-fn amount(units: u64, unit: Unit, currency: Option<&str>) -> String {
-    match (unit, currency) {
-        (Unit::Money, Some(currency)) => {
-            let text = format!("{}.{:06}", units / 1_000_000, units % 1_000_000);
-            format!(
-                "{} {currency}",
-                text.trim_end_matches('0').trim_end_matches('.')
-            )
-        }
-        _ => format!("{units} {unit}"),
     }
 }

@@ -72,23 +72,25 @@ pub(crate) async fn peek(
     let Query(tier) = tier.map_err(|e| Problem::bad_request(e.body_text()))?;
     let limiter = find(&operated, &name, tier.tier.as_deref())?;
     let held = held_key(&key)?;
-    let mut answer = answer(
-        &name,
-        &held,
-        limiter.command_limited(&held, Command::Peek).await,
-    )?;
-    spend(&operated, &name, &mut answer.0);
+    let peeked = limiter.command_limited(&held, Command::Peek).await;
+    let spent = peeked.as_ref().ok().and_then(|decision| {
+        let shown = decision
+            .rates()
+            .iter()
+            .find(|s| s.rate() == decision.rate())?;
+        Some(shown.spent(Some(decision.allowed())))
+    });
+    let mut answer = answer(&name, &held, peeked)?;
+    spend(&operated, &name, spent, &mut answer.0);
     Ok(answer)
 }
 
-/// A peek at a rule counting tokens or money says what it counts and
-/// what the key has spent of the rate that decides (a peek answers as a
-/// request of one unit would: a key with nothing left has spent it all,
-/// or more).
-fn spend(operated: &Operated, name: &str, answer: &mut Value) {
+/// A peek at a rule says what it counts (and the catalog's currency, for
+/// money) and what the key has `spent` of the rate that decides.
+fn spend(operated: &Operated, name: &str, spent: Option<u64>, answer: &mut Value) {
     let Some(rules) = &operated.rules else { return };
     let active = rules.current();
-    let Some(rule) = active.set().rules().iter().find(|r| r.name() == name) else {
+    let Some(rule) = active.rule(name) else {
         return;
     };
     let unit = rule.unit();
@@ -98,13 +100,9 @@ fn spend(operated: &Operated, name: &str, answer: &mut Value) {
     {
         answer["currency"] = json!(catalog.currency());
     }
-    let state = &answer["state"];
-    let (Some(limit), Some(remaining)) = (state["limit"].as_u64(), state["remaining"].as_u64())
-    else {
-        return;
-    };
-    let left = if remaining == 0 { 0 } else { remaining + 1 };
-    answer["spent"] = json!(limit.saturating_sub(left));
+    if let Some(spent) = spent {
+        answer["spent"] = json!(spent);
+    }
 }
 
 /// `POST /api/limits/{name}/keys/{key}/{command}`.
@@ -190,7 +188,7 @@ fn find(operated: &Operated, name: &str, tier: Option<&str>) -> Result<Limiter, 
 fn tiers(operated: &Operated, name: &str) -> Result<Vec<(Option<String>, Limiter)>, Problem> {
     if let Some(rules) = &operated.rules {
         let active = rules.current();
-        if let Some(rule) = active.set().rules().iter().find(|r| r.name() == name) {
+        if let Some(rule) = active.rule(name) {
             let mut found = Vec::new();
             if let Some(limiter) = active.limiter(name, None) {
                 found.push((None, limiter.clone()));

@@ -6,12 +6,36 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Bytes, BytesMut};
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use serde::Deserialize;
 
 use super::charge::{Bill, Ended};
 use super::stream::Events;
 use super::usage::{Reported, reported};
+
+/// Bytes held whole: a body read, or an answer the layer wrote.
+#[derive(Debug)]
+struct Whole(Option<Bytes>);
+
+impl Whole {
+    fn new(data: Bytes) -> Self {
+        Self((!data.is_empty()).then_some(data))
+    }
+
+    fn poll<E>(&mut self) -> Poll<Option<Result<Frame<Bytes>, E>>> {
+        Poll::Ready(self.0.take().map(|d| Ok(Frame::data(d))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.0.as_ref().map_or(0, |d| d.len() as u64))
+    }
+}
 
 pin_project! {
     /// The body of a request passed to the inner service: read whole by
@@ -27,7 +51,7 @@ pin_project! {
     #[project = RequestKindProj]
     #[derive(Debug)]
     enum RequestKind<B> {
-        Read { data: Option<Bytes> },
+        Read { whole: Whole },
         Untouched { #[pin] body: B },
     }
 }
@@ -36,7 +60,7 @@ impl<B> RequestBody<B> {
     pub(crate) fn read(data: Bytes) -> Self {
         Self {
             kind: RequestKind::Read {
-                data: (!data.is_empty()).then_some(data),
+                whole: Whole::new(data),
             },
         }
     }
@@ -60,23 +84,21 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         match self.project().kind.project() {
-            RequestKindProj::Read { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            RequestKindProj::Read { whole } => whole.poll(),
             RequestKindProj::Untouched { body } => body.poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            RequestKind::Read { data } => data.is_none(),
+            RequestKind::Read { whole } => whole.is_end_stream(),
             RequestKind::Untouched { body } => body.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            RequestKind::Read { data } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
-            }
+            RequestKind::Read { whole } => whole.size_hint(),
             RequestKind::Untouched { body } => body.size_hint(),
         }
     }
@@ -114,14 +136,15 @@ pin_project! {
             #[pin]
             body: B,
             watch: Watch,
-            // Settled when the body ends; dropped before, it settles what
-            // was streamed.
+            // Settled when the body ends; dropped before, as it says.
             bill: Option<Bill>,
-            // The end of a stream's events still to pass on.
+            // The end of a stream's events, and the trailers, still to
+            // pass on once the body has ended.
             rest: Option<Bytes>,
+            trailers: Option<HeaderMap>,
         },
         Untouched { #[pin] body: B },
-        Full { data: Option<Bytes> },
+        Full { whole: Whole },
     }
 }
 
@@ -133,6 +156,7 @@ impl<B> ResponseBody<B> {
                 watch,
                 bill: Some(bill),
                 rest: None,
+                trailers: None,
             },
         }
     }
@@ -146,10 +170,17 @@ impl<B> ResponseBody<B> {
     pub(crate) fn full(data: Bytes) -> Self {
         Self {
             kind: ResponseKind::Full {
-                data: (!data.is_empty()).then_some(data),
+                whole: Whole::new(data),
             },
         }
     }
+}
+
+/// The part of an answer read for its cost.
+#[derive(Deserialize)]
+struct Answer {
+    #[serde(default)]
+    usage: serde_json::Value,
 }
 
 impl Watch {
@@ -158,13 +189,39 @@ impl Watch {
         match self {
             Watch::Stream(events) => Ended::Reported(events.usage.clone()),
             Watch::Json(Some(kept)) => {
-                let usage = serde_json::from_slice::<serde_json::Value>(kept)
-                    .map(|answer| reported(answer.get("usage")))
-                    .unwrap_or(Reported::Bad("the answer is not JSON"));
+                let usage = serde_json::from_slice::<Answer>(kept)
+                    .map(|answer| reported(Some(&answer.usage)))
+                    .unwrap_or(Reported::Bad("the answer is not a JSON object"));
                 Ended::Reported(usage)
             }
             Watch::Json(None) => Ended::Reported(Reported::Bad("the answer is too long to read")),
             Watch::Refused => Ended::Refused,
+        }
+    }
+
+    /// Watch `data` as it passes; what to pass on.
+    fn data(&mut self, data: Bytes, bill: Option<&mut Bill>) -> Bytes {
+        match self {
+            Watch::Stream(events) => {
+                let out = events.feed(&data);
+                if let Some(bill) = bill {
+                    bill.if_dropped = Ended::Cut {
+                        output: events.content_chunks,
+                    };
+                }
+                out
+            }
+            Watch::Json(kept) => {
+                if let Some(buf) = kept {
+                    if buf.len() + data.len() > MAX_ANSWER {
+                        *kept = None;
+                    } else {
+                        buf.extend_from_slice(&data);
+                    }
+                }
+                data
+            }
+            Watch::Refused => data,
         }
     }
 }
@@ -199,41 +256,31 @@ where
                 watch,
                 bill,
                 rest,
+                trailers,
             } => loop {
                 if let Some(rest) = rest.take() {
                     return Poll::Ready(Some(Ok(Frame::data(rest))));
+                }
+                if let Some(trailers) = trailers.take() {
+                    return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
                 }
                 if bill.is_none() {
                     return Poll::Ready(None);
                 }
                 match ready!(body.as_mut().poll_frame(cx)) {
                     Some(Ok(frame)) => {
-                        let data = match frame.into_data() {
+                        let frame = match frame.into_data() {
                             Ok(data) => data,
-                            // Trailers: passed on as they are.
-                            Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                            Err(frame) => {
+                                // Trailers end the body: its reader asks for
+                                // nothing after them.
+                                *rest = end(watch, bill);
+                                *trailers = frame.into_trailers().ok();
+                                continue;
+                            }
                         };
                         let ended = body.is_end_stream();
-                        let mut data = match watch {
-                            Watch::Stream(events) => {
-                                let out = events.feed(&data);
-                                if let Some(bill) = bill.as_mut() {
-                                    bill.streamed = events.content_chunks;
-                                }
-                                out
-                            }
-                            Watch::Json(kept) => {
-                                if let Some(buf) = kept {
-                                    if buf.len() + data.len() > MAX_ANSWER {
-                                        *kept = None;
-                                    } else {
-                                        buf.extend_from_slice(&data);
-                                    }
-                                }
-                                data
-                            }
-                            Watch::Refused => data,
-                        };
+                        let mut data = watch.data(frame, bill.as_mut());
                         // A body that knows its length ends with its last
                         // frame: its reader may never ask for more.
                         if ended && let Some(tail) = end(watch, bill) {
@@ -249,8 +296,8 @@ where
                         return Poll::Ready(Some(Ok(Frame::data(data))));
                     }
                     Some(Err(error)) => {
-                        // A stream cut: dropping the bill settles what was
-                        // streamed.
+                        // A stream cut: dropping the bill settles it as
+                        // it says (what was streamed, for a stream).
                         drop(bill.take());
                         return Poll::Ready(Some(Err(error)));
                     }
@@ -258,25 +305,32 @@ where
                 }
             },
             ResponseKindProj::Untouched { body } => body.poll_frame(cx),
-            ResponseKindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            ResponseKindProj::Full { whole } => whole.poll(),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            ResponseKind::Watched { bill, rest, .. } => bill.is_none() && rest.is_none(),
+            ResponseKind::Watched {
+                bill,
+                rest,
+                trailers,
+                ..
+            } => bill.is_none() && rest.is_none() && trailers.is_none(),
             ResponseKind::Untouched { body } => body.is_end_stream(),
-            ResponseKind::Full { data } => data.is_none(),
+            ResponseKind::Full { whole } => whole.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            ResponseKind::Watched { .. } => SizeHint::default(),
+            ResponseKind::Watched { body, watch, .. } => match watch {
+                // Passed on unchanged: the inner body's length.
+                Watch::Json(_) | Watch::Refused => body.size_hint(),
+                Watch::Stream(_) => SizeHint::default(),
+            },
             ResponseKind::Untouched { body } => body.size_hint(),
-            ResponseKind::Full { data } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
-            }
+            ResponseKind::Full { whole } => whole.size_hint(),
         }
     }
 }

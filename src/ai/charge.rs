@@ -10,23 +10,45 @@ use super::usage::Reported;
 use crate::limiter::{Permit, Settled};
 use crate::rules::{ActiveRules, Charge, Unit, Usage};
 
+/// A response extension saying the answer is not the upstream's: a
+/// proxy's own `502` or `504` when the upstream could not be reached or
+/// did not answer in time. What the request cost the upstream cannot be
+/// known, so [`OpenAiLayer`](super::OpenAiLayer) charges its estimate (an
+/// upstream's own error answer is charged nothing).
+///
+/// ```
+/// use http::{Response, StatusCode};
+/// use tower_redis_ratelimit::ai::Unanswered;
+///
+/// let mut timed_out = Response::new("the upstream did not answer in time");
+/// *timed_out.status_mut() = StatusCode::GATEWAY_TIMEOUT;
+/// timed_out.extensions_mut().insert(Unanswered);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unanswered;
+
 /// How an answer ended, as far as its cost goes.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Ended {
     /// It reported its usage (or failed to: [`Reported`]).
     Reported(Reported),
     /// The upstream answered an error: it produced nothing billable.
     Refused,
-    /// It stopped before its usage came (a client gone, a stream cut):
-    /// `output` content chunks were streamed.
+    /// A stream stopped before its usage came (a client gone, the
+    /// upstream cut or silent): `output` content chunks were streamed.
     Cut {
         /// Content chunks streamed, about a token each.
         output: u64,
     },
+    /// No answer came to read (the upstream unreachable or too slow, an
+    /// answer the proxy made itself, the request dropped before its
+    /// answer, an answer not read to its end): what it cost cannot be
+    /// known, and its estimate stands.
+    Unknown,
 }
 
-/// An admitted request's charges, settled once when its answer ends (or
-/// is dropped: then as [`Ended::Cut`] at what was streamed).
+/// An admitted request's charges, settled once: when its answer ends, or
+/// as [`if_dropped`](Self::if_dropped) says when it is dropped before.
 #[derive(Debug)]
 pub(crate) struct Bill {
     charges: Vec<Charge>,
@@ -36,8 +58,9 @@ pub(crate) struct Bill {
     notices: Arc<Notices>,
     /// Concurrency slots, held until the answer ends.
     permits: Vec<Permit>,
-    /// Content chunks streamed so far (for a cut stream).
-    pub(crate) streamed: u64,
+    /// How the request ended if the bill is dropped unsettled: unknown
+    /// until its answer shows what it is.
+    pub(crate) if_dropped: Ended,
     done: bool,
 }
 
@@ -57,7 +80,7 @@ impl Bill {
             estimate,
             notices,
             permits,
-            streamed: 0,
+            if_dropped: Ended::Unknown,
             done: false,
         }
     }
@@ -84,16 +107,22 @@ impl Bill {
                 );
                 self.estimate.clone()
             }
+            Ended::Unknown => {
+                tracing::debug!(
+                    model = self.model,
+                    "ai: no answer to read; charging the estimate"
+                );
+                self.estimate.clone()
+            }
             Ended::Refused => Usage::new(),
             Ended::Cut { output } => Usage::new()
                 .with("input", self.estimate.get("input"))
                 .with("output", output),
         };
         let charges = std::mem::take(&mut self.charges);
-        let (rules, model, estimate, notices) = (
+        let (rules, model, notices) = (
             Arc::clone(&self.rules),
-            self.model.clone(),
-            self.estimate.clone(),
+            std::mem::take(&mut self.model),
             Arc::clone(&self.notices),
         );
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -103,7 +132,7 @@ impl Bill {
         runtime.spawn(async move {
             let settling = charges
                 .into_iter()
-                .map(|charge| settle_one(charge, &rules, &model, &usage, &estimate, &notices));
+                .map(|charge| settle_one(charge, &rules, &model, &usage, &notices));
             futures_util::future::join_all(settling).await;
         });
     }
@@ -112,6 +141,7 @@ impl Bill {
 impl Drop for Bill {
     fn drop(&mut self) {
         if !self.done {
+            let ended = self.if_dropped.clone();
             let bill = Bill {
                 charges: std::mem::take(&mut self.charges),
                 rules: Arc::clone(&self.rules),
@@ -119,11 +149,10 @@ impl Drop for Bill {
                 estimate: std::mem::take(&mut self.estimate),
                 notices: Arc::clone(&self.notices),
                 permits: std::mem::take(&mut self.permits),
-                streamed: self.streamed,
+                if_dropped: Ended::Unknown,
                 done: false,
             };
-            let output = bill.streamed;
-            bill.settle(Ended::Cut { output });
+            bill.settle(ended);
         }
     }
 }
@@ -135,24 +164,16 @@ async fn settle_one(
     rules: &ActiveRules,
     model: &str,
     usage: &Usage,
-    estimate: &Usage,
     notices: &Notices,
 ) {
-    let Some(rule) = rules
-        .set()
-        .rules()
-        .iter()
-        .find(|r| r.name() == &*charge.rule)
-    else {
+    let Some(rule) = rules.rule(&charge.rule) else {
         return;
     };
     let unit = rule.unit();
     // A check's decision counts the request; a command's (the settlement)
     // answers as one more unit would after it.
     let mut after = (charge.decision.clone(), false);
-    if let (Some(unsettled), Some(cost)) =
-        (charge.unsettled, cost(unit, rules, model, usage, estimate))
-    {
+    if let (Some(unsettled), Some(cost)) = (charge.unsettled, cost(unit, rules, model, usage)) {
         match unsettled.settle(cost).await {
             Ok(Settled::Charged { decision, .. } | Settled::GivenBack { decision, .. }) => {
                 after = (decision, true);
@@ -176,28 +197,20 @@ async fn settle_one(
 }
 
 /// What `usage` of `model` costs under a rule counting `unit` (`None`:
-/// the estimate stands: a rule counting requests).
-fn cost(
-    unit: Unit,
-    rules: &ActiveRules,
-    model: &str,
-    usage: &Usage,
-    estimate: &Usage,
-) -> Option<u64> {
+/// the estimate stands: a rule counting requests). The catalog is the
+/// admission's, which priced the model's estimate: it prices its usage.
+fn cost(unit: Unit, rules: &ActiveRules, model: &str, usage: &Usage) -> Option<u64> {
     match unit {
         Unit::Tokens => Some(usage.total()),
-        Unit::Money => {
-            let catalog = rules.set().catalog()?;
-            match catalog.cost(model, usage) {
-                Ok(cost) => Some(cost),
-                Err(error) => {
-                    // The rule set was replaced since the admission and no
-                    // longer prices the model: the estimate's price, if any.
-                    tracing::warn!(%error, "ai: cannot price a request's usage; charging its estimate");
-                    catalog.cost(model, estimate).ok()
-                }
+        Unit::Money => match rules.set().catalog()?.cost(model, usage) {
+            Ok(cost) => Some(cost),
+            Err(error) => {
+                // A kind of tokens the catalog has no price for: the
+                // estimate stands.
+                tracing::warn!(%error, "ai: cannot price a request's usage; its estimate stands");
+                None
             }
-        }
+        },
         _ => None,
     }
 }

@@ -92,12 +92,9 @@ pub(crate) fn refusal(
     let rate = decision.rate();
     let mut response = if unit == Unit::Money || super::headers::is_budget(&rate) {
         let limit = match (unit, active.set().catalog()) {
-            (Unit::Money, Some(catalog)) => format!(
-                "{} {}/{}",
-                amount(rate.max()),
-                catalog.currency(),
-                window_of(&rate)
-            ),
+            (Unit::Money, Some(catalog)) => {
+                format!("{}/{}", catalog.amount(rate.max()), window_of(&rate))
+            }
             _ => format!("{} {unit}/{}", rate.max(), window_of(&rate)),
         };
         over_budget(&limit, decision.reset())
@@ -139,10 +136,7 @@ pub(crate) fn decisions<'a>(
 
 fn unit_of(active: &crate::rules::ActiveRules, rule: &str) -> crate::rules::Unit {
     active
-        .set()
-        .rules()
-        .iter()
-        .find(|r| r.name() == rule)
+        .rule(rule)
         .map(crate::rules::Rule::unit)
         .unwrap_or_default()
 }
@@ -152,15 +146,4 @@ fn window_of(rate: &crate::policy::Rate) -> String {
     let text = rate.to_string();
     text.split_once('/')
         .map_or(text.clone(), |(_, w)| w.to_owned())
-}
-
-/// Micro-units as an amount of the currency (`1.5`, `100`).
-fn amount(micros: u64) -> String {
-    let (whole, fraction) = (micros / 1_000_000, micros % 1_000_000);
-    if fraction == 0 {
-        return whole.to_string();
-    }
-    format!("{whole}.{fraction:06}")
-        .trim_end_matches('0')
-        .to_owned()
 }

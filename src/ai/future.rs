@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Bytes, BytesMut};
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use http::header::{ACCEPT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
@@ -16,7 +16,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::body::{RequestBody, ResponseBody, Watch};
-use super::charge::{Bill, Ended};
+use super::charge::{Bill, Ended, Unanswered};
 use super::error::{decisions, error, refusal, unavailable};
 use super::layer::Settings;
 use super::request::{Asked, Endpoint, read};
@@ -33,7 +33,7 @@ pin_project! {
     }
 }
 
-/// An admitted request, waiting for its check's verdict.
+/// A request read, waiting for its check's verdict.
 struct Pending<S, B> {
     inner: S,
     request: Request<RequestBody<B>>,
@@ -225,30 +225,40 @@ where
                         Ok(response) => response,
                         Err(error) => {
                             // No answer: what it cost cannot be known.
-                            bill.settle(Ended::Reported(super::usage::Reported::Missing));
+                            bill.settle(Ended::Unknown);
                             return Poll::Ready(Err(error));
                         }
                     };
                     let (mut parts, body) = response.into_parts();
-                    let streamed = parts
-                        .headers
-                        .get(CONTENT_TYPE)
-                        .and_then(|v| v.to_str().ok())
-                        .is_some_and(|v| v.starts_with("text/event-stream"));
-                    let watch = if !parts.status.is_success() {
-                        Watch::Refused
-                    } else if streamed {
-                        // Events removed: the length is no longer known.
-                        parts.headers.remove(CONTENT_LENGTH);
-                        Watch::Stream(Events::new(strip_usage))
-                    } else {
-                        Watch::Json(Some(BytesMut::new()))
-                    };
                     for (name, value) in headers {
                         if let Some(name) = name {
                             parts.headers.insert(name, value);
                         }
                     }
+                    if parts.extensions.get::<Unanswered>().is_some() {
+                        // Not the upstream's answer (the proxy's own 502,
+                        // 504): its estimate stands.
+                        bill.settle(Ended::Unknown);
+                        let body = ResponseBody::untouched(body);
+                        return Poll::Ready(Ok(Response::from_parts(parts, body)));
+                    }
+                    let streamed = parts
+                        .headers
+                        .get(CONTENT_TYPE)
+                        .and_then(|v| v.to_str().ok())
+                        .is_some_and(|v| v.starts_with("text/event-stream"));
+                    let mut bill = bill;
+                    let watch = if !parts.status.is_success() {
+                        bill.if_dropped = Ended::Refused;
+                        Watch::Refused
+                    } else if streamed {
+                        // Events removed: the length is no longer known.
+                        parts.headers.remove(CONTENT_LENGTH);
+                        bill.if_dropped = Ended::Cut { output: 0 };
+                        Watch::Stream(Events::new(strip_usage))
+                    } else {
+                        Watch::Json(Some(BytesMut::new()))
+                    };
                     return Poll::Ready(Ok(Response::from_parts(
                         parts,
                         ResponseBody::watched(body, watch, bill),
@@ -303,6 +313,7 @@ where
     };
     let body = match rewritten {
         Some(body) => {
+            parts.headers.remove(TRANSFER_ENCODING);
             parts
                 .headers
                 .insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
@@ -310,6 +321,10 @@ where
         }
         None => body,
     };
+    // The answer is read for its usage: it must come uncompressed.
+    parts
+        .headers
+        .insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
     let request = Request::from_parts(parts, RequestBody::read(body));
     let active = shared.rules.current();
     let tier = tier_of(&request, active.set().tier(), &shared.client_ip);
@@ -320,12 +335,15 @@ where
         |rule| {
             let key = rule_key(rule, &request, &shared.client_ip).map_err(Unchecked::Key)?;
             let cost = match rule.unit() {
-                Unit::Tokens => Some(asked.estimate.total()),
+                // At least a unit: an estimate of 0 would skip the rule,
+                // and admit the request past a spent budget.
+                Unit::Tokens => Some(asked.estimate.total().max(1)),
                 Unit::Money => match active.set().catalog() {
                     Some(catalog) => Some(
                         catalog
                             .cost(&asked.model, &asked.estimate)
-                            .map_err(Unchecked::NotPriced)?,
+                            .map_err(Unchecked::NotPriced)?
+                            .max(1),
                     ),
                     None => None,
                 },
@@ -355,11 +373,11 @@ where
             "invalid_request_error",
             Some("model_not_found"),
         )),
-        Err(Unchecked::Key(error)) => {
-            tracing::error!(%error, "ai: cannot pick a rule's key; answering 500");
-            answered(super::error::error(
+        Err(Unchecked::Key(failure)) => {
+            tracing::error!(%failure, "ai: cannot pick a rule's key; answering 500");
+            answered(error(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                &format!("The rate limiter cannot pick this request's key: {error}"),
+                &format!("The rate limiter cannot pick this request's key: {failure}"),
                 "server_error",
                 None,
             ))

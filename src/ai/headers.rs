@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::decision::Decision;
+use crate::decision::{Decision, RateStatus};
 use crate::rules::Unit;
 
 const REQUESTS: [HeaderName; 3] = [
@@ -21,34 +21,35 @@ const TOKENS: [HeaderName; 3] = [
     HeaderName::from_static("x-ratelimit-reset-tokens"),
 ];
 
-/// Set the fields of the requests and of the tokens, each from the
-/// decision with the fewest units left among the rules counting them.
+/// Set the fields of the requests and of the tokens, each from the rate
+/// with the fewest units left among the rates (windows under a day) of
+/// the rules counting them.
 pub(crate) fn set<'d>(
     headers: &mut HeaderMap,
     decisions: impl Iterator<Item = (Unit, &'d Decision)>,
 ) {
-    let mut requests: Option<&Decision> = None;
-    let mut tokens: Option<&Decision> = None;
+    let mut requests: Option<&RateStatus> = None;
+    let mut tokens: Option<&RateStatus> = None;
     for (unit, decision) in decisions {
-        if is_budget(&decision.rate()) {
-            // A quota, not a rate: OpenAI's fields describe rates.
-            continue;
-        }
         let slot = match unit {
             Unit::Requests => &mut requests,
             Unit::Tokens => &mut tokens,
             _ => continue,
         };
-        if slot.is_none_or(|shown| decision.remaining() < shown.remaining()) {
-            *slot = Some(decision);
+        // A quota (a day or more) is not a rate: OpenAI's fields describe
+        // rates.
+        for status in decision.rates().iter().filter(|s| !is_budget(&s.rate())) {
+            if slot.is_none_or(|shown| status.remaining() < shown.remaining()) {
+                *slot = Some(status);
+            }
         }
     }
-    for (names, decision) in [(REQUESTS, requests), (TOKENS, tokens)] {
-        let Some(decision) = decision else { continue };
+    for (names, status) in [(REQUESTS, requests), (TOKENS, tokens)] {
+        let Some(status) = status else { continue };
         let [limit, remaining, reset] = names;
-        headers.insert(limit, HeaderValue::from(decision.limit()));
-        headers.insert(remaining, HeaderValue::from(decision.remaining()));
-        if let Ok(value) = HeaderValue::try_from(duration(decision.reset())) {
+        headers.insert(limit, HeaderValue::from(status.rate().max()));
+        headers.insert(remaining, HeaderValue::from(status.remaining()));
+        if let Ok(value) = HeaderValue::try_from(duration(status.reset())) {
             headers.insert(reset, value);
         }
     }

@@ -8,7 +8,7 @@ use tower_layer::Layer;
 use super::notice::{Notice, NoticeFn, Notices};
 use super::service::OpenAi;
 use crate::key::{self, ClientIp};
-use crate::rules::Rules;
+use crate::rules::{Counting, Rules};
 
 /// The default bound on a request's body.
 pub const DEFAULT_MAX_BODY: usize = 4 << 20;
@@ -39,6 +39,7 @@ pub struct OpenAiLayer {
 }
 
 /// What every service of a layer shares.
+#[derive(Clone)]
 pub(crate) struct Settings {
     pub(crate) rules: Rules,
     pub(crate) client_ip: ClientIp,
@@ -97,15 +98,7 @@ impl OpenAiLayer {
     }
 
     fn map(self, change: impl FnOnce(&mut Settings)) -> Self {
-        let s = &self.shared;
-        let mut settings = Settings {
-            rules: s.rules.clone(),
-            client_ip: s.client_ip.clone(),
-            max_body: s.max_body,
-            default_output: s.default_output,
-            hook: s.hook.clone(),
-            notices: Arc::clone(&s.notices),
-        };
+        let mut settings = (*self.shared).clone();
         change(&mut settings);
         settings.notices = Arc::new(Notices::new(settings.rules.clone(), settings.hook.clone()));
         Self {
@@ -128,6 +121,17 @@ impl<S> Layer<S> for OpenAiLayer {
     type Service = OpenAi<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        // What this layer does not read is said, not silently ignored.
+        for rule in self.shared.rules.current().set().rules() {
+            let by_outcome = !matches!(rule.counting(), Counting::All);
+            if by_outcome || rule.settle().is_some() {
+                tracing::warn!(
+                    rule = rule.name(),
+                    "ai: OpenAiLayer settles every rule from the answer's usage: the rule's \
+                     `count`, `refund` and `settle` are not read"
+                );
+            }
+        }
         OpenAi {
             inner,
             shared: Arc::clone(&self.shared),

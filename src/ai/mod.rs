@@ -22,6 +22,7 @@ mod stream;
 mod usage;
 
 pub use body::{RequestBody, ResponseBody};
+pub use charge::Unanswered;
 pub use future::ResponseFuture;
 pub use layer::{DEFAULT_MAX_BODY, DEFAULT_MAX_OUTPUT, OpenAiLayer};
 pub use notice::Notice;

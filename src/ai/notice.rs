@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -13,7 +14,6 @@ use crate::decision::Decision;
 use crate::limiter::{DecidedBy, FailMode};
 use crate::policy::{Policy, Rate};
 use crate::rules::{Rules, Unit};
-use crate::store::bounded_key;
 
 /// A budget's share crossed: told once per rule, key, share and period.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,7 +28,9 @@ pub struct Notice {
     pub threshold: u8,
     /// What the budget counts.
     pub unit: Unit,
-    /// Units spent in the period (money in micro-units).
+    /// Units spent in the period (money in micro-units): settled spend and
+    /// the estimates of requests in flight, at most `limit` (a key in debt
+    /// shows its whole budget).
     pub used: u64,
     /// The budget: units in the period.
     pub limit: u64,
@@ -49,9 +51,12 @@ const REMEMBERED: usize = 10_000;
 pub(crate) struct Notices {
     rules: Rules,
     hook: Option<Arc<NoticeFn>>,
-    /// Crossings already told in their period, by (rule, key, share,
-    /// window), until the period ends; keys bounded in bytes.
-    told: Mutex<HashMap<(String, String, u8, u64), Instant>>,
+    /// Crossings already told in their period, by the hash of (rule, key,
+    /// share, window), until the period ends: 8 bytes a key, whatever its
+    /// length.
+    told: Mutex<HashMap<u64, Instant>>,
+    /// The hash's keys, random per layer.
+    seed: RandomState,
 }
 
 impl fmt::Debug for Notices {
@@ -68,14 +73,14 @@ impl Notices {
             rules,
             hook,
             told: Mutex::default(),
+            seed: RandomState::new(),
         }
     }
 
     /// Tell each share of `notify` that `decision` (the key's state after
     /// its latest charge) has crossed, unless told already this period.
     /// `command`: the decision is a command's, which answers as a request
-    /// of one unit would after it (a key with nothing left has spent its
-    /// budget, to the unit).
+    /// of one unit would after it.
     pub(crate) async fn crossed(
         &self,
         rule: &str,
@@ -91,27 +96,17 @@ impl Notices {
         for status in decision.rates() {
             let rate = status.rate();
             let limit = rate.max();
-            let left = match status.remaining() {
-                0 => 0,
-                remaining if command => remaining + 1,
-                remaining => remaining,
-            };
-            let used = limit.saturating_sub(left);
+            let used = status.spent(command.then(|| decision.allowed()));
             for &threshold in notify {
                 if u128::from(used) * 100 < u128::from(threshold) * u128::from(limit) {
                     break;
                 }
                 let window = u64::try_from(rate.window().as_micros()).unwrap_or(u64::MAX);
-                let memo = (
-                    rule.to_owned(),
-                    bounded_key(key).into_owned(),
-                    threshold,
-                    window,
-                );
-                if self.was_told(&memo) {
+                let memo = self.seed.hash_one((rule, key, threshold, window));
+                if self.was_told(memo) {
                     continue;
                 }
-                let Some(first) = self.first(rule, &memo.1, threshold, rate).await else {
+                let Some(first) = self.first(rule, key, threshold, rate).await else {
                     continue;
                 };
                 self.remember(memo, first.1);
@@ -131,15 +126,15 @@ impl Notices {
         }
     }
 
-    fn was_told(&self, memo: &(String, String, u8, u64)) -> bool {
+    fn was_told(&self, memo: u64) -> bool {
         let told = self
             .told
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        told.get(memo).is_some_and(|until| *until > Instant::now())
+        told.get(&memo).is_some_and(|until| *until > Instant::now())
     }
 
-    fn remember(&self, memo: (String, String, u8, u64), until: Instant) {
+    fn remember(&self, memo: u64, until: Instant) {
         let mut told = self
             .told
             .lock()
@@ -175,7 +170,8 @@ impl Notices {
             .ok()?;
         let limiter = self
             .rules
-            .limiter_for(&format!("{rule}.notice"), policy)
+            // `:` is in no rule's name: no rule shares these counts.
+            .limiter_for(&format!("{rule}:notice"), policy)
             .with_fail_mode(FailMode::Closed)
             .without_deny_cache();
         let verdict = match limiter.check(&format!("{threshold}|{key}")).await {

@@ -16,6 +16,8 @@ const MAX_EVENT: usize = 1 << 20;
 pub(crate) struct Events {
     /// Bytes of an event not yet ended.
     partial: BytesMut,
+    /// How far into `partial` no event's end was found.
+    scanned: usize,
     /// Whether the usage chunk is kept from the client.
     strip_usage: bool,
     /// Chunks that carried content: about a token each.
@@ -24,32 +26,33 @@ pub(crate) struct Events {
     pub(crate) usage: Reported,
 }
 
+/// A chunk, read leniently: a field of an unexpected shape costs that
+/// field, not the chunk's usage.
 #[derive(Deserialize)]
 struct Chunk {
     #[serde(default)]
-    choices: Vec<Choice>,
+    choices: Value,
     #[serde(default)]
     usage: Value,
 }
 
-#[derive(Deserialize)]
-struct Choice {
-    #[serde(default)]
-    delta: Option<Delta>,
-    #[serde(default)]
-    text: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct Delta {
-    #[serde(default)]
-    content: Option<String>,
+/// Whether a chunk's choice carries output: any field of its `delta`
+/// but the role (content, tool calls, a refusal, reasoning, audio), or a
+/// completion's `text`.
+fn has_output(choice: &Value) -> bool {
+    let given = |v: &Value| !v.is_null() && v.as_str() != Some("");
+    let delta = choice
+        .get("delta")
+        .and_then(Value::as_object)
+        .is_some_and(|delta| delta.iter().any(|(name, v)| name != "role" && given(v)));
+    delta || choice.get("text").is_some_and(given)
 }
 
 impl Events {
     pub(crate) fn new(strip_usage: bool) -> Self {
         Self {
             partial: BytesMut::new(),
+            scanned: 0,
             strip_usage,
             content_chunks: 0,
             usage: Reported::Missing,
@@ -60,8 +63,9 @@ impl Events {
     pub(crate) fn feed(&mut self, data: &[u8]) -> Bytes {
         self.partial.extend_from_slice(data);
         let mut out = BytesMut::new();
-        while let Some(end) = event_end(&self.partial) {
+        while let Some(end) = event_end(&self.partial, self.scanned) {
             let event = self.partial.split_to(end).freeze();
+            self.scanned = 0;
             if self.read(&event) {
                 out.extend_from_slice(&event);
             }
@@ -71,6 +75,9 @@ impl Events {
             out.extend_from_slice(&self.partial);
             self.partial.clear();
         }
+        // What is held has no event's end: the next search starts near its
+        // end (an end's 4 bytes may straddle two frames).
+        self.scanned = self.partial.len().saturating_sub(3);
         out.freeze()
     }
 
@@ -101,10 +108,8 @@ impl Events {
         let Ok(chunk) = serde_json::from_slice::<Chunk>(&data) else {
             return true;
         };
-        if chunk.choices.iter().any(|c| {
-            let text = c.delta.as_ref().and_then(|d| d.content.as_deref());
-            text.or(c.text.as_deref()).is_some_and(|t| !t.is_empty())
-        }) {
+        let choices = chunk.choices.as_array().map_or(&[][..], Vec::as_slice);
+        if choices.iter().any(has_output) {
             self.content_chunks += 1;
         }
         if chunk.usage.is_null() {
@@ -113,14 +118,16 @@ impl Events {
         self.usage = reported(Some(&chunk.usage));
         // The usage chunk itself (no choices) goes only to a client that
         // asked for it.
-        !(self.strip_usage && chunk.choices.is_empty())
+        !(self.strip_usage && choices.is_empty())
     }
 }
 
-/// Where the first event of `buf` ends (after its blank line).
-fn event_end(buf: &[u8]) -> Option<usize> {
-    let lf = find(buf, b"\n\n").map(|i| i + 2);
-    let crlf = find(buf, b"\r\n\r\n").map(|i| i + 4);
+/// Where the first event of `buf` ends (after its blank line), searched
+/// from `from`.
+fn event_end(buf: &[u8], from: usize) -> Option<usize> {
+    let buf_from = &buf[from.min(buf.len())..];
+    let lf = find(buf_from, b"\n\n").map(|i| from + i + 2);
+    let crlf = find(buf_from, b"\r\n\r\n").map(|i| from + i + 4);
     match (lf, crlf) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
@@ -186,10 +193,16 @@ mod tests {
         assert_eq!(events.content_chunks, 2);
         assert_eq!(events.usage, Reported::Missing);
         assert!(half.starts_with(std::str::from_utf8(&out).unwrap()));
+        // A tool call and a refusal are output too; a role alone is not.
+        let mut events = Events::new(true);
+        events.feed(b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n");
+        events.feed(b"data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0}]}}]}\n\n");
+        events.feed(b"data: {\"choices\":[{\"delta\":{\"refusal\":\"no\"}}]}\n\n");
+        assert_eq!(events.content_chunks, 2);
         let mut events = Events::new(true);
         let endless = vec![b'x'; MAX_EVENT + 1];
         assert_eq!(events.feed(&endless).len(), endless.len());
-        let crlf = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\r\n\r\n";
+        let crlf = "data: {\"choices\":null,\"usage\":{\"prompt_tokens\":1}}\r\n\r\n";
         assert!(events.feed(crlf.as_bytes()).is_empty());
         assert!(matches!(events.usage, Reported::Usage(_)));
     }

@@ -151,8 +151,15 @@ impl<'a> DescriptorPlan<'a> {
             // A rule naming its usage counts the descriptor's tokens, or
             // (counted in money) their price; a usage the catalog cannot
             // price is refused, never free.
-            let cost = match price::units(rule, active.set().catalog(), &entries, cost) {
+            let catalog = active.set().catalog();
+            let cost = match price::units(rule, catalog, &entries, cost) {
                 Ok(units) => units,
+                // What a stream reported is charged all the same: at the
+                // catalog's dearest price, never free.
+                Err(unpriced) if settling && catalog.is_some() => {
+                    price::log_unpriced(rule, &entries, &unpriced, settling);
+                    catalog.map_or(cost, |c| c.at_dearest(cost))
+                }
                 Err(unpriced) => {
                     price::log_unpriced(rule, &entries, &unpriced, settling);
                     plan.refused.push(Refusal {

@@ -54,8 +54,9 @@ pub(super) fn units(
 }
 
 /// Log that `rule` found no price for the usage of a descriptor of
-/// `entries`: refused on the request path, not charged at a stream's
-/// end (`settling`), which a catalog changed since the request brings.
+/// `entries`: refused on the request path, charged at the catalog's
+/// dearest price at a stream's end (`settling`: a kind the request did
+/// not name, or a catalog changed since).
 pub(super) fn log_unpriced(
     rule: &Rule,
     entries: &[(&str, &str)],
@@ -75,7 +76,7 @@ pub(super) fn log_unpriced(
         tracing::warn!(
             rule = rule.name(),
             model,
-            "envoy: a usage sent at the stream's end has no price in the catalog ({problem}); not charged"
+            "envoy: a usage sent at the stream's end has no price in the catalog ({problem}); charged at its dearest price"
         );
     } else {
         tracing::info!(

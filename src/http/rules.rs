@@ -186,6 +186,16 @@ impl<S> Layer<S> for RulesLayer {
 
     fn layer(&self, inner: S) -> Self::Service {
         self.shared.warn_if_tier_unread();
+        // What this layer does not read is said, not silently ignored.
+        for rule in self.shared.rules.current().set().rules() {
+            if !rule.notify().is_empty() || rule.unit() == crate::rules::Unit::Money {
+                tracing::warn!(
+                    rule = rule.name(),
+                    "rules: the rule counts money or tells notices, which OpenAiLayer (module \
+                     `ai`) does: RulesLayer counts its cost in units and tells nothing"
+                );
+            }
+        }
         if let Some(from) = self
             .shared
             .rules

@@ -158,6 +158,36 @@ impl Catalog {
         &self.currency
     }
 
+    /// `micros` micro-units as an amount of the currency: `12.5 USD`.
+    pub fn amount(&self, micros: u64) -> String {
+        let (whole, fraction) = (micros / MICROS, micros % MICROS);
+        if fraction == 0 {
+            return format!("{whole} {}", self.currency);
+        }
+        let fraction = format!("{fraction:06}");
+        format!(
+            "{whole}.{} {}",
+            fraction.trim_end_matches('0'),
+            self.currency
+        )
+    }
+
+    /// What `tokens` cost at the catalog's dearest price of any kind (of
+    /// any model, or the default), rounded up: the charge of a usage that
+    /// must be charged and has no price of its own.
+    pub fn at_dearest(&self, tokens: u64) -> u64 {
+        let dearest = self
+            .models
+            .values()
+            .chain(self.default.as_ref())
+            .flat_map(|prices| prices.per_million.values())
+            .copied()
+            .max()
+            .unwrap_or(0);
+        let cost = (u128::from(tokens) * u128::from(dearest)).div_ceil(u128::from(MICROS));
+        u64::try_from(cost).unwrap_or(u64::MAX)
+    }
+
     /// The prices of `model`: its own entry, else the longest `prefix*`
     /// entry it starts with, else the default.
     pub fn prices(&self, model: &str) -> Option<&Prices> {
@@ -338,6 +368,8 @@ mod tests {
             c.cost("m", &Usage::new().with("audio", 5)),
             Err(NotPriced::Kind { .. })
         ));
+        // The dearest price: 1000001 micro-units per million.
+        assert_eq!(c.at_dearest(2_000_000), 2_000_002);
         // A huge usage saturates rather than wraps.
         assert_eq!(
             c.cost("m", &Usage::new().with("output", u64::MAX)),
@@ -351,6 +383,9 @@ mod tests {
             catalog("currency = \"EUR\"\n[default]\ninput = 1000000\noutput = 2000000\n").unwrap();
         assert_eq!(c.cost("anything", &Usage::new().with("output", 3)), Ok(6));
         assert_eq!(c.currency(), "EUR");
+        assert_eq!(c.amount(12_500_000), "12.5 EUR");
+        assert_eq!(c.amount(7), "0.000007 EUR");
+        assert_eq!(c.amount(3_000_000), "3 EUR");
     }
 
     #[test]

@@ -280,8 +280,17 @@ impl ActiveRules {
     /// The limiter of rule `name` for callers of `tier` (for operator
     /// commands: peek, reset, block, penalty, reward of one key).
     pub fn limiter(&self, name: &str, tier: Option<&str>) -> Option<&Limiter> {
-        let i = self.set.rules().iter().position(|r| r.name() == name)?;
+        let i = self.position(name)?;
         Some(self.limiters[i].pick(tier))
+    }
+
+    /// The rule named `name`.
+    pub fn rule(&self, name: &str) -> Option<&Rule> {
+        Some(&self.set.rules()[self.position(name)?])
+    }
+
+    fn position(&self, name: &str) -> Option<usize> {
+        self.set.rules().iter().position(|r| r.name() == name)
     }
 
     /// The descriptor rules a descriptor of `domain` with `entries` (key,

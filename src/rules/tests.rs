@@ -356,3 +356,64 @@ fn the_path_index_finds_what_a_scan_of_every_rule_matches() {
         assert_eq!(indexed, scanned, "{path:?}");
     }
 }
+
+#[test]
+fn rules_counting_tokens_or_money_need_a_counter_and_money_needs_a_catalog() {
+    let catalog = "[catalog]\ncurrency = \"USD\"\n[catalog.models.m]\ninput = 1\noutput = 1\n";
+    let rule = |policy: &str, algorithm: &str| {
+        RuleSet::from_toml(&format!(
+            "{catalog}[[rules]]\nname = \"r\"\nkey = \"global\"\npolicy = \"{policy}\"\n{algorithm}"
+        ))
+    };
+    // The sliding log (the default but on the calendar) keeps an entry
+    // per unit.
+    let error = rule("100 USD/1h", "").unwrap_err();
+    assert_eq!(error.field(), "policy", "{error}");
+    assert!(error.problem().contains("fixed-window"), "{error}");
+    assert!(rule("5000 tokens/min", "algorithm = \"concurrency\"").is_err());
+    assert!(rule("100 USD/month", "algorithm = \"fixed-window\"").is_ok());
+    assert!(rule("5000 tokens/min", "algorithm = \"gcra\"").is_ok());
+    // Requests keep the default.
+    assert!(rule("60/min", "").is_ok());
+    // Money without a catalog, or in another currency.
+    let error = RuleSet::from_toml(
+        "[[rules]]\nname = \"r\"\nkey = \"global\"\npolicy = \"5 USD/1d\"\nalgorithm = \"gcra\"\n",
+    )
+    .unwrap_err();
+    assert!(error.problem().contains("no price catalog"), "{error}");
+    assert!(rule("5 EUR/1d", "algorithm = \"gcra\"").is_err());
+    // A tier in another unit.
+    assert!(
+        rule(
+            "5 USD/1d",
+            "algorithm = \"gcra\"\ntiers = { pro = \"100/min\" }"
+        )
+        .is_err()
+    );
+    // Notices: shares from 1 to 100, each once.
+    let notify = |list: &str| {
+        rule(
+            "5 USD/1d",
+            &format!("algorithm = \"gcra\"\nnotify = {list}"),
+        )
+    };
+    assert_eq!(
+        notify("[95, 50, 80]").unwrap().rules()[0].notify(),
+        [50, 80, 95]
+    );
+    for bad in ["[]", "[0]", "[101]", "[50, 50]"] {
+        assert_eq!(notify(bad).unwrap_err().field(), "notify", "{bad}");
+    }
+}
+
+#[cfg(feature = "envoy")]
+#[test]
+fn a_descriptor_rule_counting_money_names_its_usage() {
+    let error = RuleSet::from_toml(
+        "[catalog]\ncurrency = \"USD\"\n[catalog.models.m]\ninput = 1\noutput = 1\n\
+         [[rules]]\nname = \"r\"\ndomain = \"d\"\ndescriptor = [\"api_key\"]\n\
+         policy = \"5 USD/day\"\nalgorithm = \"fixed-window\"\n",
+    )
+    .unwrap_err();
+    assert_eq!(error.field(), "usage", "{error}");
+}

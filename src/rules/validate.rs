@@ -200,6 +200,35 @@ impl Rule {
         Ok(rule)
     }
 
+    /// A rule counting tokens or money counts thousands of units a
+    /// request: a counter's algorithm, not the sliding log's entry per
+    /// unit (which counts at most 10,000 a request) nor a concurrency
+    /// limit's slots.
+    fn check_unit(&self, label: &str) -> Result<(), RulesError> {
+        if self.unit == Unit::Requests {
+            return Ok(());
+        }
+        for (field, policy) in self.policies() {
+            if matches!(
+                policy.algorithm(),
+                Algorithm::SlidingLog | Algorithm::Concurrency
+            ) {
+                return Err(fault(
+                    label,
+                    &field,
+                    format!(
+                        "counts {}, and the {} counts requests: choose algorithm = \
+                         \"fixed-window\" (a budget per period, on the calendar too), \"gcra\" or \
+                         \"sliding-window\" (a rate)",
+                        self.unit,
+                        policy.algorithm()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The checks of several fields together.
     fn check_combinations(&self, label: &str) -> Result<(), RulesError> {
         let concurrency = self
@@ -216,7 +245,8 @@ impl Rule {
                 "a concurrency limit does not block after a breach",
             ));
         }
-        self.check_local_quota(label)
+        self.check_local_quota(label)?;
+        self.check_unit(label)
     }
 
     /// The rule's policies: its own and its tiers', each with its field.
@@ -320,6 +350,16 @@ impl Rule {
     /// (of any model and kind) or money (the catalog's price of the
     /// model's tokens of that kind).
     fn check_usage(&self, label: &str) -> Result<(), RulesError> {
+        if self.descriptor.is_some() && self.unit == Unit::Money && self.envoy.usage.is_none() {
+            return Err(fault(
+                label,
+                "usage",
+                "is missing: a descriptor rule counting money prices each hits_addend as tokens \
+                 of the model and kind its entries name (usage = { model = \"model\", kind = \
+                 \"token_kind\" }); a rule counting money for the HTTP layer has a key and no \
+                 descriptor",
+            ));
+        }
         let (Some(usage), Some(descriptor)) = (&self.envoy.usage, &self.descriptor) else {
             return Ok(());
         };
@@ -801,7 +841,10 @@ mod tests {
         assert_eq!(found.model.as_deref(), Some("model"));
         assert!(found.names("token_kind") && !found.names("api_key"));
         // Counted in tokens, one entry is enough; an exact kind too.
-        rule("descriptor = [\"api_key\", \"model\", \"token_kind=output\"]\npolicy = \"100 tokens/min\"\nusage = { model = \"model\" }").unwrap();
-        rule(&format!("{entries}\npolicy = \"100 tokens/min\"\n{usage}")).unwrap();
+        rule("descriptor = [\"api_key\", \"model\", \"token_kind=output\"]\npolicy = \"100 tokens/min\"\nalgorithm = \"gcra\"\nusage = { model = \"model\" }").unwrap();
+        rule(&format!(
+            "{entries}\npolicy = \"100 tokens/min\"\nalgorithm = \"gcra\"\n{usage}"
+        ))
+        .unwrap();
     }
 }

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::routing::post;
+
 use serde_json::{Value, json};
 use tower_redis_ratelimit::{Limiter, Policy, RedisStore};
 
@@ -263,13 +263,15 @@ async fn the_sdk_waits_out_a_rate_and_reads_the_headers() {
         2,
         "a refused call never reaches the upstream"
     );
-    // The refusal itself, as OpenAI writes it.
-    let refused = sdk_once(spec(
+    // The refusal itself, as OpenAI writes it (two calls back to back, in
+    // one SDK process: the second within the first's second).
+    let answer = sdk(spec(
         &gateway,
-        "sk-red-one-secret",
-        json!({"max_retries": 0}),
+        "sk-green-secret",
+        json!({"calls": 2, "max_retries": 0}),
     ))
     .await;
+    let refused = &answer["results"][1];
     assert_eq!(refused["status"], 429, "{refused}");
     assert_eq!(refused["error_class"], "RateLimitError");
     assert_eq!(refused["error_code"], "rate_limit_exceeded");
@@ -309,13 +311,18 @@ async fn a_spent_budget_stops_the_sdk_and_is_charged_the_real_price() {
         &[("REDIS_URL", redis.url())],
     );
     // Each call is estimated at 7 + 2 × 4 = 15 micro-dollars and costs
-    // 3 + 2 × 4 = 11: four fit in 50 (the fourth at 33 + 15 = 48).
-    let answer = sdk(spec(&gateway, "sk-red-one-secret", json!({"calls": 6}))).await;
-    let results = answer["results"].as_array().unwrap();
-    for ok in &results[..4] {
+    // 3 + 2 × 4 = 11: four fit in 50 (the fourth at 33 + 15 = 48), each
+    // once the one before is settled.
+    for n in 1..=4 {
+        let ok = sdk_once(spec(&gateway, "sk-red-one-secret", json!({}))).await;
         assert_eq!(ok["ok"], true, "{ok}");
+        eventually("the budget is charged the real price", || async {
+            spent(&redis, "team-spend", 50, "red").await == 11 * n
+        })
+        .await;
     }
-    for refused in &results[4..] {
+    let answer = sdk(spec(&gateway, "sk-red-one-secret", json!({"calls": 2}))).await;
+    for refused in answer["results"].as_array().unwrap() {
         assert_eq!(refused["status"], 429, "{refused}");
         assert_eq!(refused["error_code"], "insufficient_quota", "{refused}");
         assert_eq!(refused["error_type"], "insufficient_quota");
@@ -324,11 +331,8 @@ async fn a_spent_budget_stops_the_sdk_and_is_charged_the_real_price() {
         // Not retried: no wait.
         assert!(refused["elapsed"].as_f64().unwrap() < 0.5, "{refused}");
     }
-    assert_eq!(upstream.count(), 4);
-    eventually("the budget is charged the real price", || async {
-        spent(&redis, "team-spend", 50, "red").await == 44
-    })
-    .await;
+    assert_eq!(upstream.count(), 4, "a refused call is not retried");
+    assert_eq!(spent(&redis, "team-spend", 50, "red").await, 44);
     // The other team's budget is its own.
     let green = sdk_once(spec(&gateway, "sk-green-secret", json!({}))).await;
     assert_eq!(green["ok"], true, "{green}");
@@ -492,7 +496,15 @@ async fn bad_requests_and_unknown_keys_and_models_are_refused_before_anything_is
         r#"{"model": "gpt-4o-mini"}"#,
         r#"{"model": "gpt-4o-mini", "messages": [], "max_tokens": -1}"#,
     ] {
-        let (status, text) = post_chat(&client, &gateway, "sk-red-one-secret", &[], body).await;
+        let (status, text) = post(
+            &client,
+            &gateway,
+            "/chat/completions",
+            "sk-red-one-secret",
+            &[],
+            body,
+        )
+        .await;
         assert_eq!(status, 400, "{body}: {text}");
         let error: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(error["error"]["type"], "invalid_request_error", "{text}");
@@ -501,11 +513,18 @@ async fn bad_requests_and_unknown_keys_and_models_are_refused_before_anything_is
     assert_eq!(spent(&redis, "team-spend", 1_000_000, "red").await, 0);
     // A client naming another team spends its own team's budget: the
     // gateway sets the hierarchy from the keys file, whatever it sent.
-    let (status, _) = post_chat(
+    // Nor can it reach what the gateway does not limit.
+    for path in ["/responses", "/images/generations", "/chat/complet%69ons"] {
+        let (status, _) = post(&client, &gateway, path, "sk-red-one-secret", &[], "{}").await;
+        assert_eq!(status, 404, "{path}");
+    }
+    assert_eq!(upstream.count(), 0);
+    let (status, _) = post(
         &client,
         &gateway,
+        "/chat/completions",
         "sk-red-one-secret",
-        &[("x-gateway-team", "blue")],
+        &[("x-gateway-team", "blue"), ("openai-organization", "org-theirs")],
         r#"{"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}"#,
     )
     .await;
@@ -521,6 +540,7 @@ async fn bad_requests_and_unknown_keys_and_models_are_refused_before_anything_is
         "Bearer sk-upstream-of-the-gateway"
     );
     assert!(received[0].headers.get("x-gateway-team").is_none());
+    assert!(received[0].headers.get("openai-organization").is_none());
     let logged = gateway.logged();
     for secret in ["sk-red-one-secret", "sk-nobody-secret"] {
         assert!(!logged.contains(secret), "a key in the logs: {logged}");
@@ -533,19 +553,20 @@ fn reqwest_free_client()
     hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
 }
 
-/// `POST /v1/chat/completions` with `body`: the status and the body.
-async fn post_chat(
+/// `POST /v1{path}` with `body`: the status and the body.
+async fn post(
     client: &hyper_util::client::legacy::Client<
         hyper_util::client::legacy::connect::HttpConnector,
         String,
     >,
     gateway: &Gateway,
+    path: &str,
     key: &str,
     headers: &[(&str, &str)],
     body: &str,
 ) -> (u16, String) {
     use http_body_util::BodyExt;
-    let mut request = http::Request::post(format!("{}/chat/completions", gateway.base_url()))
+    let mut request = http::Request::post(format!("{}{path}", gateway.base_url()))
         .header("authorization", format!("Bearer {key}"))
         .header("content-type", "application/json");
     for (name, value) in headers {
@@ -572,7 +593,7 @@ impl Webhook {
         let kept = Arc::clone(&notices);
         let app = Router::new().route(
             "/notices",
-            post(move |axum::Json(notice): axum::Json<Value>| {
+            axum::routing::post(move |axum::Json(notice): axum::Json<Value>| {
                 let kept = Arc::clone(&kept);
                 async move {
                     kept.lock().unwrap().push(notice);
@@ -691,8 +712,35 @@ async fn two_gateways_keep_three_teams_within_budget(store: (&'static str, Strin
         );
         assert!(spent <= budget + 50 * overrun, "{who}: {spent} of {budget}");
     }
-    // Every threshold crossed told once, across both gateways.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Every threshold crossed told once, across both gateways: told
+    // within 5 s, and none more 300 ms later.
+    let crossings: Vec<(&str, &str, u64)> = [
+        ("team-spend", "red", TEAM_BUDGET),
+        ("team-spend", "green", TEAM_BUDGET),
+        ("team-spend", "blue", TEAM_BUDGET),
+        ("org-spend", "acme", ORG_BUDGET),
+    ]
+    .into_iter()
+    .flat_map(|(rule, who, budget)| {
+        let spent = spent.get(who).copied().unwrap_or(0);
+        THRESHOLDS
+            .into_iter()
+            .filter(move |t| spent * 100 >= t * budget)
+            .map(move |t| (rule, who, t))
+    })
+    .collect();
+    let told = |notices: &[Value], (rule, who, threshold): (&str, &str, u64)| {
+        notices
+            .iter()
+            .filter(|n| n["rule"] == rule && n["key"] == who && n["threshold"] == threshold)
+            .count()
+    };
+    eventually("every threshold crossed is told", || async {
+        let notices = webhook.notices.lock().unwrap().clone();
+        crossings.iter().all(|c| told(&notices, *c) > 0)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let notices = webhook.notices.lock().unwrap().clone();
     for (rule, who, budget) in [
         ("team-spend", "red", TEAM_BUDGET),
@@ -702,10 +750,7 @@ async fn two_gateways_keep_three_teams_within_budget(store: (&'static str, Strin
     ] {
         let spent = spent.get(who).copied().unwrap_or(0);
         for threshold in THRESHOLDS {
-            let told = notices
-                .iter()
-                .filter(|n| n["rule"] == rule && n["key"] == who && n["threshold"] == threshold)
-                .count();
+            let told = told(&notices, (rule, who, threshold));
             let crossed = spent * 100 >= threshold * budget;
             eprintln!("{rule} {who} {threshold}%: crossed {crossed}, told {told}");
             // A share the spend crossed is told once. One it did not may

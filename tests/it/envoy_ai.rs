@@ -99,7 +99,8 @@ async fn ask(client: &mut Client, descriptors: Vec<RateLimitDescriptor>) -> Rate
 
 /// The service alone: each kind's tokens priced by the catalog, one
 /// budget per API key whatever the model and kind, an unpriced model or
-/// kind refused (and never charged), a spent budget over the limit.
+/// kind refused on the request path and charged at the dearest price at a
+/// stream's end, a spent budget over the limit.
 #[tokio::test]
 async fn descriptors_per_kind_are_charged_the_catalogs_price_under_one_key() {
     let server = RedisServer::start();
@@ -162,13 +163,11 @@ async fn descriptors_per_kind_are_charged_the_catalogs_price_under_one_key() {
     assert_eq!(left(&rules, "spend", "k2").await, 50_000);
 
     // A model the catalog does not price (no default price), or a kind
-    // its model has no price for: over the limit, on the request path
-    // (the upstream is never asked) as at the stream's end, and never
-    // charged.
+    // its model has no price for: over the limit on the request path (the
+    // upstream is never asked), and never charged.
     for unpriced in [
         usage("k1", "llama-3", "input", 0),
         usage("k1", "gpt-4o", "audio", 0),
-        usage("k1", "llama-3", "output", 2_000),
     ] {
         let answer = ask(&mut client, vec![unpriced.clone()]).await;
         assert!(over(&answer), "{unpriced:?}: {answer:?}");
@@ -217,6 +216,12 @@ async fn descriptors_per_kind_are_charged_the_catalogs_price_under_one_key() {
     }
     let other = ask(&mut client, vec![usage("k2", "gpt-4o", "input", 0)]).await;
     assert!(!over(&other), "{other:?}");
+    // At a stream's end nothing can be refused: a usage the catalog
+    // cannot price is charged at its dearest price (gpt-4o's output, $10 a
+    // million), never free.
+    let late = ask(&mut client, vec![usage("k3", "llama-3", "output", 2_000)]).await;
+    assert!(!over(&late), "{late:?}");
+    assert_eq!(left(&rules, "spend", "k3").await, 50_000 - 20_000);
 }
 
 /// A rule counted in tokens naming only the model's entry: every model's

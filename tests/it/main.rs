@@ -9,6 +9,7 @@ mod acl;
 mod admin;
 mod ai_gateway;
 mod ai_gateway_sdk;
+mod ai_layer;
 mod algorithm_differential;
 mod batching;
 mod breaker;

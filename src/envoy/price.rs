@@ -119,6 +119,7 @@ mod tests {
             domain = "ai"
             descriptor = ["api_key", "model", "token_kind"]
             policy = "{policy}"
+            algorithm = "fixed-window"
             usage = {usage}
             "#
         ))

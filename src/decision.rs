@@ -343,12 +343,14 @@ impl RateStatus {
     }
 
     /// The units of this rate spent: as a check's decision says it
-    /// (`command`: `None`), or a command's (`Some(allowed)`: a peek, a
-    /// settlement), which answers as a request of one unit would after it
-    /// (`allowed` when that unit fits). A key in debt shows its whole
+    /// (`command`: `None`), or a command's (a peek, a settlement), which
+    /// answers as a request of its policy's cost would after it:
+    /// `Some((allowed, cost))`, `allowed` when that cost fits (the
+    /// remaining units are then net of it). A key in debt shows its whole
     /// max spent.
-    pub(crate) fn spent(&self, command: Option<bool>) -> u64 {
-        let left = self.remaining + command.map_or(0, u64::from);
+    pub(crate) fn spent(&self, command: Option<(bool, u64)>) -> u64 {
+        let answered_for = command.map_or(0, |(allowed, cost)| if allowed { cost } else { 0 });
+        let left = self.remaining.saturating_add(answered_for);
         self.rate.max().saturating_sub(left)
     }
 }

@@ -78,7 +78,7 @@ pub(crate) async fn peek(
             .rates()
             .iter()
             .find(|s| s.rate() == decision.rate())?;
-        Some(shown.spent(Some(decision.allowed())))
+        Some(shown.spent(Some((decision.allowed(), limiter.policy().cost()))))
     });
     let mut answer = answer(&name, &held, peeked)?;
     spend(&operated, &name, spent, &mut answer.0);

@@ -205,8 +205,12 @@ impl Watch {
             Watch::Stream(events) => {
                 let out = events.feed(&data);
                 if let Some(bill) = bill {
-                    bill.if_dropped = Ended::Cut {
-                        output: events.content_chunks,
+                    // A stream cut after its usage came is charged it.
+                    bill.if_dropped = match &events.usage {
+                        usage @ Reported::Usage(_) => Ended::Reported(usage.clone()),
+                        _ => Ended::Cut {
+                            output: events.content_chunks,
+                        },
                     };
                 }
                 out

@@ -171,12 +171,14 @@ async fn settle_one(
     };
     let unit = rule.unit();
     // A check's decision counts the request; a command's (the settlement)
-    // answers as one more unit would after it.
-    let mut after = (charge.decision.clone(), false);
+    // answers as a request of its policy's cost would after it.
+    let mut after = (charge.decision.clone(), None);
     if let (Some(unsettled), Some(cost)) = (charge.unsettled, cost(unit, rules, model, usage)) {
+        // The settlement answers as a request of the estimate would.
+        let estimate = unsettled.estimate();
         match unsettled.settle(cost).await {
             Ok(Settled::Charged { decision, .. } | Settled::GivenBack { decision, .. }) => {
-                after = (decision, true);
+                after = (decision, Some(estimate));
             }
             Ok(_) => {}
             Err(error) => {

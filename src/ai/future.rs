@@ -246,7 +246,10 @@ where
                         .headers
                         .get(CONTENT_TYPE)
                         .and_then(|v| v.to_str().ok())
-                        .is_some_and(|v| v.starts_with("text/event-stream"));
+                        .and_then(|v| v.split(';').next())
+                        .is_some_and(|media| {
+                            media.trim().eq_ignore_ascii_case("text/event-stream")
+                        });
                     let mut bill = bill;
                     let watch = if !parts.status.is_success() {
                         bill.if_dropped = Ended::Refused;

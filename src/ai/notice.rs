@@ -80,7 +80,7 @@ impl Notices {
     /// Tell each share of `notify` that `decision` (the key's state after
     /// its latest charge) has crossed, unless told already this period.
     /// `command`: the decision is a command's, which answers as a request
-    /// of one unit would after it.
+    /// of that cost would after it.
     pub(crate) async fn crossed(
         &self,
         rule: &str,
@@ -88,7 +88,7 @@ impl Notices {
         unit: Unit,
         notify: &[u8],
         decision: &Decision,
-        command: bool,
+        command: Option<u64>,
     ) {
         if notify.is_empty() {
             return;
@@ -96,7 +96,7 @@ impl Notices {
         for status in decision.rates() {
             let rate = status.rate();
             let limit = rate.max();
-            let used = status.spent(command.then(|| decision.allowed()));
+            let used = status.spent(command.map(|cost| (decision.allowed(), cost)));
             for &threshold in notify {
                 if u128::from(used) * 100 < u128::from(threshold) * u128::from(limit) {
                     break;

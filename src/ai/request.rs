@@ -74,10 +74,14 @@ const MAX_MODEL: usize = 256;
 /// The most choices (`n`) a request may ask for.
 const MAX_CHOICES: u64 = 128;
 
-/// The tokens an inline image or sound (a `data:` URL) is estimated at:
-/// its bytes say little of its tokens (OpenAI prices an image by its
-/// tiles, 85 to about 1,100 tokens).
+/// The tokens an image, a sound or a file of a prompt is estimated at:
+/// its bytes (base64, or a URL) say little of its tokens (OpenAI prices
+/// an image by its tiles, 85 to about 1,100 tokens).
 const INLINE_MEDIA: u64 = 1_000;
+
+/// The fields of a chat message's content parts that hold media: OpenAI's
+/// `image_url`, `input_audio` and `file`.
+const MEDIA: [&str; 3] = ["image_url", "input_audio", "file"];
 
 /// A body's top-level fields as written, each once.
 struct Fields(Vec<(String, Box<RawValue>)>);
@@ -127,7 +131,7 @@ impl Fields {
     }
 }
 
-/// What a prompt holds: bytes of text, numbers (token ids) and inline media.
+/// What a prompt holds: bytes of text, numbers (token ids) and media.
 #[derive(Default)]
 struct PromptSize {
     bytes: u64,
@@ -158,16 +162,9 @@ impl<'de> Deserialize<'de> for PromptSize {
                 f.write_str("a prompt")
             }
             fn visit_str<E: de::Error>(self, text: &str) -> Result<PromptSize, E> {
-                Ok(if text.starts_with("data:") {
-                    PromptSize {
-                        media: 1,
-                        ..PromptSize::default()
-                    }
-                } else {
-                    PromptSize {
-                        bytes: text.len() as u64,
-                        ..PromptSize::default()
-                    }
+                Ok(PromptSize {
+                    bytes: text.len() as u64,
+                    ..PromptSize::default()
                 })
             }
             fn visit_u64<E: de::Error>(self, _: u64) -> Result<PromptSize, E> {
@@ -197,8 +194,15 @@ impl<'de> Deserialize<'de> for PromptSize {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<PromptSize, A::Error> {
                 let mut size = PromptSize::default();
-                while map.next_key::<IgnoredAny>()?.is_some() {
-                    size.add(map.next_value::<PromptSize>()?);
+                while let Some(name) = map.next_key::<String>()? {
+                    if MEDIA.contains(&name.as_str()) {
+                        // An image, a sound or a file, inline or linked:
+                        // its bytes say nothing of its tokens.
+                        map.next_value::<IgnoredAny>()?;
+                        size.media += 1;
+                    } else {
+                        size.add(map.next_value::<PromptSize>()?);
+                    }
                 }
                 Ok(size)
             }

@@ -7,6 +7,7 @@ mod support;
 mod acl;
 #[cfg(feature = "admin")]
 mod admin;
+mod ai_attack;
 mod ai_gateway;
 mod ai_gateway_sdk;
 mod ai_layer;

@@ -16,7 +16,7 @@
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -29,8 +29,11 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+#[path = "support/processes.rs"]
+mod processes;
 #[path = "support/redis_work.rs"]
 mod redis_work;
+use processes::{Own, redis_server};
 use redis_work::redis_work;
 
 /// The keys the load spreads over: 10 teams of 10.
@@ -41,45 +44,6 @@ fn setting(name: &str, default: f64) -> f64 {
         .ok()
         .filter(|v| !v.is_empty())
         .map_or(default, |v| v.parse().expect(name))
-}
-
-/// A process of the bench's own, stopped when dropped.
-struct Own(Child);
-
-impl Drop for Own {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn redis_server() -> (String, Own) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server: install it (`apt-get install redis-server`)");
-    let started = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "no redis-server"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (format!("redis://127.0.0.1:{port}"), Own(child))
 }
 
 /// The budgets, far above what the bench spends: every request is

@@ -37,7 +37,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -58,8 +58,11 @@ use tower_redis_ratelimit::envoy::envoy_types::pb::envoy::service::ratelimit::v3
 use tower_redis_ratelimit::rules::{RuleSet, Rules, RulesLayer};
 use tower_redis_ratelimit::{MemoryStore, RedisStore, Store};
 
+#[path = "support/processes.rs"]
+mod processes;
 #[path = "support/redis_work.rs"]
 mod redis_work;
+use processes::{Own, free_port, redis_server, wait_for};
 use redis_work::redis_work;
 
 /// Keys the load spreads over.
@@ -70,53 +73,6 @@ fn setting(name: &str, default: f64) -> f64 {
         .ok()
         .filter(|v| !v.is_empty())
         .map_or(default, |v| v.parse().expect(name))
-}
-
-/// A process of the bench's own, stopped when dropped.
-struct Own(Child);
-
-impl Drop for Own {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn wait_for(port: u16) {
-    let started = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "nothing on port {port}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn redis_server() -> (String, Own) {
-    let port = free_port();
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server: install it (`apt-get install redis-server`)");
-    wait_for(port);
-    (format!("redis://127.0.0.1:{port}"), Own(child))
 }
 
 /// Descriptor rules, and the same limits as HTTP rules (the user's on

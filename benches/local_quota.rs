@@ -16,13 +16,16 @@
 //! default 4,000: the rate the flood reached).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tower_redis_ratelimit::limiter::LocalQuota;
 use tower_redis_ratelimit::{Limiter, Policy, RedisStore};
+
+#[path = "support/processes.rs"]
+mod processes;
+use processes::{Own, redis_server};
 
 /// Keys the local quota holds at most (`MAX_LOCAL_KEYS` in the crate).
 const HELD: u64 = 10_000;
@@ -50,47 +53,13 @@ impl Settings {
     }
 }
 
-/// A redis-server of the bench's own, stopped when dropped.
-struct OwnRedis(Child);
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// `BENCH_REDIS_URL`, or a redis-server started on a free port.
-fn redis() -> (String, Option<OwnRedis>) {
+fn redis() -> (String, Option<Own>) {
     if let Ok(url) = std::env::var("BENCH_REDIS_URL") {
         return (url, None);
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server: install it (`apt-get install redis-server`) or set BENCH_REDIS_URL");
-    let started = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "redis-server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (format!("redis://127.0.0.1:{port}"), Some(OwnRedis(child)))
+    let (url, own) = redis_server();
+    (url, Some(own))
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

@@ -14,28 +14,7 @@ use serde::Deserialize;
 use super::charge::{Bill, Ended};
 use super::stream::Events;
 use super::usage::{Reported, reported};
-
-/// Bytes held whole: a body read, or an answer the layer wrote.
-#[derive(Debug)]
-struct Whole(Option<Bytes>);
-
-impl Whole {
-    fn new(data: Bytes) -> Self {
-        Self((!data.is_empty()).then_some(data))
-    }
-
-    fn poll<E>(&mut self) -> Poll<Option<Result<Frame<Bytes>, E>>> {
-        Poll::Ready(self.0.take().map(|d| Ok(Frame::data(d))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.0.is_none()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.0.as_ref().map_or(0, |d| d.len() as u64))
-    }
-}
+use crate::http::Whole;
 
 pin_project! {
     /// The body of a request passed to the inner service: read whole by

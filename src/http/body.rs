@@ -27,7 +27,29 @@ pin_project! {
         // A concurrency slot is held until the body ends or is dropped;
         // a cost the body reports is settled then.
         Inner { #[pin] body: B, leases: Vec<Permit>, meters: Vec<Meter> },
-        Full { data: Option<Bytes> },
+        Full { whole: Whole },
+    }
+}
+
+/// Bytes held whole: an answer the layer wrote, a request body read.
+#[derive(Debug)]
+pub(crate) struct Whole(Option<Bytes>);
+
+impl Whole {
+    pub(crate) fn new(data: Bytes) -> Self {
+        Self((!data.is_empty()).then_some(data))
+    }
+
+    pub(crate) fn poll<E>(&mut self) -> Poll<Option<Result<Frame<Bytes>, E>>> {
+        Poll::Ready(self.0.take().map(|d| Ok(Frame::data(d))))
+    }
+
+    pub(crate) fn is_end_stream(&self) -> bool {
+        self.0.is_none()
+    }
+
+    pub(crate) fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.0.as_ref().map_or(0, |d| d.len() as u64))
     }
 }
 
@@ -47,7 +69,7 @@ impl<B> ResponseBody<B> {
     pub(crate) fn full(data: Bytes) -> Self {
         Self {
             kind: Kind::Full {
-                data: (!data.is_empty()).then_some(data),
+                whole: Whole::new(data),
             },
         }
     }
@@ -92,23 +114,21 @@ where
                 }
                 Poll::Ready(frame)
             }
-            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Full { whole } => whole.poll(),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Inner { body, .. } => body.is_end_stream(),
-            Kind::Full { data } => data.is_none(),
+            Kind::Full { whole } => whole.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Inner { body, .. } => body.size_hint(),
-            Kind::Full { data } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
-            }
+            Kind::Full { whole } => whole.size_hint(),
         }
     }
 }

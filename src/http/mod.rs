@@ -14,6 +14,7 @@ mod settings;
 mod settlement;
 
 pub use body::ResponseBody;
+pub(crate) use body::Whole;
 pub use fields::{
     RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };

@@ -177,6 +177,15 @@ impl Drop for Gateway {
     }
 }
 
+/// A gateway with `rules` on a Redis of its own, in front of a fake
+/// upstream.
+async fn on_redis(rules: &str) -> (RedisServer, OpenAiUpstream, Gateway, Scratch) {
+    let redis = RedisServer::start();
+    let upstream = OpenAiUpstream::start().await;
+    let (gateway, dir) = Gateway::start(&upstream, rules, &[("REDIS_URL", redis.url())]);
+    (redis, upstream, gateway, dir)
+}
+
 /// A spec of a chat call through `gateway` with `key`, then `extra`'s fields.
 fn spec(gateway: &Gateway, key: &str, extra: Value) -> Value {
     let mut spec = json!({
@@ -224,10 +233,7 @@ async fn eventually<F: std::future::Future<Output = bool>>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sdk_waits_out_a_rate_and_reads_the_headers() {
-    let redis = RedisServer::start();
-    let upstream = OpenAiUpstream::start().await;
-    let (gateway, _dir) = Gateway::start(
-        &upstream,
+    let (_redis, upstream, gateway, _dir) = on_redis(
         r#"
         [[rules]]
         name = "key-requests"
@@ -241,8 +247,8 @@ async fn the_sdk_waits_out_a_rate_and_reads_the_headers() {
         policy = "1000 tokens/min"
         algorithm = "gcra"
         "#,
-        &[("REDIS_URL", redis.url())],
-    );
+    )
+    .await;
     let answer = sdk(spec(&gateway, "sk-red-one-secret", json!({"calls": 2}))).await;
     let [first, second] = [&answer["results"][0], &answer["results"][1]];
     assert_eq!(first["ok"], true, "{first}");
@@ -297,10 +303,7 @@ async fn the_sdk_waits_out_a_rate_and_reads_the_headers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spent_budget_stops_the_sdk_and_is_charged_the_real_price() {
-    let redis = RedisServer::start();
-    let upstream = OpenAiUpstream::start().await;
-    let (gateway, _dir) = Gateway::start(
-        &upstream,
+    let (redis, upstream, gateway, _dir) = on_redis(
         r#"
         [[rules]]
         name = "team-spend"
@@ -308,8 +311,8 @@ async fn a_spent_budget_stops_the_sdk_and_is_charged_the_real_price() {
         policy = "0.00005 USD/month"
         algorithm = "fixed-window"
         "#,
-        &[("REDIS_URL", redis.url())],
-    );
+    )
+    .await;
     // Each call is estimated at 7 + 2 × 4 = 15 micro-dollars and costs
     // 3 + 2 × 4 = 11: four fit in 50 (the fourth at 33 + 15 = 48), each
     // once the one before is settled.
@@ -340,10 +343,7 @@ async fn a_spent_budget_stops_the_sdk_and_is_charged_the_real_price() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_is_settled_from_the_usage_chunk_the_client_did_not_ask_for() {
-    let redis = RedisServer::start();
-    let upstream = OpenAiUpstream::start().await;
-    let (gateway, _dir) = Gateway::start(
-        &upstream,
+    let (redis, upstream, gateway, _dir) = on_redis(
         r#"
         [[rules]]
         name = "team-tokens"
@@ -351,8 +351,8 @@ async fn a_stream_is_settled_from_the_usage_chunk_the_client_did_not_ask_for() {
         policy = "100000 tokens/month"
         algorithm = "fixed-window"
         "#,
-        &[("REDIS_URL", redis.url())],
-    );
+    )
+    .await;
     let plain = sdk_once(spec(
         &gateway,
         "sk-red-one-secret",
@@ -391,10 +391,7 @@ async fn a_stream_is_settled_from_the_usage_chunk_the_client_did_not_ask_for() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_answers_cost_their_estimate_and_upstream_errors_nothing() {
-    let redis = RedisServer::start();
-    let upstream = OpenAiUpstream::start().await;
-    let (gateway, _dir) = Gateway::start(
-        &upstream,
+    let (redis, upstream, gateway, _dir) = on_redis(
         r#"
         [[rules]]
         name = "team-tokens"
@@ -402,8 +399,8 @@ async fn bad_answers_cost_their_estimate_and_upstream_errors_nothing() {
         policy = "100000 tokens/month"
         algorithm = "fixed-window"
         "#,
-        &[("REDIS_URL", redis.url())],
-    );
+    )
+    .await;
     let mut expected = 0;
     for (usage, stream) in [
         (Usage::Missing, false),
@@ -466,10 +463,7 @@ async fn bad_answers_cost_their_estimate_and_upstream_errors_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_and_unknown_keys_and_models_are_refused_before_anything_is_spent() {
-    let redis = RedisServer::start();
-    let upstream = OpenAiUpstream::start().await;
-    let (gateway, _dir) = Gateway::start(
-        &upstream,
+    let (redis, upstream, gateway, _dir) = on_redis(
         r#"
         [[rules]]
         name = "team-spend"
@@ -477,8 +471,8 @@ async fn bad_requests_and_unknown_keys_and_models_are_refused_before_anything_is
         policy = "1 USD/month"
         algorithm = "fixed-window"
         "#,
-        &[("REDIS_URL", redis.url())],
-    );
+    )
+    .await;
     let unknown_key = sdk_once(spec(&gateway, "sk-nobody-secret", json!({}))).await;
     assert_eq!(unknown_key["status"], 401, "{unknown_key}");
     assert_eq!(unknown_key["error_code"], "invalid_api_key");

@@ -593,7 +593,7 @@ async fn two_services_on_one_redis_share_one_count_exactly() {
     assert_eq!(admitted, 3);
 }
 
-mod through_envoy {
+pub(crate) mod through_envoy {
     //! A real Envoy (the guide's bootstrap), the ready program
     //! (`examples/envoy_rls.rs`) and an upstream.
 
@@ -965,7 +965,7 @@ mod through_envoy {
     }
 
     /// The guide's block of `yaml` or `toml` that holds `marker`.
-    fn guide_block(marker: &str) -> String {
+    pub(crate) fn guide_block(marker: &str) -> String {
         let guide = include_str!("../../src/docs/guide/envoy.md");
         let at = guide.find(marker).unwrap();
         let start = guide[..at].rfind("```").unwrap();

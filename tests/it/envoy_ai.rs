@@ -20,6 +20,7 @@ use tower_redis_ratelimit::envoy::envoy_types::pb::envoy::service::ratelimit::v3
 use tower_redis_ratelimit::envoy::envoy_types::pb::google::protobuf::UInt64Value;
 use tower_redis_ratelimit::rules::{RuleSet, Rules};
 
+use crate::envoy::through_envoy::guide_block;
 use crate::envoy::{descriptor, over};
 use crate::support::RedisServer;
 use crate::support::harness::away_from_a_boundary;
@@ -27,16 +28,6 @@ use crate::support::harness::away_from_a_boundary;
 type Client = RateLimitServiceClient<tonic::transport::Channel>;
 
 const DAY: Duration = Duration::from_secs(86_400);
-
-/// The guide's block of `yaml` or `toml` that holds `marker`.
-fn guide_block(marker: &str) -> String {
-    let guide = include_str!("../../src/docs/guide/envoy.md");
-    let at = guide.find(marker).unwrap();
-    let start = guide[..at].rfind("```").unwrap();
-    let start = start + guide[start..].find('\n').unwrap() + 1;
-    let end = at + guide[at..].find("```").unwrap();
-    guide[start..end].to_owned()
-}
 
 /// The guide's catalog and rules, with a budget of `budget` a day (a
 /// fixed window, exact between two midnights) and a token rate of

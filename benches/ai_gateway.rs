@@ -33,18 +33,14 @@ use hyper_util::rt::TokioExecutor;
 mod processes;
 #[path = "support/redis_work.rs"]
 mod redis_work;
+#[path = "support/setting.rs"]
+mod setting;
 use processes::{Own, redis_server};
 use redis_work::redis_work;
+use setting::setting;
 
 /// The keys the load spreads over: 10 teams of 10.
 const KEYS: usize = 100;
-
-fn setting(name: &str, default: f64) -> f64 {
-    std::env::var(name)
-        .ok()
-        .filter(|v| !v.is_empty())
-        .map_or(default, |v| v.parse().expect(name))
-}
 
 /// The budgets, far above what the bench spends: every request is
 /// checked and settled by all five, none refused.

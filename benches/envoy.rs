@@ -62,18 +62,14 @@ use tower_redis_ratelimit::{MemoryStore, RedisStore, Store};
 mod processes;
 #[path = "support/redis_work.rs"]
 mod redis_work;
+#[path = "support/setting.rs"]
+mod setting;
 use processes::{Own, free_port, redis_server, wait_for};
 use redis_work::redis_work;
+use setting::setting;
 
 /// Keys the load spreads over.
 const KEYS: u64 = 10_000;
-
-fn setting(name: &str, default: f64) -> f64 {
-    std::env::var(name)
-        .ok()
-        .filter(|v| !v.is_empty())
-        .map_or(default, |v| v.parse().expect(name))
-}
 
 /// Descriptor rules, and the same limits as HTTP rules (the user's on
 /// every path, the other three on `/4`): a fixed window per user and per

@@ -4,6 +4,10 @@
 //! removing any a client sent: a client cannot pick whose budget it
 //! spends.
 //!
+//! The file is read again when it changes (checked every second): a key
+//! added or revoked is in force within a second, in this process; a file
+//! that no longer reads is logged and the keys in force stay.
+//!
 //! ```toml
 //! [keys."sk-alice-1"]
 //! name = "alice-laptop"   # how budgets and logs name the key (default: key-<hash>)
@@ -13,8 +17,9 @@
 //! ```
 
 use std::collections::HashMap;
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -136,12 +141,73 @@ impl std::fmt::Debug for Keys {
     }
 }
 
+/// The keys in force, and the file they come from, read again when it
+/// changes.
+pub(crate) struct Watched {
+    current: RwLock<Arc<Keys>>,
+}
+
+impl Watched {
+    /// The keys of the file at `path`, followed from now on.
+    pub(crate) fn follow(path: PathBuf) -> Result<Arc<Self>, String> {
+        let keys = Keys::read(&path)?;
+        let watched = Arc::new(Self {
+            current: RwLock::new(Arc::new(keys)),
+        });
+        let follower = Arc::downgrade(&watched);
+        tokio::spawn(async move {
+            let mut seen = stamp(&path);
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let Some(watched) = follower.upgrade() else {
+                    return;
+                };
+                let now = stamp(&path);
+                if now == seen {
+                    continue;
+                }
+                seen = now;
+                match Keys::read(&path) {
+                    Ok(keys) => {
+                        tracing::info!(
+                            keys = keys.len(),
+                            "keys: the file changed; these keys in force"
+                        );
+                        *watched
+                            .current
+                            .write()
+                            .unwrap_or_else(PoisonError::into_inner) = Arc::new(keys);
+                    }
+                    Err(problem) => {
+                        tracing::warn!(%problem, "keys: the file changed and does not read; the keys in force stay");
+                    }
+                }
+            }
+        });
+        Ok(watched)
+    }
+
+    fn current(&self) -> Arc<Keys> {
+        Arc::clone(&self.current.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.current().len()
+    }
+}
+
+/// What tells a file changed: its modification time and length.
+fn stamp(path: &Path) -> Option<(std::time::SystemTime, u64)> {
+    let metadata = std::fs::metadata(path).ok()?;
+    Some((metadata.modified().ok()?, metadata.len()))
+}
+
 /// The middleware: a request's key (`authorization: Bearer <key>` or
 /// `api-key: <key>`) must be in the keys file (else `401`, in OpenAI's
 /// format); its account is then set as the `x-gateway-*` headers, and
 /// the key itself removed (the upstream gets the gateway's own).
 pub(crate) async fn authenticate(
-    State(keys): State<Arc<Keys>>,
+    State(keys): State<Arc<Watched>>,
     mut request: Request,
     next: Next,
 ) -> Response {
@@ -154,6 +220,7 @@ pub(crate) async fn authenticate(
         .and_then(|v| v.to_str().ok()?.strip_prefix("Bearer "))
         .or_else(|| headers.get("api-key").and_then(|v| v.to_str().ok()))
         .map(str::trim);
+    let keys = keys.current();
     let Some(account) = key.and_then(|key| keys.accounts.get(key)).cloned() else {
         return unauthorized();
     };

@@ -33,7 +33,9 @@
 //!   bearer token; the clients' keys never are), `UPSTREAM_TIMEOUT`
 //!   (seconds the upstream may stay silent, default 120: a stream silent
 //!   longer is cut, and charged what it streamed).
-//! - `RULES`, `KEYS` (required): the files.
+//! - `RULES`, `KEYS` (required): the files, each read again within a
+//!   second of a change (a file that no longer reads leaves what is in
+//!   force, and says why in the log).
 //! - `REDIS_URL` or `DATABASE_URL`: where the counts are (else memory).
 //! - `BIND` (default `127.0.0.1:3000`), `BODY_LIMIT` (bytes of a request,
 //!   default 4 MiB), `BODY_MEMORY` (bytes of every request held at once,
@@ -73,7 +75,6 @@ mod signals;
 mod webhook;
 
 use crate::bodies::{Bodies, BodyBounds};
-use crate::keys::Keys;
 use crate::proxy::Upstream;
 use crate::serve::ConnectionLimits;
 
@@ -125,7 +126,7 @@ async fn run(stop: impl Future<Output = ()> + Send + 'static) -> Result<(), BadS
         .map(|url| webhook::url(&url))
         .transpose()
         .map_err(|e| BadSetting("WEBHOOK_URL", e))?;
-    let keys = Keys::read(&keys_path).map_err(|e| BadSetting("KEYS", e))?;
+    let keys = keys::Watched::follow(keys_path).map_err(|e| BadSetting("KEYS", e))?;
     let keys_count = keys.len();
     let set = RuleSet::from_file(&rules_path).map_err(|e| BadSetting("RULES", e.to_string()))?;
     let rules = match (var("REDIS_URL"), var("DATABASE_URL")) {
@@ -171,7 +172,7 @@ async fn run(stop: impl Future<Output = ()> + Send + 'static) -> Result<(), BadS
         .with_state(Arc::new(upstream))
         .layer(limits)
         .layer(from_fn_with_state(Bodies::new(bounds), bodies::bounded))
-        .layer(from_fn_with_state(Arc::new(keys), keys::authenticate));
+        .layer(from_fn_with_state(keys, keys::authenticate));
     let bind = var("BIND").unwrap_or_else(|| "127.0.0.1:3000".to_owned());
     let listener = TcpListener::bind(&bind)
         .await

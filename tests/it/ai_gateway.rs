@@ -890,3 +890,45 @@ async fn the_admin_router_shows_each_levels_spend() {
     assert_eq!(peeked["currency"], "USD");
     assert_eq!(peeked["state"]["limit"], 1_000_000);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_removed_from_the_keys_file_is_refused_within_seconds() {
+    let upstream = OpenAiUpstream::start().await;
+    let (gateway, dir) = Gateway::start(
+        &upstream,
+        "[[rules]]\nname = \"key-requests\"\nkey = \"header:x-gateway-key\"\npolicy = \"100/min\"\n",
+        &[],
+    );
+    let blue = || sdk_once(spec(&gateway, "sk-blue-secret", json!({"max_retries": 0})));
+    assert_eq!(blue().await["ok"], true);
+    // A file that does not read: the keys in force stay.
+    dir.file("keys.toml", "[keys.\"sk-blue-secret\"\nbroken");
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(blue().await["ok"], true);
+    assert!(
+        gateway
+            .logged()
+            .contains("does not read; the keys in force stay")
+    );
+    assert!(
+        !gateway.logged().contains("sk-blue-secret"),
+        "a key in the logs"
+    );
+    // Blue revoked.
+    let without_blue = KEYS.split("[keys.\"sk-blue-secret\"]").next().unwrap();
+    dir.file("keys.toml", without_blue);
+    let start = Instant::now();
+    loop {
+        let result = blue().await;
+        if result["status"] == 401 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "still admitted: {result}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let red = sdk_once(spec(&gateway, "sk-red-one-secret", json!({}))).await;
+    assert_eq!(red["ok"], true, "{red}");
+}

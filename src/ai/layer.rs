@@ -29,7 +29,10 @@ pub const DEFAULT_MAX_OUTPUT: u64 = 4096;
 /// catalog's price of the estimate — and, once the answer has reported
 /// its usage (its JSON `usage`, or a stream's usage chunk, which the layer
 /// asks for and keeps from a client that did not), settles each rule to
-/// the real cost. Answers carry OpenAI's `x-ratelimit-*` fields; a denial
+/// the real cost. The body is read whole before the check: bound the time
+/// a client may take to send it in front of the layer (`examples/ai_gateway`
+/// does, as the example server does). Answers carry OpenAI's
+/// `x-ratelimit-*` fields; a denial
 /// is OpenAI's `429` error: `rate_limit_exceeded` with `retry-after` for
 /// a rate, `insufficient_quota` (not retried by OpenAI's SDKs) for a
 /// spent budget. Other requests pass untouched.

@@ -9,8 +9,9 @@ use http::Method;
 use http::header::HeaderName;
 
 use super::MAX_BLOCK;
+use super::shape::Shape;
 use super::target::{Target, parse_grpc, parse_path};
-use super::validate::{SettleSpec, Shape};
+use super::validate::SettleSpec;
 use super::{Counting, KeyPart, RulesError, SettleFrom, Statuses};
 use crate::policy::{Policy, parse_duration};
 
@@ -244,4 +245,35 @@ pub(super) fn parse_key(text: &str) -> Result<Vec<KeyPart>, String> {
             },
         })
         .collect()
+}
+
+/// `notify = [50, 80, 95, 100]`: shares in percent, 1 to 100, each once;
+/// kept in increasing order.
+pub(super) fn notify(shares: Vec<u64>, label: &str) -> Result<Vec<u8>, RulesError> {
+    if shares.is_empty() {
+        return Err(fault(
+            label,
+            "notify",
+            "is empty: leave it out to be told nothing",
+        ));
+    }
+    let mut out = Vec::with_capacity(shares.len());
+    for share in shares {
+        let share = u8::try_from(share)
+            .ok()
+            .filter(|s| (1..=100).contains(s))
+            .ok_or_else(|| {
+                fault(
+                    label,
+                    "notify",
+                    format!("{share} is not a share of the budget in percent, 1 to 100"),
+                )
+            })?;
+        if out.contains(&share) {
+            return Err(fault(label, "notify", format!("{share} is given twice")));
+        }
+        out.push(share);
+    }
+    out.sort_unstable();
+    Ok(out)
 }

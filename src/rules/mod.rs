@@ -67,6 +67,7 @@ mod index;
 mod json;
 #[cfg(feature = "redis")]
 mod redis_source;
+mod shape;
 mod target;
 mod unit;
 mod validate;

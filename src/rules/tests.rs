@@ -417,3 +417,102 @@ fn a_descriptor_rule_counting_money_names_its_usage() {
     .unwrap_err();
     assert_eq!(error.field(), "usage", "{error}");
 }
+
+/// A descriptor rule's `usage` (read in `validate`).
+mod usage_entries {
+    use super::*;
+
+    const CATALOG: &str =
+        "[catalog]\ncurrency = \"USD\"\n[catalog.default]\ninput = 1\noutput = 1\n";
+
+    fn rule(fields: &str) -> Result<RuleSet, RulesError> {
+        RuleSet::from_toml(&format!(
+            "{CATALOG}[[rules]]\nname = \"r\"\ndomain = \"ai\"\n{fields}\n"
+        ))
+    }
+
+    /// `usage` names entries of the rule's descriptor, on a descriptor
+    /// rule counted in tokens (one entry or both) or money (both).
+    #[test]
+    fn a_usage_names_entries_of_the_descriptor_and_counts_tokens_or_money() {
+        let usage = "usage = { model = \"model\", kind = \"token_kind\" }";
+        let entries = "descriptor = [\"api_key\", \"model\", \"token_kind\"]";
+        for (fields, field, says) in [
+            (
+                format!("{entries}\npolicy = \"100/min\"\n{usage}"),
+                "usage",
+                "counts requests",
+            ),
+            (
+                format!("{entries}\npolicy = \"1 USD/day\"\nusage = {{ model = \"model\" }}"),
+                "usage.kind",
+                "is missing",
+            ),
+            (
+                format!("{entries}\npolicy = \"1 USD/day\"\nusage = {{ kind = \"token_kind\" }}"),
+                "usage.model",
+                "is missing",
+            ),
+            (
+                format!("{entries}\npolicy = \"100 tokens/min\"\nusage = {{}}"),
+                "usage",
+                "names no entry",
+            ),
+            (
+                format!("descriptor = [\"api_key\", \"model\"]\npolicy = \"1 USD/day\"\n{usage}"),
+                "usage.kind",
+                "no entry of the rule's descriptor",
+            ),
+            (
+                format!(
+                    "{entries}\npolicy = \"1 USD/day\"\nusage = {{ model = \"model\", kind = \"model\" }}"
+                ),
+                "usage.kind",
+                "two entries",
+            ),
+            (
+                format!(
+                    "{entries}\npolicy = \"1 USD/day\"\ntiers = {{ pro = \"2 USD/day\" }}\ntier_entry = \"model\"\n{usage}"
+                ),
+                "usage.model",
+                "tier_entry",
+            ),
+            (
+                format!(
+                    "{entries}\npolicy = \"1 USD/day\"\nusage = {{ model = \"model\", price = 1 }}"
+                ),
+                "TOML",
+                "unknown field",
+            ),
+            (
+                format!("key = \"ip\"\n{entries}\npolicy = \"1 USD/day\"\n{usage}"),
+                "usage",
+                "applies to Envoy alone",
+            ),
+        ] {
+            let error = rule(&fields).unwrap_err();
+            assert_eq!(error.field(), field, "{fields}: {error}");
+            assert!(error.to_string().contains(says), "{fields}: {error}");
+        }
+        // Not a descriptor rule.
+        let error = RuleSet::from_toml(&format!(
+            "{CATALOG}[[rules]]\nname = \"r\"\nkey = \"ip\"\npolicy = \"1 USD/day\"\n{usage}\n"
+        ))
+        .unwrap_err();
+        assert_eq!(error.field(), "usage", "{error}");
+
+        let set = rule(&format!(
+            "{entries}\npolicy = \"1 USD/day\"\nsettle = {{ hits_addend = true }}\n{usage}"
+        ))
+        .unwrap();
+        let found = set.rules()[0].envoy.usage.clone().unwrap();
+        assert_eq!(found.model.as_deref(), Some("model"));
+        assert!(found.names("token_kind") && !found.names("api_key"));
+        // Counted in tokens, one entry is enough; an exact kind too.
+        rule("descriptor = [\"api_key\", \"model\", \"token_kind=output\"]\npolicy = \"100 tokens/min\"\nalgorithm = \"gcra\"\nusage = { model = \"model\" }").unwrap();
+        rule(&format!(
+            "{entries}\npolicy = \"100 tokens/min\"\nalgorithm = \"gcra\"\n{usage}"
+        ))
+        .unwrap();
+    }
+}

@@ -17,9 +17,7 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -29,12 +27,15 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+#[path = "support/load.rs"]
+mod load;
 #[path = "support/processes.rs"]
 mod processes;
 #[path = "support/redis_work.rs"]
 mod redis_work;
 #[path = "support/setting.rs"]
 mod setting;
+use load::load;
 use processes::{Own, redis_server};
 use redis_work::redis_work;
 use setting::setting;
@@ -170,53 +171,30 @@ fn gateway(
 
 /// Requests from `concurrency` tasks for `seconds`, each with a key of
 /// its own in turn: requests/s, p50 and p99 in µs.
-async fn load(addr: SocketAddr, seconds: Duration, concurrency: usize) -> (f64, f64, f64) {
+async fn requests(addr: SocketAddr, seconds: Duration, concurrency: usize) -> (f64, f64, f64) {
     let client: Client<HttpConnector, Body> = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(concurrency)
         .build_http();
     let url: http::Uri = format!("http://{addr}/v1/chat/completions")
         .parse()
         .unwrap();
-    let counter = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..concurrency)
-        .map(|_| {
-            let (client, url, counter, stop) = (
-                client.clone(),
-                url.clone(),
-                Arc::clone(&counter),
-                Arc::clone(&stop),
-            );
-            tokio::spawn(async move {
-                let mut latencies = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    let n = counter.fetch_add(1, Ordering::Relaxed) as usize % KEYS;
-                    let request = http::Request::post(url.clone())
-                        .header("authorization", format!("Bearer sk-bench-key-{n:04}"))
-                        .header("content-type", "application/json")
-                        .body(Body::from(REQUEST))
-                        .unwrap();
-                    let at = Instant::now();
-                    let response = client.request(request).await.unwrap();
-                    assert_eq!(response.status(), 200);
-                    response.into_body().collect().await.unwrap();
-                    latencies.push(at.elapsed().as_micros() as u32);
-                }
-                latencies
-            })
-        })
-        .collect();
-    tokio::time::sleep(seconds).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut all = Vec::new();
-    for task in tasks {
-        all.extend(task.await.unwrap());
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    all.sort_unstable();
-    let at = |q: f64| f64::from(all[((all.len() - 1) as f64 * q) as usize]);
-    (all.len() as f64 / elapsed, at(0.5), at(0.99))
+    load(seconds, concurrency, move |n| {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let request = http::Request::post(url)
+                .header(
+                    "authorization",
+                    format!("Bearer sk-bench-key-{:04}", n as usize % KEYS),
+                )
+                .header("content-type", "application/json")
+                .body(Body::from(REQUEST))
+                .unwrap();
+            let response = client.request(request).await.unwrap();
+            assert_eq!(response.status(), 200);
+            response.into_body().collect().await.unwrap();
+        }
+    })
+    .await
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -269,12 +247,12 @@ fn main() {
             .unwrap();
         // Warm: every key once through each, connections opened.
         for (_, (addr, _)) in &variants {
-            load(*addr, Duration::from_millis(500), concurrency).await;
+            requests(*addr, Duration::from_millis(500), concurrency).await;
         }
         for round in 0..rounds {
             for (i, (name, (addr, _))) in variants.iter().enumerate() {
                 let before = redis_work(&mut connection).await;
-                let (rps, p50, p99) = load(*addr, seconds, concurrency).await;
+                let (rps, p50, p99) = requests(*addr, seconds, concurrency).await;
                 // The settlements of the last requests land after the load.
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 if i == 2 {

@@ -38,9 +38,9 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower_redis_ratelimit::envoy::RateLimitService;
@@ -58,12 +58,15 @@ use tower_redis_ratelimit::envoy::envoy_types::pb::envoy::service::ratelimit::v3
 use tower_redis_ratelimit::rules::{RuleSet, Rules, RulesLayer};
 use tower_redis_ratelimit::{MemoryStore, RedisStore, Store};
 
+#[path = "support/load.rs"]
+mod load;
 #[path = "support/processes.rs"]
 mod processes;
 #[path = "support/redis_work.rs"]
 mod redis_work;
 #[path = "support/setting.rs"]
 mod setting;
+use load::load;
 use processes::{Own, free_port, redis_server, wait_for};
 use redis_work::redis_work;
 use setting::setting;
@@ -154,43 +157,6 @@ fn request(n: u64, descriptors: usize) -> RateLimitRequest {
         descriptors: all.into_iter().take(descriptors).collect(),
         hits_addend: 0,
     }
-}
-
-/// Run `call` from `concurrency` tasks for `seconds`: calls per second,
-/// and the p50 and p99 latency in µs.
-async fn load<F, Fut>(seconds: Duration, concurrency: usize, call: F) -> (f64, f64, f64)
-where
-    F: Fn(u64) -> Fut + Clone + Send + 'static,
-    Fut: Future<Output = ()> + Send,
-{
-    let counter = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..concurrency)
-        .map(|_| {
-            let (call, counter, stop) = (call.clone(), Arc::clone(&counter), Arc::clone(&stop));
-            tokio::spawn(async move {
-                let mut latencies = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    let n = counter.fetch_add(1, Ordering::Relaxed);
-                    let at = Instant::now();
-                    call(n).await;
-                    latencies.push(at.elapsed().as_micros() as u32);
-                }
-                latencies
-            })
-        })
-        .collect();
-    tokio::time::sleep(seconds).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut all = Vec::new();
-    for task in tasks {
-        all.extend(task.await.unwrap());
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    all.sort_unstable();
-    let at = |q: f64| f64::from(all[((all.len() - 1) as f64 * q) as usize]);
-    (all.len() as f64 / elapsed, at(0.5), at(0.99))
 }
 
 /// The id of the calling thread (`/proc/thread-self` links to

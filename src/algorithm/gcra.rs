@@ -121,9 +121,16 @@ fn offset_of(state: &State, now: u64, rate: &Rate, interval: f64) -> f64 {
 /// The plan of `rate` for a request of `cost` at `now`.
 #[inline]
 fn plan(state: &State, now: u64, cost: f64, rate: &Rate) -> Plan {
+    planned(rate, cost, |interval| offset_of(state, now, rate, interval))
+}
+
+/// The plan of `rate` for a request of `cost` at the offset `d` (at least
+/// 0) that `offset` gives for the rate's interval.
+#[inline]
+fn planned(rate: &Rate, cost: f64, offset: impl FnOnce(f64) -> f64) -> Plan {
     let window = float(rate.window_micros());
     let interval = window / float(rate.max());
-    let d = offset_of(state, now, rate, interval);
+    let d = offset(interval);
     Plan {
         window,
         interval,
@@ -294,6 +301,39 @@ fn check_one(
     DecisionBuilder::one(allowed, Algorithm::Gcra, status)
 }
 
+/// The decision of a check admitted or denied elsewhere (by Redis's batch
+/// script, `decide_batched` in `scripts/gcra.lua`, on the same arithmetic)
+/// from each rate's offset before it (`offsets`, at least 0, in the
+/// policy's order): what [`check`] decides on a state of those offsets.
+/// `None` when there is not one offset per rate.
+pub(crate) fn decided(policy: &Policy, allowed: bool, offsets: &[f64]) -> Option<Decision> {
+    let cost = float(policy.cost());
+    let status_of = |rate: &Rate, d: f64| {
+        let plan = planned(rate, cost, |_| d);
+        status(
+            rate,
+            allowed,
+            plan,
+            Kept::of(if allowed { plan.after } else { plan.now }),
+        )
+    };
+    match (policy.rates(), offsets) {
+        ([rate], [d]) => Some(DecisionBuilder::one(
+            allowed,
+            Algorithm::Gcra,
+            status_of(rate, *d),
+        )),
+        (rates, offsets) if rates.len() == offsets.len() => {
+            let mut builder = DecisionBuilder::new(allowed).algorithm(Algorithm::Gcra);
+            for (rate, d) in rates.iter().zip(offsets) {
+                builder.rate(status_of(rate, *d));
+            }
+            Some(built(builder))
+        }
+        _ => None,
+    }
+}
+
 /// The decision [`check`] would take at `now`, changing nothing.
 pub(crate) fn peek(state: &State, now: u64, policy: &Policy) -> Decision {
     check(&mut state.clone(), now, policy, &mut 0)
@@ -400,6 +440,39 @@ mod tests {
         assert_eq!(admitted, 2);
         // Unchanged T reads the TAT as is: 10 used of 10.
         assert_eq!(peek(&state, now, &ten).remaining(), 0);
+    }
+
+    /// A decision taken from the offsets before a check (what Redis's
+    /// batch script replies) is the decision the check took: admitted or
+    /// denied, one rate or two, a cost above one, idle gaps.
+    #[test]
+    fn decided_from_the_offsets_is_the_check() {
+        let policy = |text: &str| text.parse::<Policy>().unwrap().gcra().unwrap();
+        let policies = [
+            policy("7/10s"),
+            policy("3/1s, 20/1min"),
+            policy("5/1s").with_cost(2).unwrap(),
+        ];
+        for policy in &policies {
+            let mut state = State::new();
+            let mut now = 1_700_000_000_000_000;
+            for step in 0..60u64 {
+                now += [0, 1, 142_857, 700_000][(step % 4) as usize];
+                let cost = float(policy.cost());
+                let offsets: Vec<f64> = policy
+                    .rates()
+                    .iter()
+                    .map(|rate| plan(&state, now, cost, rate).now)
+                    .collect();
+                let checked = check(&mut state, now, policy, &mut 0);
+                assert_eq!(
+                    decided(policy, checked.allowed(), &offsets),
+                    Some(checked),
+                    "{policy:?} step {step}"
+                );
+            }
+            assert_eq!(decided(policy, true, &[]), None);
+        }
     }
 
     #[test]

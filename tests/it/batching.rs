@@ -157,15 +157,34 @@ async fn an_unreadable_key_fails_only_its_own_check() {
     let limit = policy("gcra", "100/60s");
     let broken = store.redis_key("gcra", "broken");
     server.command(&["HSET", &broken, "60000000", "not a TAT"]);
+    // The stored form ('b' and three doubles) with a time that is not a
+    // number.
+    let mut nan = vec![b'b'];
+    for double in [f64::NAN, 0.5, 100.0] {
+        nan.extend(double.to_le_bytes());
+    }
+    let mut conn = ::redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let () = ::redis::cmd("HSET")
+        .arg(store.redis_key("gcra", "nan"))
+        .arg("60000000")
+        .arg(nan)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let mut checks = Vec::new();
     for i in 0..80 {
         checks.push(("broken".to_owned(), limit.clone()));
         checks.push((format!("fine-{i}"), limit.clone()));
+        checks.push(("nan".to_owned(), limit.clone()));
     }
     let before = batches(&server);
     let decisions = all_at_once(&store, checks.clone()).await;
     for ((key, _), decision) in checks.iter().zip(&decisions) {
-        if key == "broken" {
+        if key == "broken" || key == "nan" {
             let error = decision.as_ref().unwrap_err();
             assert!(
                 matches!(error, StoreError::UnexpectedReply(what) if what.contains("unreadable TAT")),
@@ -175,7 +194,7 @@ async fn an_unreadable_key_fails_only_its_own_check() {
             assert!(*decision.as_ref().unwrap(), "{key}");
         }
     }
-    assert!(batches(&server) - before < 120, "not batched");
+    assert!(batches(&server) - before < 180, "not batched");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -194,20 +194,29 @@ async fn redis_key_holds_one_tat_per_rate_and_expires() {
         fields.contains("200000") && fields.contains("400000"),
         "{fields}"
     );
-    let short = server.command(&["HGET", &key, "200000"]);
-    // "<whole µs> <fraction> <max>": 200 ms / 2 = 100000 µs exactly, no
-    // fraction, under a max of 2.
-    let value = short.lines().nth(1).unwrap();
-    let mut parts = value.split(' ');
-    let whole: u64 = parts.next().unwrap().parse().unwrap();
-    let frac: f64 = parts.next().unwrap().parse().unwrap();
-    let written: u64 = parts.next().unwrap().parse().unwrap();
-    assert_eq!(written, 2, "{short}");
+    let mut conn = ::redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let short: Vec<u8> = ::redis::cmd("HGET")
+        .arg(&key)
+        .arg("200000")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // 'b', then the whole µs, the fraction and the max as little-endian
+    // doubles: 200 ms / 2 = 100000 µs exactly, no fraction, under a max
+    // of 2.
+    assert_eq!((short.len(), short[0]), (25, b'b'), "{short:?}");
+    let double = |i: usize| f64::from_le_bytes(short[1 + 8 * i..9 + 8 * i].try_into().unwrap());
+    let (whole, frac, written) = (double(0), double(1), double(2));
+    assert_eq!(written, 2.0, "{short:?}");
     assert!(
-        whole > 1_000_000_000_000_000,
-        "a TAT in µs since the epoch: {short}"
+        whole > 1e15 && whole.fract() == 0.0,
+        "a TAT in whole µs since the epoch: {short:?}"
     );
-    assert!((0.0..1.0).contains(&frac), "{short}");
+    assert_eq!(frac, 0.0, "{short:?}");
     let pttl: i64 = server
         .command(&["PTTL", &key])
         .trim()
@@ -263,6 +272,31 @@ async fn redis_bursts_are_exact_for_awkward_intervals() {
         }
         assert!(!store.check(&key, &policy).await.unwrap().allowed());
     }
+}
+
+/// A TAT an earlier version wrote as text ("<whole> <fraction> <max>") is
+/// counted by a check (batched) as it was, and written back in the
+/// current form: an upgrade carries every key's count over.
+#[tokio::test]
+async fn a_tat_written_as_text_by_an_earlier_version_carries_over() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let policy = "10/10s".parse::<Policy>().unwrap().gcra().unwrap();
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    // 8 of 10 units used (T = 1 s): the TAT 8 s ahead; 2 are left.
+    let key = store.redis_key("gcra", "text");
+    let tat = format!("{} 0.25 10", now_us + 8_000_000);
+    server.command(&["HSET", &key, "10000000", &tat]);
+    let mut admitted = 0;
+    for _ in 0..5 {
+        admitted += u32::from(store.check("text", &policy).await.unwrap().allowed());
+    }
+    assert_eq!(admitted, 2);
+    let value = server.command(&["HGET", &key, "10000000"]);
+    assert!(!value.contains(" 0.25 "), "written back as text: {value}");
 }
 
 /// A TAT written before the interval was stored ("<whole> <fraction>") is

@@ -348,7 +348,36 @@ pub(super) fn decode_batched(reply: Value, policy: &Policy) -> Result<Decision, 
         };
         return Err(StoreError::UnexpectedReply(message));
     }
+    if policy.algorithm() == Algorithm::Gcra
+        && let Value::BulkString(bytes) = &reply
+        && let [0 | 1, offsets @ ..] = bytes.as_slice()
+    {
+        return gcra_decided(bytes[0] == 1, offsets, policy);
+    }
     decode_reply(reply, policy)
+}
+
+/// A batched GCRA check's decision from its reply (`decide_batched` in
+/// `scripts/gcra.lua`): after its first byte (admitted or not), each
+/// rate's offset before the check as a little-endian `f64`, from which
+/// [`algorithm::gcra::decided`] takes the rest, as the memory store would.
+/// (A text reply, a blocked key's, begins with `-` or a digit.)
+fn gcra_decided(allowed: bool, offsets: &[u8], policy: &Policy) -> Result<Decision, StoreError> {
+    let offsets: Option<smallvec::SmallVec<[f64; 2]>> = offsets
+        .chunks(8)
+        .map(|bytes| {
+            let d = f64::from_le_bytes(bytes.try_into().ok()?);
+            (d.is_finite() && d >= 0.0).then_some(d)
+        })
+        .collect();
+    offsets
+        .and_then(|offsets| algorithm::gcra::decided(policy, allowed, &offsets))
+        .ok_or_else(|| {
+            StoreError::UnexpectedReply(format!(
+                "GCRA batch script: a reply that is not one offset for each of {} rates",
+                policy.rates().len()
+            ))
+        })
 }
 
 /// The decision of a script's reply: [`decode`]'s integers as one string,

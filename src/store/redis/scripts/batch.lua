@@ -9,9 +9,10 @@
 --          check's); then, when P > 1, each check's policy (1 to P)
 -- Replies with each check's reply, in order, as check.lua would: its
 -- decision, or {-1, time left µs} for a blocked key, each as one string of
--- its integers (`encode`); an error of one check (an unreadable state, a
--- key of another type) is the array {-2, message}, so that it fails only
--- that check.
+-- its integers (`encode`), but for GCRA's decisions (`decide_batched`:
+-- bytes, from which the client takes the decision); an error of one check
+-- (an unreadable state, a key of another type) is the array {-2, message},
+-- so that it fails only that check.
 local n = #KEYS / 2
 local blocks = redis.call('MGET', unpack(KEYS, n + 1, 2 * n))
 local starts, lengths = {}, {}
@@ -30,14 +31,23 @@ for d = 1, n do
   end
   ARG0, nargs = starts[p], lengths[p]
   bind(KEYS[d])
-  local ends = tonumber(blocks[d] or '')
+  local ends = blocks[d] and tonumber(blocks[d])
   local reply
-  if ends ~= nil and ends > now then
+  if ends and ends > now then
     reply = encode({ -1, ends - now })
+  elseif decide_batched then
+    -- GCRA reads before it writes, with `redis.pcall`: a key of another
+    -- type under the prefix fails this check alone, as its error reply.
+    local result = decide_batched()
+    if result.err then
+      reply = { -2, result.err }
+    else
+      reply = result
+    end
   else
     -- A failing command (a key of another type under the prefix) fails
-    -- this check alone: decide reads before it writes (GCRA), or gives
-    -- back what it counted before the failure (the window counters).
+    -- this check alone: the window counters give back what they counted
+    -- before the failure.
     local ok, result = pcall(decide, true)
     if not ok then
       if type(result) == 'table' and result.err then

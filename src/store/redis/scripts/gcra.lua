@@ -5,11 +5,13 @@
 -- timestamps (~1.7e15 µs) a double only resolves 0.25 µs.
 --
 -- KEYS[1]  a hash of one limited key: field = window µs (decimal), value =
---          "<TAT whole µs> <TAT fraction> <max>" (the fraction written
---          with %.17g so it reads back as the same double; the rate's max
---          it was written under: a value without one was written under
---          the current max); field 'e' = the key's expiry (ms since the
---          epoch) as a check last set it
+--          the rate's TAT: 'b' and three little-endian doubles (struct
+--          '<ddd'): its whole µs, its fraction and the rate's max it was
+--          written under, read and written without formatting a number;
+--          the text "<TAT whole µs> <TAT fraction> <max>" of earlier
+--          versions is read too (without its max: written under the
+--          current max); field 'e' = the key's expiry (ms since the epoch)
+--          as a check last set it
 --
 -- A TAT written under another max keeps its units: its offset d is read
 -- as d / (w / max_written) * T.
@@ -22,87 +24,139 @@
 -- max(d, 0) − u·T (at least 0). A check sets the key's expiry one longest
 -- window after its latest TAT (so that the next checks need not), never
 -- shortening it; a command sets it to the latest TAT exactly.
+--
+-- A batch decides many checks in one call: what a check does is kept to
+-- its two commands, and the tables it fills are the call's, reused by
+-- every check (a table per check cost a batch more than its commands).
 local EPSILON = 1e-9
 -- Twice the longest window (src/algorithm/gcra.rs).
 local MAX_OFFSET = 632448000000000
+-- The latest whole µs a TAT holds: MAX_OFFSET past 2^53 µs.
+local MAX_TIME = 9007199254740992 + MAX_OFFSET
+
+local floor, ceil, byte, match = math.floor, math.ceil, string.byte, string.match
+local pack, unpack_struct = struct.pack, struct.unpack
 
 -- The limited key and its policy, set by bind(): `reads` are the rates'
 -- fields and 'e', `intervals` each rate's emission interval T = w / max,
--- `longest` the longest window (µs); derived once per script call.
-local key, cost, nrates, fields, reads, maxes, windows, intervals, longest
+-- `limits` the most each offset may reach (w with the tolerance),
+-- `longest` the longest window (µs), `reply_format` a batched check's
+-- reply's; derived once per script call.
+local key, cost, nrates, fields, reads, maxes, windows, intervals, limits, longest, reply_format
+local bound
 
 local function derive(policy)
   local names, ms, ws = policy[3], policy[4], policy[5]
-  local rs, ts, l = {}, {}, 0
+  local rs, ts, ls, l = {}, {}, {}, 0
   for i = 1, policy[2] do
     rs[i] = names[i]
     ts[i] = ws[i] / ms[i]
+    ls[i] = ws[i] * (1 + EPSILON)
     if ws[i] > l then
       l = ws[i]
     end
   end
   rs[policy[2] + 1] = 'e'
-  policy[6], policy[7], policy[8] = rs, ts, l
+  policy[6], policy[7], policy[8], policy[9] = rs, ts, l, ls
+  policy[10] = '<B' .. string.rep('d', policy[2])
 end
 
 local function bind(k)
   key = k
+  if bound == ARG0 then
+    return
+  end
+  bound = ARG0
   local policy = policy_at(derive)
   cost, nrates, fields, maxes, windows = policy[1], policy[2], policy[3], policy[4], policy[5]
-  reads, intervals, longest = policy[6], policy[7], policy[8]
+  reads, intervals, longest, limits = policy[6], policy[7], policy[8], policy[9]
+  reply_format = policy[10]
 end
+
+-- Each rate's offset before the check (at least 0) and after it is
+-- decided, and the hash's writes: filled anew by each check.
+local ds, kepts, writes = {}, {}, {}
 
 -- Round a positive number of µs up; zero otherwise.
 local function micros_ceil(us)
   if us > 0 then
-    return math.ceil(us)
+    return ceil(us)
   end
   return 0
 end
 
--- Every rate's d, the TAT's offset from now, at least 0; and the key's
--- expiry (ms) as its field 'e' records it (nil: unknown). nil and an error
--- reply for an unreadable TAT.
-local function offsets()
-  local stored = redis.call('HMGET', key, unpack(reads))
-  local ds = {}
-  for i = 1, nrates do
-    local offset = 0
-    if stored[i] then
-      local whole, frac, written = string.match(stored[i], '^(%d+) (%S+) (%S+)$')
-      if whole == nil then
-        whole, frac = string.match(stored[i], '^(%d+) (%S+)$')
-      end
-      whole = tonumber(whole)
-      frac = tonumber(frac)
-      written = tonumber(written or '')
-      if whole == nil or frac == nil then
-        return nil, redis.error_reply('gcra: unreadable TAT in ' .. key .. ' field ' .. fields[i])
-      end
-      offset = (whole - now) + frac
-      if written ~= nil and written ~= maxes[i] then
-        offset = offset / (windows[i] / written) * intervals[i]
-      end
+-- Rate i's TAT as stored, `offset` µs from now.
+local function tat(i, offset)
+  local whole = floor(offset)
+  return pack('<Bddd', 98, now + whole, offset - whole, maxes[i])
+end
+
+-- Rate i's offset from now as the stored `value` says (not yet floored at
+-- 0), or nil for a value that does not read.
+local function offset_of(value, i)
+  local whole, frac, written
+  if byte(value, 1) == 98 and #value == 25 then
+    local _
+    _, whole, frac, written = unpack_struct('<Bddd', value)
+    -- (A NaN fails every comparison.)
+    if not (whole >= 0 and whole <= MAX_TIME and frac >= 0 and frac < 1 and written >= 1) then
+      return nil
     end
-    local d = offset
-    if d < 0 then
-      d = 0
+  else
+    whole, frac, written = match(value, '^(%d+) (%S+) (%S+)$')
+    if whole == nil then
+      whole, frac = match(value, '^(%d+) (%S+)$')
+    end
+    whole = tonumber(whole)
+    frac = tonumber(frac)
+    written = tonumber(written or '')
+    if whole == nil or frac == nil then
+      return nil
+    end
+  end
+  local offset = (whole - now) + frac
+  if written ~= nil and written ~= maxes[i] then
+    offset = offset / (windows[i] / written) * intervals[i]
+  end
+  return offset
+end
+
+-- Fill `ds` with every rate's d, the TAT's offset from now, at least 0.
+-- The key's expiry (ms) as its field 'e' records it (nil: unknown); or
+-- false and an error reply (a key of another type, an unreadable TAT),
+-- read before anything is written.
+local function offsets()
+  local stored = redis.pcall('HMGET', key, unpack(reads))
+  if stored.err then
+    return false, stored
+  end
+  for i = 1, nrates do
+    local d = 0
+    local value = stored[i]
+    if value then
+      d = offset_of(value, i)
+      if d == nil then
+        return false, redis.error_reply('gcra: unreadable TAT in ' .. key .. ' field ' .. fields[i])
+      end
+      if d < 0 then
+        d = 0
+      end
     end
     ds[i] = d
   end
-  return ds, nil, tonumber(stored[nrates + 1] or '')
+  return tonumber(stored[nrates + 1] or '')
 end
 
--- The hash becomes exactly these offsets still ahead of now.
-local function store(kepts)
-  local writes = {}
+-- The hash becomes exactly the offsets `kepts` still ahead of now.
+local function store()
+  local m = 0
   local latest = nil
   for i = 1, nrates do
     local kept = kepts[i]
     if kept > 0 then
-      local whole = math.floor(kept)
-      writes[#writes + 1] = fields[i]
-      writes[#writes + 1] = string.format('%.0f', now + whole) .. ' ' .. string.format('%.17g %d', kept - whole, maxes[i])
+      writes[m + 1] = fields[i]
+      writes[m + 2] = tat(i, kept)
+      m = m + 2
       if latest == nil or kept > latest then
         latest = kept
       end
@@ -111,111 +165,143 @@ local function store(kepts)
   -- (DEL also drops 'e': the expiry set below is exact, not recorded.)
   redis.call('DEL', key)
   if latest ~= nil then
-    redis.call('HSET', key, unpack(writes))
-    local ttl = math.ceil(latest / 1000)
+    redis.call('HSET', key, unpack(writes, 1, m))
+    local ttl = ceil(latest / 1000)
     if ttl < 1 then
       ttl = 1
     end
-    redis.call('PEXPIRE', key, string.format('%.0f', ttl))
+    redis.call('PEXPIRE', key, int(ttl))
   end
 end
 
--- Write an admitted request's TATs (every offset positive) and keep the
--- key alive past the latest: the expiry is set one longest window beyond
--- what is needed, and recorded in the field 'e', so that only about one
--- admission per window and key sets it (the key outlives its last TAT by
--- at most one window). Fields of windows not in this policy are left:
+-- Write an admitted request's TATs (`kepts`, every one positive) and keep
+-- the key alive past the latest: the expiry is set one longest window
+-- beyond what is needed, and recorded in the field 'e', so that only about
+-- one admission per window and key sets it (the key outlives its last TAT
+-- by at most one window). Fields of windows not in this policy are left:
 -- offsets behind now read as zero.
-local function admit(kepts, expiry)
-  local writes = {}
+local function admit(expiry)
+  local m = 0
   local latest = 0
   for i = 1, nrates do
     local kept = kepts[i]
-    local whole = math.floor(kept)
-    writes[#writes + 1] = fields[i]
-    -- now + whole is an integer below 2^53 (now about 2^51, offsets at
-    -- most MAX_OFFSET): '%d' is exact, and one format call is cheaper.
-    writes[#writes + 1] = string.format('%d %.17g %d', now + whole, kept - whole, maxes[i])
+    writes[m + 1] = fields[i]
+    writes[m + 2] = tat(i, kept)
+    m = m + 2
     if kept > latest then
       latest = kept
     end
   end
-  local needed = math.ceil((now + latest) / 1000)
+  local needed = ceil((now + latest) / 1000)
   if expiry == nil or expiry < needed then
-    local at = needed + math.ceil(longest / 1000)
+    local at = needed + ceil(longest / 1000)
     if expiry == nil then
       -- Not recorded (a command's exact expiry, or a key of an older
       -- version): never shorten what another policy's TATs on this key
       -- may need.
       local ttl = redis.call('PTTL', key)
-      if ttl > 0 and math.floor(now / 1000) + ttl > at then
-        at = math.floor(now / 1000) + ttl
+      if ttl > 0 and floor(now / 1000) + ttl > at then
+        at = floor(now / 1000) + ttl
       end
     end
-    writes[#writes + 1] = 'e'
-    writes[#writes + 1] = int(at)
-    redis.call('HSET', key, unpack(writes))
-    redis.call('PEXPIREAT', key, int(at))
+    at = int(at)
+    writes[m + 1] = 'e'
+    writes[m + 2] = at
+    redis.call('HSET', key, unpack(writes, 1, m + 2))
+    redis.call('PEXPIREAT', key, at)
   else
-    redis.call('HSET', key, unpack(writes))
+    redis.call('HSET', key, unpack(writes, 1, m))
   end
 end
 
--- Decide one request; `commit`: count it if admitted.
-local function decide(commit)
-  local ds, failure, expiry = offsets()
-  if ds == nil then
-    return failure
+-- Decide one request into `kepts` (each rate's offset after it); `commit`:
+-- count it if admitted. 1 (admitted) or 0, or false and an error reply.
+local function verdict(commit)
+  local expiry, failure = offsets()
+  if expiry == false then
+    return false, failure
   end
   local allowed = 1
   for i = 1, nrates do
-    local w, interval, d = windows[i], intervals[i], ds[i]
-    local new_d = d + cost * interval
-    if not (new_d <= w * (1 + EPSILON)) then
+    local new_d = ds[i] + cost * intervals[i]
+    kepts[i] = new_d
+    if not (new_d <= limits[i]) then
       allowed = 0
     end
   end
-  local out = { allowed, 0 }
-  local kepts = {}
-  for i = 1, nrates do
-    local max, w, interval, d = maxes[i], windows[i], intervals[i], ds[i]
-    local new_d = d + cost * interval
-    local kept = d
-    if allowed == 1 then
-      kept = new_d
+  if allowed == 1 then
+    if commit then
+      admit(expiry)
     end
-    kepts[i] = kept
-    -- Tokens left now: how many more intervals fit in the window.
-    local remaining = math.floor((w - kept) / interval + EPSILON)
-    if remaining < 0 then
-      remaining = 0
+  else
+    for i = 1, nrates do
+      kepts[i] = ds[i]
     end
-    if remaining > max then
-      remaining = max
-    end
-    local wait = 0
-    if allowed == 0 and new_d > w * (1 + EPSILON) then
-      -- Admitted once the offset has shrunk to the window.
+  end
+  return allowed
+end
+
+-- Rate i's status after the verdict: tokens left now (how many more
+-- intervals fit in the window), its reset (µs) and, denied on it, the wait
+-- until the offset has shrunk to the window.
+local function status(i, allowed)
+  local max, w, interval, kept = maxes[i], windows[i], intervals[i], kepts[i]
+  local remaining = floor((w - kept) / interval + EPSILON)
+  if remaining < 0 then
+    remaining = 0
+  end
+  if remaining > max then
+    remaining = max
+  end
+  local wait = 0
+  if allowed == 0 then
+    local new_d = ds[i] + cost * interval
+    if new_d > limits[i] then
       wait = micros_ceil(new_d - w)
     end
-    out[#out + 1] = remaining
-    out[#out + 1] = micros_ceil(kept)
-    out[#out + 1] = wait
   end
-  if allowed == 1 and commit then
-    admit(kepts, expiry)
+  return remaining, micros_ceil(kept), wait
+end
+
+-- Decide one request; `commit`: count it if admitted. The decision as a
+-- table (check.lua's reply), or an error reply.
+local function decide(commit)
+  local allowed, failure = verdict(commit)
+  if allowed == false then
+    return failure
+  end
+  local out = { allowed, 0 }
+  for i = 1, nrates do
+    local remaining, reset, wait = status(i, allowed)
+    out[3 * i] = remaining
+    out[3 * i + 1] = reset
+    out[3 * i + 2] = wait
   end
   return out
+end
+
+-- A batched check: whether it was admitted and every rate's offset
+-- before it (`ds`), as bytes (struct '<B' and a little-endian double per
+-- rate): the client takes the decision from these by the same arithmetic
+-- as the memory store (src/algorithm/gcra.rs), without a number
+-- formatted here; or an error reply.
+decide_batched = function()
+  local allowed, failure = verdict(true)
+  if allowed == false then
+    return failure
+  end
+  if nrates == 1 then
+    return pack('<Bd', allowed, ds[1])
+  end
+  return pack(reply_format, allowed, unpack(ds, 1, nrates))
 end
 
 -- Move every rate's offset by `units` emission intervals (`sign` 1: a
 -- penalty, up to MAX_OFFSET; -1: a reward, down to 0).
 local function adjust(units, sign)
-  local ds = offsets()
-  if ds == nil then
+  if offsets() == false then
     return
   end
-  local kepts = {}
   for i = 1, nrates do
     local kept = ds[i] + sign * units * intervals[i]
     if kept > MAX_OFFSET then
@@ -225,7 +311,7 @@ local function adjust(units, sign)
     end
     kepts[i] = kept
   end
-  store(kepts)
+  store()
 end
 
 local function penalty(units)

@@ -158,6 +158,12 @@ local function retried()
   return nil
 end
 
+-- A batched check's reply, or an error reply (batch.lua), for an
+-- algorithm whose client takes the decision from what the script saw
+-- (GCRA assigns it); nil elsewhere: the check's `decide(true)` in a
+-- `pcall`, then `encode`.
+local decide_batched = nil
+
 -- How a refund (command.lua) removes one check's own entries, for the
 -- algorithms that keep entries per request (the sliding log, the
 -- concurrency limit assign it); nil elsewhere: a refund is a reward.

@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::batch::{Batcher, Waiting};
 use super::cleanup::Cleanup;
 use super::reply::member;
+use super::sliding_log::{Denial, Verdict};
 use super::{BLOCK_TAG, RedisStore, script, sliding_log};
 use crate::decision::{Decision, Lease};
 use crate::policy::{Algorithm, Execution, Policy};
@@ -69,7 +70,7 @@ impl RedisStore {
         // is sent again where a repeat is harmless (the request's entries
         // or lease are the same). The counters and GCRA would count it
         // twice: their failure goes to the fail mode instead.
-        let decision = self
+        let verdict = self
             .call("check")
             .script(eval.as_ref().map(script::Eval::script))
             .repeatable(idempotent(policy.algorithm()))
@@ -85,20 +86,29 @@ impl RedisStore {
                         None => {
                             sliding_log::transaction(conn.get(), keys, policy, members, clock).await
                         }
-                        Some(eval) => script::decode_reply(eval.send(conn.get()).await?, policy),
+                        Some(eval) => script::decode_reply(eval.send(conn.get()).await?, policy)
+                            .map(Verdict::Decided),
                     }
                 }
             })
             .await?;
-        if let Some(pending) = pending {
-            Self::conclude(
-                pending,
-                &decision,
-                policy,
-                self.timeout.saturating_sub(started.elapsed()),
-            )
-            .await;
-        }
+        let left = self.timeout.saturating_sub(started.elapsed());
+        let decision = match (verdict, pending) {
+            // The denied request's entries come out, and the entries its
+            // wait and reset come from are read after, in one transaction.
+            (Verdict::Denied(denial), Some(pending)) => {
+                let reads = pending
+                    .run_reading(left, &Denial::reads(&redis_key, policy))
+                    .await;
+                denial.decide(reads.as_deref(), policy)
+            }
+            (Verdict::Denied(denial), None) => denial.decide(None, policy),
+            (Verdict::Decided(decision), Some(pending)) => {
+                Self::conclude(pending, &decision, policy, left).await;
+                decision
+            }
+            (Verdict::Decided(decision), None) => decision,
+        };
         Ok(carrying(decision, policy, lease))
     }
 

@@ -4,6 +4,7 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use redis::Value;
 use redis::aio::ConnectionLike;
 
 use super::call::Call;
@@ -85,22 +86,44 @@ impl Cleanup {
     /// logged. Cut short (by `budget`, or a dropped future), the guard is
     /// dropped still armed, and the removal goes on in a spawned task.
     pub(super) async fn run(self, budget: Duration) {
-        let Some(conn) = self.bound() else {
-            return;
-        };
-        match remove(conn, &self.connections, budget, &self.key, &self.members).await {
-            Ok(()) => {}
+        self.run_reading(budget, &[]).await;
+    }
+
+    /// [`run`](Self::run), with `reads` sent after the removal in the same
+    /// transaction: their replies, or `None` when the removal failed or
+    /// was cut short.
+    pub(super) async fn run_reading(
+        self,
+        budget: Duration,
+        reads: &[redis::Cmd],
+    ) -> Option<Vec<Value>> {
+        let conn = self.bound()?;
+        let read = match remove(
+            conn,
+            &self.connections,
+            budget,
+            &self.key,
+            &self.members,
+            reads,
+        )
+        .await
+        {
+            Ok(replies) => Some(replies),
             Err(StoreError::Timeout(_)) => {
                 tracing::debug!("removing a denied request's entry goes on in the background");
-                return;
+                return None;
             }
-            Err(error) => tracing::warn!(
-                %error,
-                "could not remove a denied request's entry; it counts until its window passes"
-            ),
-        }
+            Err(error) => {
+                tracing::warn!(
+                    %error,
+                    "could not remove a denied request's entry; it counts until its window passes"
+                );
+                None
+            }
+        };
         let mut done = self;
         done.armed = false;
+        read
     }
 }
 
@@ -128,8 +151,8 @@ impl Drop for Cleanup {
                 if attempt > 0 {
                     tokio::time::sleep(BACKGROUND_PAUSE).await;
                 }
-                match remove(conn.clone(), &connections, timeout, &key, &members).await {
-                    Ok(()) => return,
+                match remove(conn.clone(), &connections, timeout, &key, &members, &[]).await {
+                    Ok(_) => return,
                     Err(error @ StoreError::Timeout(_)) => last = Some(error),
                     Err(error) if !is_connection_error(&error) => {
                         last = Some(error);
@@ -150,18 +173,32 @@ impl Drop for Cleanup {
 
 /// `ZREM` the members, within `timeout`: first on `conn` (after the
 /// request's own commands), then, should that fail, on fresh connections
-/// (removing them twice does what removing them once does).
+/// (removing them twice does what removing them once does). With `reads`,
+/// in one transaction with them after the `ZREM`: their replies.
 async fn remove(
     conn: Conn,
     connections: &Connections,
     timeout: Duration,
     key: &str,
     members: &[String],
-) -> Result<(), StoreError> {
+    reads: &[redis::Cmd],
+) -> Result<Vec<Value>, StoreError> {
     Call::new(connections, timeout, "clean-up")
         .repeatable(true)
         .first_on(conn)
-        .run(|mut conn| async move { zrem(conn.get(), key, members).await })
+        .run(|mut conn| async move {
+            if reads.is_empty() {
+                zrem(conn.get(), key, members).await?;
+                return Ok(Vec::new());
+            }
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            pipe.cmd("ZREM").arg(key).arg(members).ignore();
+            for read in reads {
+                pipe.add_command(read.clone());
+            }
+            Ok(pipe.query_async(conn.get()).await?)
+        })
         .await
 }
 

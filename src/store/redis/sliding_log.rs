@@ -61,7 +61,7 @@ pub(super) async fn transaction<C: ConnectionLike>(
     policy: &Policy,
     members: &[String],
     clock: &ClockSync,
-) -> Result<Decision, StoreError> {
+) -> Result<Verdict, StoreError> {
     let key = keys.state;
     loop {
         let (now, refresh) = clock_now(conn, clock).await?;
@@ -86,6 +86,10 @@ pub(super) async fn transaction<C: ConnectionLike>(
         if refresh || off {
             clock.record(sent, received, redis_now);
         }
+        let decision = match decision {
+            Verdict::Decided(decision) => decision,
+            denied @ Verdict::Denied(_) => return Ok(denied),
+        };
         if off && decision.allowed() {
             restamp(conn, key, members, redis_now.saturating_add(tolerance)).await?;
             let took = clock.local_micros().saturating_sub(sent);
@@ -102,8 +106,72 @@ pub(super) async fn transaction<C: ConnectionLike>(
                 return Err(StoreError::Timeout(Duration::from_micros(took)));
             }
         }
-        return Ok(decision);
+        return Ok(Verdict::Decided(decision));
     }
+}
+
+/// What a transaction decided.
+pub(super) enum Verdict {
+    /// The decision.
+    Decided(Decision),
+    /// Denied, on the log's counts alone (a policy of one rate and no
+    /// spacing: an admission needs nothing else): the wait and the reset
+    /// come from the log's newest entries, read when the request's own
+    /// entries are taken back out ([`Denial::reads`], [`Denial::decide`]).
+    Denied(Denial),
+}
+
+/// A request denied on its rate's count, waiting for the entries its wait
+/// and reset come from.
+pub(super) struct Denial {
+    count: u64,
+    times: Times,
+    redis_now: u64,
+}
+
+impl Denial {
+    /// The reads that follow the removal of the request's entries from
+    /// `key`, in the same transaction: the newest entry, and the one of
+    /// reverse rank `max - cost` (whose leaving lets a request of `cost`
+    /// in).
+    pub(super) fn reads(key: &str, policy: &Policy) -> [redis::Cmd; 2] {
+        let rank = policy
+            .rates()
+            .first()
+            .map_or(0, |rate| rate.max().saturating_sub(policy.cost()));
+        let read = |rank: u64| {
+            let mut cmd = redis::cmd("ZREVRANGE");
+            cmd.arg(key).arg(rank).arg(rank).arg("WITHSCORES");
+            cmd
+        };
+        [read(0), read(rank)]
+    }
+
+    /// The decision from the replies of [`reads`](Self::reads); without
+    /// them (the removal failed or took too long), the wait and the reset
+    /// are the whole window.
+    pub(super) fn decide(self, reads: Option<&[Value]>, policy: &Policy) -> Decision {
+        let first = |value: &Value| -> Option<u64> {
+            scored_entries(value).ok()?.first().map(|&(_, score)| score)
+        };
+        let (newest, blocker) = match reads {
+            Some([newest, blocker]) => (first(newest), first(blocker)),
+            _ => (Some(self.redis_now), Some(self.redis_now)),
+        };
+        let view = Replies {
+            counts: vec![self.count],
+            newest,
+            blockers: vec![blocker],
+        };
+        algorithm::sliding_log::decide(&view, policy, self.times)
+    }
+}
+
+/// Whether the transaction reads the log's newest entries (the spacing,
+/// and the waits of several rates, need them to decide): else it reads the
+/// count alone, and a denial reads the rest with its clean-up.
+fn reads_entries(policy: &Policy) -> bool {
+    policy.rates().len() > 1 || policy.min_spacing().is_some()
 }
 
 /// The clock estimate's reading of Redis's time and whether it asks for a
@@ -181,7 +249,7 @@ async fn send<C: ConnectionLike>(
         zadd.arg(stamp).arg(member);
     }
     zadd.ignore();
-    read_log(&mut pipe, key, policy.rates(), members.len(), from);
+    read_log(&mut pipe, key, policy, members.len(), from);
     pipe.cmd("PEXPIRE")
         .arg(key)
         .arg(
@@ -198,14 +266,19 @@ async fn send<C: ConnectionLike>(
 }
 
 /// Add to `pipe` the reads of the log a decision needs, counted from
-/// `from`: each rate's count and blocking entry, and the newest entries
+/// `from`: each rate's count, and where the policy needs them
+/// ([`reads_entries`]) each rate's blocking entry and the newest entries
 /// (the request's `ours` entries among them).
-fn read_log(pipe: &mut redis::Pipeline, key: &str, rates: &[Rate], ours: usize, from: u64) {
+fn read_log(pipe: &mut redis::Pipeline, key: &str, policy: &Policy, ours: usize, from: u64) {
+    let rates = policy.rates();
     for rate in rates {
         pipe.cmd("ZCOUNT")
             .arg(key)
             .arg(format!("({}", from.saturating_sub(rate.window_micros())))
             .arg("+inf");
+    }
+    if !reads_entries(policy) {
+        return;
     }
     for rate in rates {
         // With our entries the newest, the entry of reverse rank `max` is the
@@ -238,10 +311,11 @@ fn decide(
     members: &[String],
     now: u64,
     tolerance: u64,
-) -> Result<(Decision, u64), StoreError> {
+) -> Result<(Verdict, u64), StoreError> {
     let rates = policy.rates();
     let n = rates.len();
-    let want = 2 * n + 3;
+    let entries = reads_entries(policy);
+    let want = if entries { 2 * n + 3 } else { n + 2 };
     if reply.len() != want {
         return Err(StoreError::UnexpectedReply(format!(
             "sliding log transaction: expected {want} replies, got {}",
@@ -258,9 +332,40 @@ fn decide(
             .and_then(|until| u64::try_from(until).ok()),
     };
     if let Some(left) = block.and_then(|until| algorithm::block_left(until, redis_now)) {
-        return Ok((algorithm::blocked(policy, left), redis_now));
+        return Ok((
+            Verdict::Decided(algorithm::blocked(policy, left)),
+            redis_now,
+        ));
     }
     let cost = u64::try_from(members.len()).unwrap_or(u64::MAX);
+    let times = Times {
+        at: now.saturating_sub(tolerance),
+        from: redis_now,
+        pad: tolerance.saturating_mul(2),
+    };
+    if !entries {
+        // One rate, no spacing: the count decides.
+        let count = u64::try_from(int_reply(&reply[0], "ZCOUNT")?)
+            .unwrap_or(0)
+            .saturating_sub(cost);
+        let verdict = match rates {
+            [rate] if count.saturating_add(policy.cost()) > rate.max() => Verdict::Denied(Denial {
+                count,
+                times,
+                redis_now,
+            }),
+            _ => Verdict::Decided(algorithm::sliding_log::decide(
+                &Replies {
+                    counts: vec![count],
+                    newest: None,
+                    blockers: vec![None],
+                },
+                policy,
+                times,
+            )),
+        };
+        return Ok((verdict, redis_now));
+    }
     let newest = scored_entries(&reply[2 * n])?
         .into_iter()
         .find(|(member, _)| !members.iter().any(|m| m.as_bytes() == member.as_slice()))
@@ -280,13 +385,8 @@ fn decide(
         newest,
         blockers,
     };
-    let times = Times {
-        at: now.saturating_sub(tolerance),
-        from: redis_now,
-        pad: tolerance.saturating_mul(2),
-    };
     Ok((
-        algorithm::sliding_log::decide(&view, policy, times),
+        Verdict::Decided(algorithm::sliding_log::decide(&view, policy, times)),
         redis_now,
     ))
 }
@@ -366,5 +466,44 @@ fn time_reply(value: &Value) -> Result<(u64, u64), StoreError> {
             u64::try_from(int_reply(&parts[1], "TIME micros")?).unwrap_or(0),
         )),
         other => Err(StoreError::UnexpectedReply(format!("TIME: got {other:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A denial whose entries could not be read waits, and resets, the
+    /// whole window: never less than the log would say.
+    #[test]
+    fn a_denial_without_its_reads_waits_the_window() {
+        let policy: Policy = "3/1s".parse().unwrap();
+        let now = 1_700_000_000_000_000;
+        let denial = || Denial {
+            count: 3,
+            times: Times {
+                at: now - 5_000,
+                from: now,
+                pad: 10_000,
+            },
+            redis_now: now,
+        };
+        let decision = denial().decide(None, &policy);
+        assert!(!decision.allowed());
+        assert_eq!(decision.retry_after(), Duration::from_secs(1));
+        assert_eq!(decision.reset(), Duration::from_secs(1));
+        // Read: the oldest of the three 400 ms ago, the newest 100 ms ago.
+        let entry = |ago: u64| {
+            Value::Array(vec![
+                Value::BulkString(b"id".to_vec()),
+                Value::BulkString((now - ago).to_string().into_bytes()),
+            ])
+        };
+        let read = [entry(100_000), entry(400_000)];
+        let decision = denial().decide(Some(&read), &policy);
+        assert!(!decision.allowed());
+        assert_eq!(decision.retry_after(), Duration::from_micros(610_000));
+        assert_eq!(decision.reset(), Duration::from_micros(910_000));
     }
 }

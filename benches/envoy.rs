@@ -20,7 +20,12 @@
 //! median of the rounds), CPU per call of Limitador's process and of the
 //! service's runtime thread, on Redis Redis's CPU and commands per call
 //! (sums over the rounds), and the ratios crate ÷ Limitador (the median of
-//! the rounds'). Without `LIMITADOR` those lines are left out.
+//! the rounds'). In memory the stub is measured in the same rounds (its
+//! calls/s and CPU a call: the transport's own cost, before any service's
+//! work), with `stub_bound`, Limitador's CPU a call over the stub's: the
+//! most calls/s over Limitador's that a service on this transport could
+//! make with its own work free. Without `LIMITADOR` those lines are left
+//! out.
 //!
 //! ```sh
 //! cargo bench --features envoy --bench envoy      # starts its own redis-server, and Envoy
@@ -232,10 +237,10 @@ impl RateLimitServiceApi for Stub {
 }
 
 /// Serve [`Stub`] on one core, as [`serve_on_one_core`] serves the rules.
-fn stub_on_one_core() -> SocketAddr {
+fn stub_on_one_core() -> (SocketAddr, u32) {
     on_one_core(|tx| async move {
         let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        tx.send(grpc.local_addr().unwrap()).unwrap();
+        tx.send((grpc.local_addr().unwrap(), thread_id())).unwrap();
         tonic::transport::Server::builder()
             .add_service(RateLimitServiceServer::new(Stub))
             .serve_with_incoming(tonic::transport::server::TcpIncoming::from(grpc))
@@ -605,9 +610,11 @@ fn median(mut values: Vec<f64>) -> f64 {
 /// The service (its gRPC address and runtime thread) beside Limitador
 /// (`binary`), both in memory or both on the Redis at `redis_url`, rounds
 /// interleaved.
+#[allow(clippy::too_many_arguments)]
 async fn beside_limitador(
     name: &str,
     (grpc, thread): (SocketAddr, u32),
+    stub: Option<(SocketAddr, u32)>,
     binary: &str,
     redis_url: Option<&str>,
     rounds: usize,
@@ -640,11 +647,25 @@ async fn beside_limitador(
         format!("/proc/self/task/{thread}/stat"),
         format!("/proc/{}/stat", peer.pid),
     );
-    let mut sides: [Vec<Round>; 2] = [Vec::new(), Vec::new()];
+    // The stub on the same transport (tonic on one core), deciding
+    // nothing: what a call costs before any service's own work.
+    let stub = match stub {
+        Some((addr, thread)) => Some((
+            RateLimitServiceClient::connect(format!("http://{addr}"))
+                .await
+                .unwrap(),
+            format!("/proc/self/task/{thread}/stat"),
+        )),
+        None => None,
+    };
+    let mut sides: [Vec<Round>; 3] = [Vec::new(), Vec::new(), Vec::new()];
     for r in 1..=rounds {
         for (side, client, stat) in [(0, &ours, &our_stat), (1, &theirs, &their_stat)] {
             let one = round(client, stat, admin.as_mut(), seconds, concurrency).await;
             sides[side].push(one);
+        }
+        if let Some((client, stat)) = &stub {
+            sides[2].push(round(client, stat, None, seconds, concurrency).await);
         }
         let (o, t) = (sides[0][r - 1], sides[1][r - 1]);
         eprintln!(
@@ -654,8 +675,11 @@ async fn beside_limitador(
         );
     }
     let on_redis = redis_url.is_some();
-    for (side, who) in [(0, "crate"), (1, "limitador")] {
+    for (side, who) in [(0, "crate"), (1, "limitador"), (2, "stub")] {
         let all = &sides[side];
+        if all.is_empty() {
+            continue;
+        }
         let of = |f: fn(&Round) -> f64| median(all.iter().map(f).collect());
         let sum = |f: fn(&Round) -> f64| all.iter().map(f).sum::<f64>();
         let calls = sum(|r| r.calls);
@@ -708,6 +732,19 @@ async fn beside_limitador(
         "RESULT envoy/limitador/{name}/ratio/cpu_us_per_call {:.2}",
         ratio(|r| r.cpu / r.calls)
     );
+    if !sides[2].is_empty() {
+        // Limitador's CPU a call over the stub's, round by round: the most
+        // calls/s (over Limitador's) a service on this transport could
+        // make on a saturated core if its own work cost nothing.
+        let bound = median(
+            sides[1]
+                .iter()
+                .zip(&sides[2])
+                .map(|(t, stub)| (t.cpu / t.calls) / (stub.cpu / stub.calls))
+                .collect(),
+        );
+        println!("RESULT envoy/limitador/{name}/stub_bound/per_second {bound:.2}");
+    }
     if on_redis {
         println!(
             "RESULT envoy/limitador/{name}/ratio/redis_cpu_us_per_call {:.2}",
@@ -802,7 +839,7 @@ fn main() {
         .block_on(RedisStore::connect(&url))
         .unwrap();
     let (redis_grpc, redis_http, redis_thread) = serve_on_one_core(store);
-    let stub_grpc = stub_on_one_core();
+    let (stub_grpc, stub_thread) = stub_on_one_core();
     let rounds = setting("BENCH_ROUNDS", 3.0) as usize;
     let limitador_binary = std::env::var("LIMITADOR")
         .ok()
@@ -820,11 +857,22 @@ fn main() {
         match &limitador_binary {
             Some(binary) => {
                 let (memory, redis) = ((memory_grpc, memory_thread), (redis_grpc, redis_thread));
-                beside_limitador("memory", memory, binary, None, rounds, seconds, concurrency)
-                    .await;
+                let stub = Some((stub_grpc, stub_thread));
+                beside_limitador(
+                    "memory",
+                    memory,
+                    stub,
+                    binary,
+                    None,
+                    rounds,
+                    seconds,
+                    concurrency,
+                )
+                .await;
                 beside_limitador(
                     "redis",
                     redis,
+                    None,
                     binary,
                     Some(&url),
                     rounds,

@@ -157,10 +157,10 @@ async fn an_unreadable_key_fails_only_its_own_check() {
     let limit = policy("gcra", "100/60s");
     let broken = store.redis_key("gcra", "broken");
     server.command(&["HSET", &broken, "60000000", "not a TAT"]);
-    // The stored form ('b' and three doubles) with a time that is not a
+    // The stored form ('b' and four doubles) with a time that is not a
     // number.
     let mut nan = vec![b'b'];
-    for double in [f64::NAN, 0.5, 100.0] {
+    for double in [f64::NAN, 0.5, 100.0, 0.0] {
         nan.extend(double.to_le_bytes());
     }
     let mut conn = ::redis::Client::open(server.url())

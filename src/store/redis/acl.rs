@@ -17,6 +17,7 @@ pub(super) const ACL_COMMANDS: &[&str] = &[
     "+incrby",
     "+decrby",
     "+hset",
+    "+hget",
     "+hmget",
     "+hdel",
     "+pexpire",

@@ -5,13 +5,15 @@
 -- timestamps (~1.7e15 µs) a double only resolves 0.25 µs.
 --
 -- KEYS[1]  a hash of one limited key: field = window µs (decimal), value =
---          the rate's TAT: 'b' and three little-endian doubles (struct
---          '<ddd'): its whole µs, its fraction and the rate's max it was
---          written under, read and written without formatting a number;
---          the text "<TAT whole µs> <TAT fraction> <max>" of earlier
---          versions is read too (without its max: written under the
---          current max); field 'e' = the key's expiry (ms since the epoch)
---          as a check last set it
+--          the rate's TAT: 'b' and four little-endian doubles (struct
+--          '<dddd'): its whole µs, its fraction, the rate's max it was
+--          written under and the key's expiry (ms since the epoch) as the
+--          check that wrote it set or found it (0: not known), read and
+--          written without formatting a number, one field a rate (a
+--          policy of one rate reads one `HGET`); the text
+--          "<TAT whole µs> <TAT fraction> <max>" of earlier versions is
+--          read too (without its max: written under the current max; its
+--          expiry not known)
 --
 -- A TAT written under another max keeps its units: its offset d is read
 -- as d / (w / max_written) * T.
@@ -37,28 +39,26 @@ local MAX_TIME = 9007199254740992 + MAX_OFFSET
 local floor, ceil, byte, match = math.floor, math.ceil, string.byte, string.match
 local pack, unpack_struct = struct.pack, struct.unpack
 
--- The limited key and its policy, set by bind(): `reads` are the rates'
--- fields and 'e', `intervals` each rate's emission interval T = w / max,
+-- The limited key and its policy, set by bind(): `intervals` each rate's
+-- emission interval T = w / max,
 -- `limits` the most each offset may reach (w with the tolerance),
 -- `longest` the longest window (µs), `reply_format` a batched check's
 -- reply's; derived once per script call.
-local key, cost, nrates, fields, reads, maxes, windows, intervals, limits, longest, reply_format
+local key, cost, nrates, fields, maxes, windows, intervals, limits, longest, reply_format
 local bound
 
 local function derive(policy)
   local names, ms, ws = policy[3], policy[4], policy[5]
-  local rs, ts, ls, l = {}, {}, {}, 0
+  local ts, ls, l = {}, {}, 0
   for i = 1, policy[2] do
-    rs[i] = names[i]
     ts[i] = ws[i] / ms[i]
     ls[i] = ws[i] * (1 + EPSILON)
     if ws[i] > l then
       l = ws[i]
     end
   end
-  rs[policy[2] + 1] = 'e'
-  policy[6], policy[7], policy[8], policy[9] = rs, ts, l, ls
-  policy[10] = '<B' .. string.rep('d', policy[2])
+  policy[6], policy[7], policy[8] = ts, l, ls
+  policy[9] = '<B' .. string.rep('d', policy[2])
 end
 
 local function bind(k)
@@ -69,13 +69,13 @@ local function bind(k)
   bound = ARG0
   local policy = policy_at(derive)
   cost, nrates, fields, maxes, windows = policy[1], policy[2], policy[3], policy[4], policy[5]
-  reads, intervals, longest, limits = policy[6], policy[7], policy[8], policy[9]
-  reply_format = policy[10]
+  intervals, longest, limits, reply_format = policy[6], policy[7], policy[8], policy[9]
 end
 
 -- Each rate's offset before the check (at least 0) and after it is
--- decided, and the hash's writes: filled anew by each check.
-local ds, kepts, writes = {}, {}, {}
+-- decided, the values read and the hash's writes: filled anew by each
+-- check.
+local ds, kepts, stored, writes = {}, {}, {}, {}
 
 -- Round a positive number of µs up; zero otherwise.
 local function micros_ceil(us)
@@ -85,21 +85,25 @@ local function micros_ceil(us)
   return 0
 end
 
--- Rate i's TAT as stored, `offset` µs from now.
-local function tat(i, offset)
+-- Rate i's TAT as stored, `offset` µs from now, the key living until
+-- `expiry` (ms; 0: not known).
+local function tat(i, offset, expiry)
   local whole = floor(offset)
-  return pack('<Bddd', 98, now + whole, offset - whole, maxes[i])
+  return pack('<Bdddd', 98, now + whole, offset - whole, maxes[i], expiry)
 end
 
 -- Rate i's offset from now as the stored `value` says (not yet floored at
--- 0), or nil for a value that does not read.
+-- 0), and the key's expiry it records (ms; 0: not known); nil for a
+-- value that does not read.
 local function offset_of(value, i)
   local whole, frac, written
-  if byte(value, 1) == 98 and #value == 25 then
+  local expiry = 0
+  if byte(value, 1) == 98 and #value == 33 then
     local _
-    _, whole, frac, written = unpack_struct('<Bddd', value)
+    _, whole, frac, written, expiry = unpack_struct('<Bdddd', value)
     -- (A NaN fails every comparison.)
-    if not (whole >= 0 and whole <= MAX_TIME and frac >= 0 and frac < 1 and written >= 1) then
+    if not (whole >= 0 and whole <= MAX_TIME and frac >= 0 and frac < 1 and written >= 1
+        and expiry >= 0) then
       return nil
     end
   else
@@ -118,23 +122,35 @@ local function offset_of(value, i)
   if written ~= nil and written ~= maxes[i] then
     offset = offset / (windows[i] / written) * intervals[i]
   end
-  return offset
+  return offset, expiry
 end
 
 -- Fill `ds` with every rate's d, the TAT's offset from now, at least 0.
--- The key's expiry (ms) as its field 'e' records it (nil: unknown); or
--- false and an error reply (a key of another type, an unreadable TAT),
+-- The key's expiry (ms) as every rate's value records it (0: not known);
+-- or false and an error reply (a key of another type, an unreadable TAT),
 -- read before anything is written.
 local function offsets()
-  local stored = redis.pcall('HMGET', key, unpack(reads))
-  if stored.err then
-    return false, stored
+  if nrates == 1 then
+    local value = redis.pcall('HGET', key, fields[1])
+    if type(value) == 'table' then
+      return false, value
+    end
+    stored[1] = value
+  else
+    local values = redis.pcall('HMGET', key, unpack(fields))
+    if values.err then
+      return false, values
+    end
+    for i = 1, nrates do
+      stored[i] = values[i]
+    end
   end
+  local known = nil
   for i = 1, nrates do
-    local d = 0
+    local d, expiry = 0, 0
     local value = stored[i]
     if value then
-      d = offset_of(value, i)
+      d, expiry = offset_of(value, i)
       if d == nil then
         return false, redis.error_reply('gcra: unreadable TAT in ' .. key .. ' field ' .. fields[i])
       end
@@ -143,8 +159,11 @@ local function offsets()
       end
     end
     ds[i] = d
+    if known == nil or expiry < known then
+      known = expiry
+    end
   end
-  return tonumber(stored[nrates + 1] or '')
+  return known
 end
 
 -- The hash becomes exactly the offsets `kepts` still ahead of now.
@@ -155,14 +174,14 @@ local function store()
     local kept = kepts[i]
     if kept > 0 then
       writes[m + 1] = fields[i]
-      writes[m + 2] = tat(i, kept)
+      writes[m + 2] = tat(i, kept, 0)
       m = m + 2
       if latest == nil or kept > latest then
         latest = kept
       end
     end
   end
-  -- (DEL also drops 'e': the expiry set below is exact, not recorded.)
+  -- (The expiry set below is exact, not recorded: the values say 0.)
   redis.call('DEL', key)
   if latest ~= nil then
     redis.call('HSET', key, unpack(writes, 1, m))
@@ -176,41 +195,40 @@ end
 
 -- Write an admitted request's TATs (`kepts`, every one positive) and keep
 -- the key alive past the latest: the expiry is set one longest window
--- beyond what is needed, and recorded in the field 'e', so that only about
--- one admission per window and key sets it (the key outlives its last TAT
--- by at most one window). Fields of windows not in this policy are left:
--- offsets behind now read as zero.
+-- beyond what is needed, and recorded in every value written, so that
+-- only about one admission per window and key sets it (the key outlives
+-- its last TAT by at most one window). Setting it, the key's TTL is read
+-- first: an expiry another policy's TATs on this key need (its values
+-- record their own) is never shortened. Fields of windows not in this
+-- policy are left: offsets behind now read as zero.
 local function admit(expiry)
-  local m = 0
   local latest = 0
   for i = 1, nrates do
-    local kept = kepts[i]
-    writes[m + 1] = fields[i]
-    writes[m + 2] = tat(i, kept)
-    m = m + 2
-    if kept > latest then
-      latest = kept
+    if kepts[i] > latest then
+      latest = kepts[i]
     end
   end
   local needed = ceil((now + latest) / 1000)
-  if expiry == nil or expiry < needed then
+  local extend = false
+  if expiry < needed then
     local at = needed + ceil(longest / 1000)
-    if expiry == nil then
-      -- Not recorded (a command's exact expiry, or a key of an older
-      -- version): never shorten what another policy's TATs on this key
-      -- may need.
-      local ttl = redis.call('PTTL', key)
-      if ttl > 0 and floor(now / 1000) + ttl > at then
-        at = floor(now / 1000) + ttl
-      end
+    local ttl = redis.call('PTTL', key)
+    local lives = floor(now / 1000) + ttl
+    if ttl > 0 and lives >= at then
+      expiry = lives
+    else
+      expiry, extend = at, true
     end
-    at = int(at)
-    writes[m + 1] = 'e'
-    writes[m + 2] = at
-    redis.call('HSET', key, unpack(writes, 1, m + 2))
-    redis.call('PEXPIREAT', key, at)
-  else
-    redis.call('HSET', key, unpack(writes, 1, m))
+  end
+  local m = 0
+  for i = 1, nrates do
+    writes[m + 1] = fields[i]
+    writes[m + 2] = tat(i, kepts[i], expiry)
+    m = m + 2
+  end
+  redis.call('HSET', key, unpack(writes, 1, m))
+  if extend then
+    redis.call('PEXPIREAT', key, int(expiry))
   end
 end
 

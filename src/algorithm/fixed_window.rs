@@ -159,6 +159,7 @@ fn status(rate: &Rate, allowed: bool, count: u64, cost: u64, left: u64) -> RateS
 /// The request is admitted when every count is at most its max; denied,
 /// the store takes its cost back off every count, and the decision is on
 /// the counts before it, as [`check`]'s on the same counts.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))] // Redis's batches alone
 pub(crate) fn decided_after_adding(policy: &Policy, now: u64, added: &[(u64, u64)]) -> Decision {
     let cost = policy.cost();
     let rates = policy.rates();

@@ -306,6 +306,7 @@ fn check_one(
 /// from each rate's offset before it (`offsets`, at least 0, in the
 /// policy's order): what [`check`] decides on a state of those offsets.
 /// `None` when there is not one offset per rate.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))] // Redis's batches alone
 pub(crate) fn decided(policy: &Policy, allowed: bool, offsets: &[f64]) -> Option<Decision> {
     let cost = float(policy.cost());
     let status_of = |rate: &Rate, d: f64| {

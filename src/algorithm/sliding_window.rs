@@ -200,6 +200,7 @@ fn after(
 /// with the cost counted; denied, the store takes the cost back off every
 /// current count, and the decision is on the counts before it, as
 /// [`check`]'s on the same counts.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))] // Redis's batches alone
 pub(crate) fn decided_after_adding(policy: &Policy, now: u64, added: &[(u64, u64)]) -> Decision {
     let cost = policy.cost();
     let rates = policy.rates();

@@ -24,10 +24,10 @@
 //! (sums over the rounds), and the ratios crate ÷ Limitador (the median of
 //! the rounds'). In memory the stub is measured in the same rounds (its
 //! calls/s and CPU a call: the transport's own cost, before any service's
-//! work), with `stub_bound`, Limitador's CPU a call over the stub's: the
-//! most calls/s over Limitador's that a service on this transport could
-//! make with its own work free. Without `LIMITADOR` those lines are left
-//! out.
+//! work), with `ratio/stub_bound_per_second`, Limitador's CPU a call over
+//! the stub's: the most calls/s over Limitador's that a service on this
+//! transport could make with its own work free. Without `LIMITADOR` those
+//! lines are left out.
 //!
 //! ```sh
 //! cargo bench --features envoy --bench envoy      # starts its own redis-server, and Envoy
@@ -810,7 +810,7 @@ async fn beside_limitador(
                 .map(|(t, stub)| (t.cpu / t.calls) / (stub.cpu / stub.calls))
                 .collect(),
         );
-        println!("RESULT envoy/limitador/{name}/stub_bound/per_second {bound:.2}");
+        println!("RESULT envoy/limitador/{name}/ratio/stub_bound_per_second {bound:.2}");
     }
     if on_redis {
         println!(

@@ -35,6 +35,8 @@ use tower_redis_ratelimit::{Limiter, Policy, RedisStore, Store};
 
 /// A limit no key of the run reaches: every check is admitted and writes.
 const GENEROUS: &str = "1000000/s";
+/// A limit that denies every check of a key after its first.
+const STRICT: &str = "1/h";
 
 struct Settings {
     url: String,
@@ -160,6 +162,31 @@ async fn store(settings: &Settings) {
     }
     for (name, policy) in policies() {
         runs.push((format!("store/{name}/connect"), default.clone(), policy));
+    }
+    // The same algorithms at one request an hour: after each key's first
+    // check, every check is a denial.
+    let strict: Policy = STRICT.parse().unwrap();
+    for (name, policy) in [
+        (
+            "sliding-log/transaction",
+            strict
+                .clone()
+                .with_execution(Execution::Transaction)
+                .unwrap(),
+        ),
+        (
+            "sliding-log/script",
+            strict.clone().with_execution(Execution::Script).unwrap(),
+        ),
+        ("fixed-window", strict.clone().fixed_window().unwrap()),
+        ("sliding-window", strict.clone().sliding_window().unwrap()),
+        ("gcra", strict.clone().gcra().unwrap()),
+    ] {
+        runs.push((
+            format!("store/{name}/denied/connect"),
+            default.clone(),
+            policy,
+        ));
     }
     for (name, policy) in policies()
         .into_iter()

@@ -157,34 +157,44 @@ async fn an_unreadable_key_fails_only_its_own_check() {
     let limit = policy("gcra", "100/60s");
     let broken = store.redis_key("gcra", "broken");
     server.command(&["HSET", &broken, "60000000", "not a TAT"]);
-    // The stored form ('b' and four doubles) with a time that is not a
-    // number.
-    let mut nan = vec![b'b'];
-    for double in [f64::NAN, 0.5, 100.0, 0.0] {
-        nan.extend(double.to_le_bytes());
-    }
+    // The stored form ('b' and four doubles: time, fraction, max, expiry)
+    // holding what no check writes: a time that is not a number, an
+    // infinite max or expiry, a fraction of 1.5, a max of 0.5.
+    let corrupt = [
+        [f64::NAN, 0.5, 100.0, 0.0],
+        [1.8e15, 0.5, f64::INFINITY, 0.0],
+        [1.8e15, 0.5, 100.0, f64::INFINITY],
+        [1.8e15, 1.5, 100.0, 0.0],
+        [1.8e15, 0.5, 0.5, 0.0],
+    ];
     let mut conn = ::redis::Client::open(server.url())
         .unwrap()
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let () = ::redis::cmd("HSET")
-        .arg(store.redis_key("gcra", "nan"))
-        .arg("60000000")
-        .arg(nan)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    for (i, doubles) in corrupt.iter().enumerate() {
+        let mut value = vec![b'b'];
+        for double in doubles {
+            value.extend(double.to_le_bytes());
+        }
+        let () = ::redis::cmd("HSET")
+            .arg(store.redis_key("gcra", &format!("corrupt-{i}")))
+            .arg("60000000")
+            .arg(value)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
     let mut checks = Vec::new();
     for i in 0..80 {
         checks.push(("broken".to_owned(), limit.clone()));
         checks.push((format!("fine-{i}"), limit.clone()));
-        checks.push(("nan".to_owned(), limit.clone()));
+        checks.push((format!("corrupt-{}", i % corrupt.len()), limit.clone()));
     }
     let before = batches(&server);
     let decisions = all_at_once(&store, checks.clone()).await;
     for ((key, _), decision) in checks.iter().zip(&decisions) {
-        if key == "broken" || key == "nan" {
+        if key == "broken" || key.starts_with("corrupt-") {
             let error = decision.as_ref().unwrap_err();
             assert!(
                 matches!(error, StoreError::UnexpectedReply(what) if what.contains("unreadable TAT")),

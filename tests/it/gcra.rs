@@ -307,8 +307,22 @@ async fn a_tat_written_as_text_by_an_earlier_version_carries_over() {
         admitted += u32::from(store.check("text", &policy).await.unwrap().allowed());
     }
     assert_eq!(admitted, 2);
-    let value = server.command(&["HGET", &key, "10000000"]);
-    assert!(!value.contains(" 0.25 "), "written back as text: {value}");
+    let mut conn = ::redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let value: Vec<u8> = ::redis::cmd("HGET")
+        .arg(&key)
+        .arg("10000000")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        (value.len(), value[0]),
+        (33, b'b'),
+        "written back as {value:?}"
+    );
 }
 
 /// A TAT written before the interval was stored ("<whole> <fraction>") is

@@ -9,7 +9,7 @@
 //! for nothing); otherwise it waits, and the next batch to go takes every
 //! check queued meanwhile (up to [`MAX_BATCH`]). Under load the cost of a
 //! call, a script's set-up and Redis's socket work is shared by the checks
-//! of a batch; each GCRA check's own work is one `HMGET` and, admitted,
+//! of a batch; each GCRA check's own work is one `HGET` and, admitted,
 //! one `HSET`, a window counter's an `INCRBY` per rate.
 //!
 //! GCRA's exactness is the single check's: the script runs atomically,
@@ -194,11 +194,12 @@ impl Batcher {
     }
 
     /// One `EVALSHA` for the batch, within `timeout`, sent again only when
-    /// Redis refused it before running it. Each check runs in its own
-    /// `pcall`, so a replica's `READONLY` comes back as the checks' errors,
-    /// not the batch's. A replica wrote nothing: the checks it answered
-    /// without an error counted nothing either, and the batch goes again,
-    /// on a new connection.
+    /// Redis refused it before running it. A replica writes nothing: a
+    /// window counter's check runs in its own `pcall`, so its `READONLY`
+    /// comes back as the checks' errors, and the checks it answered without
+    /// an error counted nothing either; GCRA's first write fails the whole
+    /// script with `READONLY`, before anything was written. Either way the
+    /// batch goes again, on a new connection.
     async fn send(
         &self,
         connections: &Connections,

@@ -114,7 +114,9 @@ pub const FIXED_WINDOW_BATCH_SCRIPT: &str = batch_script!("scripts/fixed_window.
 /// arguments).
 pub const SLIDING_WINDOW_BATCH_SCRIPT: &str = batch_script!("scripts/sliding_window.lua");
 /// The batch of checks of [`Algorithm::Gcra`] (as
-/// [`FIXED_WINDOW_BATCH_SCRIPT`], with [`GCRA_SCRIPT`]'s arguments).
+/// [`FIXED_WINDOW_BATCH_SCRIPT`], with [`GCRA_SCRIPT`]'s arguments), but a
+/// decided check's reply is bytes: admitted (1) or not (0), then each
+/// rate's offset before the check as a little-endian `f64`.
 pub const GCRA_BATCH_SCRIPT: &str = batch_script!("scripts/gcra.lua");
 
 /// The check script, the command script and (for the algorithms checked in
@@ -355,6 +357,18 @@ pub(super) fn decode_batched(reply: Value, policy: &Policy) -> Result<Decision, 
         return gcra_decided(bytes[0] == 1, offsets, policy);
     }
     decode_reply(reply, policy)
+}
+
+/// [`decode_batched`], for differential tests that run the batch scripts
+/// themselves (feature `test-util`): one check's decision from its element
+/// of a batch script's reply.
+///
+/// # Errors
+///
+/// The reply is not a decision of `policy`, or the check's own error.
+#[cfg(feature = "test-util")]
+pub fn decode_batched_reply(reply: Value, policy: &Policy) -> Result<Decision, StoreError> {
+    decode_batched(reply, policy)
 }
 
 /// A batched GCRA check's decision from its reply (`decide_batched` in

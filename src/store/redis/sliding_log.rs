@@ -155,7 +155,14 @@ impl Denial {
             scored_entries(value).ok()?.first().map(|&(_, score)| score)
         };
         let (newest, blocker) = match reads {
-            Some([newest, blocker]) => (first(newest), first(blocker)),
+            Some([newest, blocker]) => {
+                // Read after the denial: an entry gone meanwhile (other
+                // denied requests' taken out, a reset) leaves room now, a
+                // wait of the padding alone, and a reset no shorter.
+                let window = policy.rates().first().map_or(0, Rate::window_micros);
+                let blocker = first(blocker).unwrap_or(self.redis_now.saturating_sub(window));
+                (Some(first(newest).unwrap_or(blocker)), Some(blocker))
+            }
             _ => (Some(self.redis_now), Some(self.redis_now)),
         };
         let view = Replies {
@@ -344,25 +351,25 @@ fn decide(
         pad: tolerance.saturating_mul(2),
     };
     if !entries {
-        // One rate, no spacing: the count decides.
+        // One rate, no spacing: the count decides; a denial's wait and
+        // reset are read later.
         let count = u64::try_from(int_reply(&reply[0], "ZCOUNT")?)
             .unwrap_or(0)
             .saturating_sub(cost);
-        let verdict = match rates {
-            [rate] if count.saturating_add(policy.cost()) > rate.max() => Verdict::Denied(Denial {
+        let view = Replies {
+            counts: vec![count],
+            newest: None,
+            blockers: vec![None],
+        };
+        let decision = algorithm::sliding_log::decide(&view, policy, times);
+        let verdict = if decision.allowed() {
+            Verdict::Decided(decision)
+        } else {
+            Verdict::Denied(Denial {
                 count,
                 times,
                 redis_now,
-            }),
-            _ => Verdict::Decided(algorithm::sliding_log::decide(
-                &Replies {
-                    counts: vec![count],
-                    newest: None,
-                    blockers: vec![None],
-                },
-                policy,
-                times,
-            )),
+            })
         };
         return Ok((verdict, redis_now));
     }
@@ -505,5 +512,16 @@ mod tests {
         assert!(!decision.allowed());
         assert_eq!(decision.retry_after(), Duration::from_micros(610_000));
         assert_eq!(decision.reset(), Duration::from_micros(910_000));
+        // Read after other requests' entries went (the set holds one):
+        // room now, a wait of the padding alone, and a reset no shorter.
+        let read = [entry(100_000), Value::Array(Vec::new())];
+        let decision = denial().decide(Some(&read), &policy);
+        assert!(!decision.allowed());
+        assert_eq!(decision.retry_after(), Duration::from_micros(10_000));
+        assert_eq!(decision.reset(), Duration::from_micros(910_000));
+        let empty = [Value::Array(Vec::new()), Value::Array(Vec::new())];
+        let decision = denial().decide(Some(&empty), &policy);
+        assert_eq!(decision.retry_after(), Duration::from_micros(10_000));
+        assert_eq!(decision.reset(), Duration::from_micros(10_000));
     }
 }

@@ -161,6 +161,24 @@ fn of_decision(d: &Decision) -> Vec<u64> {
     out
 }
 
+/// A decision as a check script replies it (`{-1, left}` for a blocked
+/// key, else allowed, 0, then each rate's remaining, reset and wait).
+fn decision_ints(d: &Decision) -> Vec<i64> {
+    let int = |n: u64| i64::try_from(n).unwrap();
+    if d.blocked() {
+        return vec![-1, int(micros(d.retry_after()))];
+    }
+    let mut out = vec![i64::from(d.allowed()), 0];
+    for rate in d.rates() {
+        out.extend([
+            int(rate.remaining()),
+            int(micros(rate.reset())),
+            int(micros(rate.wait())),
+        ]);
+    }
+    out
+}
+
 /// The same values from a script's reply (`{-1, left}` for a blocked key).
 fn of_reply(reply: &[i64], rates: usize) -> Vec<u64> {
     let n = |i: usize| u64::try_from(reply[i]).unwrap();
@@ -262,6 +280,11 @@ fn algorithm_args(invocation: &mut redis::ScriptInvocation<'_>, policy: &Policy,
 pub async fn run(server: &RedisServer, setup: Setup) -> usize {
     let (check_source, command_source) = sources(setup.algorithm);
     let check_script = redis::Script::new(&faked(check_source));
+    // GCRA's batch script decides in Redis and replies what it saw; the
+    // client takes the decision from that (`decode_batched_reply`): every
+    // other round's checks go through it.
+    let batch_script = (setup.algorithm == Algorithm::Gcra)
+        .then(|| redis::Script::new(&faked(scripts::GCRA_BATCH_SCRIPT)));
     let command_script = redis::Script::new(&faked(command_source));
     let client = redis::Client::open(server.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
@@ -294,8 +317,26 @@ pub async fn run(server: &RedisServer, setup: Setup) -> usize {
             clock.set(Duration::from_micros(now));
             let id = format!("{round}-{step}");
             let op = next_op(&mut rng, &policy, &setup);
-            let (reply, expected): (Vec<i64>, Decision) = match op {
-                None => {
+            let batched = batch_script.as_ref().filter(|_| round % 2 == 1);
+            let (reply, expected): (Vec<i64>, Decision) = match (op, batched) {
+                (None, Some(batch)) => {
+                    let mut invocation = batch.key(&key);
+                    invocation
+                        .key(&block_key)
+                        .arg(1)
+                        .arg(1 + 2 * policy.rates().len());
+                    algorithm_args(&mut invocation, &policy, &id);
+                    let reply: Vec<redis::Value> =
+                        invocation.invoke_async(&mut conn).await.unwrap();
+                    let [reply] = <[redis::Value; 1]>::try_from(reply).unwrap();
+                    let decision = scripts::decode_batched_reply(reply, &policy)
+                        .unwrap_or_else(|error| panic!("round {round}, step {step}: {error}"));
+                    (
+                        decision_ints(&decision),
+                        store.check("k", &policy).await.unwrap(),
+                    )
+                }
+                (None, None) => {
                     let mut invocation = check_script.key(&key);
                     invocation.key(&block_key);
                     algorithm_args(&mut invocation, &policy, &id);
@@ -307,7 +348,7 @@ pub async fn run(server: &RedisServer, setup: Setup) -> usize {
                         .collect();
                     (reply, store.check("k", &policy).await.unwrap())
                 }
-                Some(command) => {
+                (Some(command), _) => {
                     let (name, amount) = match command {
                         Command::Peek => ("peek", 0),
                         Command::Reset => ("reset", 0),

@@ -6,7 +6,7 @@
 --
 -- KEYS[1]  a hash of one limited key: field = window µs (decimal), value =
 --          the rate's TAT: 'b' and four little-endian doubles (struct
---          '<dddd'): its whole µs, its fraction, the rate's max it was
+--          '<Bdddd', the marker 98 first): its whole µs, its fraction, the rate's max it was
 --          written under and the key's expiry (ms since the epoch) as the
 --          check that wrote it set or found it (0: not known), read and
 --          written without formatting a number, one field a rate (a
@@ -33,8 +33,11 @@
 local EPSILON = 1e-9
 -- Twice the longest window (src/algorithm/gcra.rs).
 local MAX_OFFSET = 632448000000000
--- The latest whole µs a TAT holds: MAX_OFFSET past 2^53 µs.
+-- The latest whole µs a TAT holds: MAX_OFFSET past 2^53 µs (and past
+-- any expiry in ms).
 local MAX_TIME = 9007199254740992 + MAX_OFFSET
+-- The largest max of a rate (MAX_MAX in src/policy/mod.rs).
+local MAX_MAX = 9007199254740992
 
 local floor, ceil, byte, match = math.floor, math.ceil, string.byte, string.match
 local pack, unpack_struct = struct.pack, struct.unpack
@@ -94,18 +97,14 @@ end
 
 -- Rate i's offset from now as the stored `value` says (not yet floored at
 -- 0), and the key's expiry it records (ms; 0: not known); nil for a
--- value that does not read.
+-- value that does not read, or holds a time, fraction, max or expiry no
+-- check writes (a NaN fails every comparison).
 local function offset_of(value, i)
   local whole, frac, written
   local expiry = 0
   if byte(value, 1) == 98 and #value == 33 then
     local _
     _, whole, frac, written, expiry = unpack_struct('<Bdddd', value)
-    -- (A NaN fails every comparison.)
-    if not (whole >= 0 and whole <= MAX_TIME and frac >= 0 and frac < 1 and written >= 1
-        and expiry >= 0) then
-      return nil
-    end
   else
     whole, frac, written = match(value, '^(%d+) (%S+) (%S+)$')
     if whole == nil then
@@ -113,13 +112,18 @@ local function offset_of(value, i)
     end
     whole = tonumber(whole)
     frac = tonumber(frac)
-    written = tonumber(written or '')
+    written = tonumber(written or '') or maxes[i]
     if whole == nil or frac == nil then
       return nil
     end
   end
+  if not (whole >= 0 and whole <= MAX_TIME and frac >= 0 and frac < 1
+      and written >= 1 and written <= MAX_MAX and floor(written) == written
+      and expiry >= 0 and expiry <= MAX_TIME) then
+    return nil
+  end
   local offset = (whole - now) + frac
-  if written ~= nil and written ~= maxes[i] then
+  if written ~= maxes[i] then
     offset = offset / (windows[i] / written) * intervals[i]
   end
   return offset, expiry

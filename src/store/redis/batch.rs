@@ -29,6 +29,7 @@ use tokio::sync::oneshot;
 use super::call::Call;
 use super::clock_sync::ClockSync;
 use super::connection::Connections;
+use super::full_keys::FullKeys;
 use super::plain;
 use super::script::{self, BatchItem, Keys};
 use crate::decision::Decision;
@@ -55,6 +56,8 @@ pub(super) struct Batcher {
     script: &'static redis::Script,
     in_flight: usize,
     state: Mutex<State>,
+    /// The window counters' keys the script last found full.
+    full: Option<FullKeys>,
 }
 
 #[derive(Default)]
@@ -74,6 +77,8 @@ impl Batcher {
             script,
             in_flight: in_flight.max(1),
             state: Mutex::new(State::default()),
+            full: matches!(algorithm, Algorithm::FixedWindow | Algorithm::SlidingWindow)
+                .then(FullKeys::new),
         }
     }
 
@@ -155,18 +160,27 @@ impl Batcher {
         if batch.is_empty() {
             return;
         }
-        let batch = match self.algorithm {
-            // Decided with plain commands; the checks placed in another
-            // window than Redis's clock says go on to the script (those
-            // whose caller has not given up meanwhile).
-            Algorithm::FixedWindow | Algorithm::SlidingWindow => {
-                plain::decide(connections, timeout, clock, self.algorithm, batch)
-                    .await
+        let batch = match &self.full {
+            // Decided with plain commands; the checks denied or placed in
+            // another window than Redis's clock says go on to the script
+            // (those whose caller has not given up meanwhile), with the
+            // checks of keys the script found full, which it denies
+            // without a write.
+            Some(full) => {
+                let (mut script, plain): (Vec<Waiting>, Vec<Waiting>) = batch
+                    .into_iter()
+                    .partition(|waiting| full.holds(&waiting.state, waiting.now));
+                if !plain.is_empty() {
+                    script.extend(
+                        plain::decide(connections, timeout, clock, self.algorithm, plain).await,
+                    );
+                }
+                script
                     .into_iter()
                     .filter(|waiting| !waiting.reply.is_closed())
                     .collect()
             }
-            _ => batch,
+            None => batch,
         };
         if batch.is_empty() {
             return;
@@ -176,6 +190,9 @@ impl Batcher {
             Ok(replies) if replies.len() == batch.len() => {
                 for (waiting, reply) in batch.into_iter().zip(replies) {
                     let decision = script::decode_batched(reply, &waiting.policy);
+                    if let (Some(full), Ok(decision)) = (&self.full, &decision) {
+                        full.learn(&waiting.state, decision, waiting.now);
+                    }
                     // A caller that gave up meanwhile drops its answer.
                     let _ = waiting.reply.send(decision);
                 }

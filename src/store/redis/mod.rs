@@ -27,6 +27,7 @@ mod command;
 mod connection;
 mod denials;
 mod errors;
+mod full_keys;
 mod plain;
 mod reply;
 // Its scripts are public only through `store::scripts` (`test-util`).

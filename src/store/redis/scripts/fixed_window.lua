@@ -21,10 +21,9 @@
 -- units to every rate's count (at most 2^53), a reward takes them off
 -- (never below zero; a count of zero is no key).
 --
--- A check counts first and gives back when it is denied (INCRBY, then
--- DECRBY), atomically: an admitted request of one rate costs Redis one
--- command (two when it opens a window: its expiry), as close to a plain
--- INCRBY as a script gets; nobody ever sees the denied request's count.
+-- A check reads the counts and counts only when it is admitted, atomically:
+-- a denied request writes nothing (its batched checks mostly are denials:
+-- batched admissions go as plain commands, src/store/redis/plain.rs).
 --
 -- Numbers are Lua doubles, exact for integers up to 2^53: now (µs since the
 -- epoch) is about 2^51, windows are at most ten years (about 2^48), counts
@@ -116,35 +115,25 @@ local function reply(allowed, counts)
 end
 
 -- Decide one request; `commit`: count it if admitted (a peek does not).
+-- Counted only when admitted (atomic with the read: the script is), so a
+-- denial writes nothing.
 local function decide(commit)
-  if not commit then
-    local counts = counters()
-    local allowed = 1
-    for i = 1, nrates do
-      -- count + cost <= max, without forming a sum above 2^53 (cost <= max).
-      if counts[i] > maxes[i] - cost then
-        allowed = 0
-      end
-    end
-    -- Answered as the request would be: admitted, it counts.
-    if allowed == 1 then
-      for i = 1, nrates do
-        counts[i] = counts[i] + cost
-      end
-    end
-    return reply(allowed, counts)
-  end
-  local counts = add_counts(state_keys(), expiries, cost, cost_text)
+  local counts = counters()
   local allowed = 1
   for i = 1, nrates do
-    if counts[i] > maxes[i] then
+    -- count + cost <= max, without forming a sum above 2^53 (cost <= max).
+    if counts[i] > maxes[i] - cost then
       allowed = 0
     end
   end
-  if allowed == 0 then
-    for i = 1, nrates do
-      redis.call('DECRBY', key .. suffixes[i], cost_text)
-      counts[i] = counts[i] - cost
+  if allowed == 1 then
+    if commit then
+      counts = add_counts(state_keys(), expiries, cost, cost_text)
+    else
+      -- Answered as the request would be: admitted, it counts.
+      for i = 1, nrates do
+        counts[i] = counts[i] + cost
+      end
     end
   end
   return reply(allowed, counts)

@@ -12,9 +12,9 @@
 -- if, for every rate, previous × (window − elapsed) + (current + c) × window
 -- ≤ max × window (checked below in the equivalent form
 -- previous × (window − elapsed) ≤ (max − current − c) × window).
--- Only an admitted request counts, in every rate: a check counts first
--- (INCRBY of the current window's count) and gives back when it is denied
--- (DECRBY), atomically, so nobody ever sees a denied request's count. A
+-- Only an admitted request counts, in every rate: a check reads the counts
+-- and, admitted, adds to the current window's (INCRBY), atomically; a
+-- denied request writes nothing. A
 -- penalty adds its units to every rate's current count (at most 2^53); a
 -- reward takes them off the current count, the rest off the previous one
 -- (never below zero; a count of zero is no key).
@@ -126,15 +126,6 @@ local function counters()
   return currents, previouses
 end
 
--- Every rate's previous count.
-local function previous_counts()
-  local ks = {}
-  for i = 1, nrates do
-    ks[i] = key .. previouses_at[i]
-  end
-  return read_counts(ks)
-end
-
 -- Set rate i's count at `suffix` to `count` (no key at zero), keeping its
 -- expiry.
 local function set(suffix, count)
@@ -178,20 +169,7 @@ end
 
 -- Decide one request; `commit`: count it if admitted (a peek does not).
 local function decide(commit)
-  local currents, previouses
-  if commit then
-    previouses = previous_counts()
-    local ks = {}
-    for i = 1, nrates do
-      ks[i] = key .. currents_at[i]
-    end
-    currents = add_counts(ks, expiries, cost, cost_text)
-    for i = 1, nrates do
-      currents[i] = currents[i] - cost
-    end
-  else
-    currents, previouses = counters()
-  end
+  local currents, previouses = counters()
   local allowed = 1
   local denies = {}
   for i = 1, nrates do
@@ -201,13 +179,20 @@ local function decide(commit)
       allowed = 0
     end
   end
-  for i = 1, nrates do
-    if allowed == 1 then
-      -- Answered as the request would be: admitted, it counts.
+  if allowed == 1 then
+    -- Counted only when admitted (atomic with the read: the script is), so
+    -- a denial writes nothing.
+    if commit then
+      local ks = {}
+      for i = 1, nrates do
+        ks[i] = key .. currents_at[i]
+      end
+      add_counts(ks, expiries, cost, cost_text)
+    end
+    -- Answered as the request would be: admitted, it counts.
+    for i = 1, nrates do
       currents[i] = currents[i] + cost
       denies[i] = false
-    elseif commit then
-      redis.call('DECRBY', key .. currents_at[i], cost_text)
     end
   end
   return reply(allowed, currents, previouses, denies)

@@ -1,0 +1,99 @@
+//! The window counters' keys their batch script last found full: a check
+//! of one goes to the script at once, which denies it without writing,
+//! instead of counting with plain commands, giving its cost back and being
+//! decided again by the script ([`plain`](super::plain)). Which way a
+//! check goes never changes its decision (the script decides exactly);
+//! it changes what a denial costs Redis.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use crate::decision::Decision;
+use crate::policy::duration_micros;
+use crate::store::KeyHasher;
+
+/// The most keys held (about 1 MiB: two words each, whatever the keys'
+/// lengths); past it, those whose denial ended go, and if too few did,
+/// about half of the others (a key dropped is a check sent the plain way
+/// once more).
+const MAX_FULL_KEYS: usize = 1 << 16;
+
+/// Keys found full, by the hash of their Redis key, each until the end of
+/// its denial (this process's time, µs): at most [`MAX_FULL_KEYS`].
+pub(super) struct FullKeys {
+    hasher: KeyHasher,
+    until: Mutex<HashMap<u64, u64>>,
+}
+
+impl FullKeys {
+    pub(super) fn new() -> Self {
+        Self {
+            hasher: KeyHasher::new(),
+            until: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether the script found `state` full, and its denial may last to
+    /// `now`.
+    pub(super) fn holds(&self, state: &str, now: u64) -> bool {
+        let hash = self.hasher.hash(state.as_bytes());
+        self.until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&hash)
+            .is_some_and(|&until| until > now)
+    }
+
+    /// The script's `decision` on `state`, asked at `now`: a denial holds
+    /// the key until it ends; an admission lets it go.
+    pub(super) fn learn(&self, state: &str, decision: &Decision, now: u64) {
+        let hash = self.hasher.hash(state.as_bytes());
+        let mut until = self.until.lock().unwrap_or_else(PoisonError::into_inner);
+        if decision.allowed() || decision.blocked() {
+            until.remove(&hash);
+            return;
+        }
+        if until.len() >= MAX_FULL_KEYS && !until.contains_key(&hash) {
+            until.retain(|_, &mut end| end > now);
+            if until.len() > MAX_FULL_KEYS / 2 {
+                // The hashes are random: a bit of them picks about half.
+                let bit = 1 << (now % 64);
+                until.retain(|&hash, _| hash & bit == 0);
+            }
+        }
+        until.insert(
+            hash,
+            now.saturating_add(duration_micros(decision.retry_after())),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Policy;
+    use crate::algorithm::fixed_window;
+
+    #[test]
+    fn a_denial_holds_its_key_until_it_ends_and_an_admission_frees_it() {
+        let policy: Policy = "1/1s".parse::<Policy>().unwrap().fixed_window().unwrap();
+        let now = 1_700_000_000_250_000;
+        let admitted = fixed_window::decided_after_adding(&policy, now, &[(1, now + 750_000)]);
+        let denied = fixed_window::decided_after_adding(&policy, now, &[(2, now + 750_000)]);
+        assert!(admitted.allowed() && !denied.allowed());
+        let full = FullKeys::new();
+        full.learn("k", &denied, now);
+        assert!(full.holds("k", now + 749_999));
+        assert!(!full.holds("k", now + 750_000));
+        assert!(!full.holds("other", now));
+        full.learn("k", &admitted, now);
+        assert!(!full.holds("k", now));
+        // Bounded: past the most keys, about half go, the newest kept.
+        for i in 0..MAX_FULL_KEYS + 10 {
+            full.learn(&format!("k{i}"), &denied, now);
+        }
+        let held = full.until.lock().unwrap().len();
+        assert!((MAX_FULL_KEYS / 4..MAX_FULL_KEYS).contains(&held), "{held}");
+        assert!(full.holds(&format!("k{}", MAX_FULL_KEYS + 9), now));
+    }
+}

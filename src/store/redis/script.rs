@@ -359,9 +359,9 @@ pub(super) fn decode_batched(reply: Value, policy: &Policy) -> Result<Decision, 
     decode_reply(reply, policy)
 }
 
-/// [`decode_batched`], for differential tests that run the batch scripts
-/// themselves (feature `test-util`): one check's decision from its element
-/// of a batch script's reply.
+/// One check's decision from its element of a batch script's reply, as
+/// the store reads it: for differential tests that run the batch scripts
+/// themselves (feature `test-util`).
 ///
 /// # Errors
 ///

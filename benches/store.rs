@@ -752,15 +752,27 @@ async fn memory(settings: &Settings) {
                 let decision = store.check(&key, &policy).await.unwrap();
                 assert!(decision.allowed());
             }
+            // The key, and the window counters' counts beside it
+            // (`<key>:<window>:<index>`).
             let redis_key = store.redis_key(tag, &key);
-            let bytes: u64 = redis::cmd("MEMORY")
-                .arg("USAGE")
-                .arg(&redis_key)
-                .arg("SAMPLES")
-                .arg(0)
+            let mut keys: Vec<String> = redis::cmd("KEYS")
+                .arg(format!("{redis_key}:*"))
                 .query_async(&mut conn)
                 .await
                 .unwrap();
+            keys.push(redis_key);
+            let mut bytes = 0;
+            for key in keys {
+                let used: Option<u64> = redis::cmd("MEMORY")
+                    .arg("USAGE")
+                    .arg(&key)
+                    .arg("SAMPLES")
+                    .arg(0)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                bytes += used.unwrap_or(0);
+            }
             println!("RESULT memory/{name}/{max} {bytes}");
         }
     }

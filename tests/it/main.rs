@@ -58,6 +58,7 @@ mod postgres_faults;
 #[cfg(feature = "postgres")]
 mod postgres_tls;
 mod redis_cluster;
+mod redis_floor_attack;
 mod redis_store;
 mod request_bodies;
 mod rule_counts;

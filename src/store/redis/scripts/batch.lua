@@ -38,9 +38,9 @@ for d = 1, n do
   elseif decide_batched then
     -- GCRA reads before it writes, with `redis.pcall`: a key of another
     -- type under the prefix fails this check alone, as its error reply.
-    local result = decide_batched()
-    if result.err then
-      reply = { -2, result.err }
+    local result, failure = decide_batched()
+    if failure then
+      reply = { -2, failure.err }
     else
       reply = result
     end

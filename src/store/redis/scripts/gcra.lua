@@ -224,13 +224,17 @@ local function admit(expiry)
       expiry, extend = at, true
     end
   end
-  local m = 0
-  for i = 1, nrates do
-    writes[m + 1] = fields[i]
-    writes[m + 2] = tat(i, kepts[i], expiry)
-    m = m + 2
+  if nrates == 1 then
+    redis.call('HSET', key, fields[1], tat(1, kepts[1], expiry))
+  else
+    local m = 0
+    for i = 1, nrates do
+      writes[m + 1] = fields[i]
+      writes[m + 2] = tat(i, kepts[i], expiry)
+      m = m + 2
+    end
+    redis.call('HSET', key, unpack(writes, 1, m))
   end
-  redis.call('HSET', key, unpack(writes, 1, m))
   if extend then
     redis.call('PEXPIREAT', key, int(expiry))
   end
@@ -306,11 +310,11 @@ end
 -- before it (`ds`), as bytes (struct '<B' and a little-endian double per
 -- rate): the client takes the decision from these by the same arithmetic
 -- as the memory store (src/algorithm/gcra.rs), without a number
--- formatted here; or an error reply.
+-- formatted here; or nil and an error reply.
 decide_batched = function()
   local allowed, failure = verdict(true)
   if allowed == false then
-    return failure
+    return nil, failure
   end
   if nrates == 1 then
     return pack('<Bd', allowed, ds[1])

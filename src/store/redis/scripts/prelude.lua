@@ -158,7 +158,7 @@ local function retried()
   return nil
 end
 
--- A batched check's reply, or an error reply (batch.lua), for an
+-- A batched check's reply, or nil and an error reply (batch.lua), for an
 -- algorithm whose client takes the decision from what the script saw
 -- (GCRA assigns it); nil elsewhere: the check's `decide(true)` in a
 -- `pcall`, then `encode`.

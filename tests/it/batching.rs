@@ -6,10 +6,9 @@
 //! path.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::support::RedisServer;
+use crate::support::{RedisServer, contention};
 use tower_redis_ratelimit::store::Command;
 use tower_redis_ratelimit::{Policy, RedisStore, Store, StoreError};
 
@@ -42,29 +41,17 @@ async fn one_batch_in_flight(server: &RedisServer) -> RedisStore {
         .with_timeout(Duration::from_secs(5))
 }
 
-/// `n` checks at once of `(key, policy)` pairs; the decisions in order.
+/// `n` checks at once of `(key, policy)` pairs; whether each was
+/// admitted, in order.
 async fn all_at_once(
     store: &RedisStore,
     checks: Vec<(String, Policy)>,
 ) -> Vec<Result<bool, StoreError>> {
-    let store = Arc::new(store.clone());
-    let barrier = Arc::new(tokio::sync::Barrier::new(checks.len()));
-    let tasks: Vec<_> = checks
+    contention::all_at_once(store, checks)
+        .await
         .into_iter()
-        .map(|(key, policy)| {
-            let store = Arc::clone(&store);
-            let barrier = Arc::clone(&barrier);
-            tokio::spawn(async move {
-                barrier.wait().await;
-                store.check(&key, &policy).await.map(|d| d.allowed())
-            })
-        })
-        .collect();
-    let mut out = Vec::new();
-    for task in tasks {
-        out.push(task.await.unwrap());
-    }
-    out
+        .map(|decision| decision.map(|d| d.allowed()))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

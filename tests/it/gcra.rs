@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::support::RedisServer;
 use crate::support::contention::admitted_under_contention;
-use crate::support::harness::{Harness, MS};
+use crate::support::harness::{Harness, MS, now_us};
 use tower_redis_ratelimit::{Algorithm, Policy, RedisStore, Store};
 
 /// `max` admitted at once (remaining and reset counting down), then denied
@@ -294,10 +294,7 @@ async fn a_tat_written_as_text_by_an_earlier_version_carries_over() {
     let server = RedisServer::start();
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let policy = "10/10s".parse::<Policy>().unwrap().gcra().unwrap();
-    let now_us = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as u64;
+    let now_us = now_us();
     // 8 of 10 units used (T = 1 s): the TAT 8 s ahead; 2 are left.
     let key = store.redis_key("gcra", "text");
     let tat = format!("{} 0.25 10", now_us + 8_000_000);
@@ -333,10 +330,7 @@ async fn a_tat_without_its_interval_reads_under_the_current_one() {
     let server = RedisServer::start();
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let policy = "10/10s".parse::<Policy>().unwrap().gcra().unwrap();
-    let now_us = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as u64;
+    let now_us = now_us();
     // 8 units used under T = 1 s: the TAT 8 s ahead.
     let key = store.redis_key("gcra", "old");
     let tat = format!("{} 0", now_us + 8_000_000);

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::support::faults::{self, Connections, FaultSpans, Loss, SteppingClock, random_fault};
-use crate::support::harness::{away_from_a_boundary, micros};
+use crate::support::harness::{away_from_a_boundary, now_us};
 use crate::support::proxy::{FaultProxy, Match};
 use crate::support::rng::Rng;
 use crate::support::{RedisServer, start_of_a_second};
@@ -52,10 +52,6 @@ fn tag(algorithm: &str) -> &'static str {
         SLIDING => "swc",
         other => panic!("{other}"),
     }
-}
-
-fn now_us() -> u64 {
-    micros(now_duration())
 }
 
 fn now_duration() -> Duration {

@@ -5,10 +5,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use crate::support::RedisServer;
-use crate::support::harness::away_from_a_boundary;
+use crate::support::contention;
+use crate::support::harness::{away_from_a_boundary, now_us};
 use crate::support::proxy::{AfterDrop, FaultProxy, Match};
 use tower_redis_ratelimit::clock::ManualClock;
 use tower_redis_ratelimit::store::Command;
@@ -39,24 +40,11 @@ async fn batched(server: &RedisServer, in_flight: usize) -> RedisStore {
 
 /// All `checks` at once; the decisions in order.
 async fn all_at_once(store: &RedisStore, checks: Vec<(String, Policy)>) -> Vec<Decision> {
-    let store = Arc::new(store.clone());
-    let barrier = Arc::new(tokio::sync::Barrier::new(checks.len()));
-    let tasks: Vec<_> = checks
+    contention::all_at_once(store, checks)
+        .await
         .into_iter()
-        .map(|(key, policy)| {
-            let store = Arc::clone(&store);
-            let barrier = Arc::clone(&barrier);
-            tokio::spawn(async move {
-                barrier.wait().await;
-                store.check(&key, &policy).await.unwrap()
-            })
-        })
-        .collect();
-    let mut out = Vec::new();
-    for task in tasks {
-        out.push(task.await.unwrap());
-    }
-    out
+        .map(Result::unwrap)
+        .collect()
 }
 
 /// Several GCRA policies in the same batches (different maxes, two rates,
@@ -195,16 +183,6 @@ async fn gcra_penalty_and_reward_then_batched_checks() {
     )
     .await;
     assert_eq!(decisions.iter().filter(|d| d.allowed()).count(), 3);
-}
-
-fn now_us() -> u64 {
-    u64::try_from(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_micros(),
-    )
-    .unwrap()
 }
 
 /// A TAT an earlier version wrote as text under another max (20) keeps its

@@ -5,9 +5,34 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Barrier;
-use tower_redis_ratelimit::{Policy, RedisStore, Store};
+use tower_redis_ratelimit::{Decision, Policy, RedisStore, Store, StoreError};
 
 use super::RedisServer;
+
+/// All `checks` through `store` at once (each waits at a barrier for the
+/// others); the decisions in order.
+pub async fn all_at_once(
+    store: &RedisStore,
+    checks: Vec<(String, Policy)>,
+) -> Vec<Result<Decision, StoreError>> {
+    let store = Arc::new(store.clone());
+    let barrier = Arc::new(Barrier::new(checks.len()));
+    let tasks: Vec<_> = checks
+        .into_iter()
+        .map(|(key, policy)| {
+            let (store, barrier) = (Arc::clone(&store), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.check(&key, &policy).await
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for task in tasks {
+        out.push(task.await.unwrap());
+    }
+    out
+}
 
 /// Two independent stores (two pools, as two processes would have).
 pub async fn two_stores(server: &RedisServer) -> [RedisStore; 2] {

@@ -276,3 +276,12 @@ pub async fn away_from_a_boundary(window: Duration, room: Duration) {
 pub fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap()
 }
+
+/// The system clock's time, µs since the epoch.
+pub fn now_us() -> u64 {
+    micros(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap(),
+    )
+}

@@ -139,12 +139,7 @@ impl Denial {
             .rates()
             .first()
             .map_or(0, |rate| rate.max().saturating_sub(policy.cost()));
-        let read = |rank: u64| {
-            let mut cmd = redis::cmd("ZREVRANGE");
-            cmd.arg(key).arg(rank).arg(rank).arg("WITHSCORES");
-            cmd
-        };
-        [read(0), read(rank)]
+        [newest(key, 0, 0), newest(key, rank, rank)]
     }
 
     /// The decision from the replies of [`reads`](Self::reads); without
@@ -290,19 +285,19 @@ fn read_log(pipe: &mut redis::Pipeline, key: &str, policy: &Policy, ours: usize,
     for rate in rates {
         // With our entries the newest, the entry of reverse rank `max` is the
         // one whose leaving lets a request of `cost` in.
-        pipe.cmd("ZREVRANGE")
-            .arg(key)
-            .arg(rate.max())
-            .arg(rate.max())
-            .arg("WITHSCORES");
+        pipe.add_command(newest(key, rate.max(), rate.max()));
     }
     // The newest entries, ours among them: the newest other one gives the
     // spacing and the reset of a denied request.
-    pipe.cmd("ZREVRANGE")
-        .arg(key)
-        .arg(0)
-        .arg(ours)
-        .arg("WITHSCORES");
+    pipe.add_command(newest(key, 0, ours as u64));
+}
+
+/// The entries of `key` from reverse rank `first` to `last`, newest first,
+/// with their stamps.
+fn newest(key: &str, first: u64, last: u64) -> redis::Cmd {
+    let mut cmd = redis::cmd("ZREVRANGE");
+    cmd.arg(key).arg(first).arg(last).arg("WITHSCORES");
+    cmd
 }
 
 /// The decision from the transaction's replies, and Redis's time when it

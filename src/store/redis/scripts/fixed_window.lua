@@ -81,11 +81,6 @@ local function state_keys()
   return ks
 end
 
--- Every rate's count in its current window.
-local function counters()
-  return read_counts(state_keys())
-end
-
 -- The reply of a decision on `counts` (after it).
 local function reply(allowed, counts)
   local out = { allowed, 0 }
@@ -118,7 +113,8 @@ end
 -- Counted only when admitted (atomic with the read: the script is), so a
 -- denial writes nothing.
 local function decide(commit)
-  local counts = counters()
+  local ks = state_keys()
+  local counts = read_counts(ks)
   local allowed = 1
   for i = 1, nrates do
     -- count + cost <= max, without forming a sum above 2^53 (cost <= max).
@@ -128,7 +124,7 @@ local function decide(commit)
   end
   if allowed == 1 then
     if commit then
-      counts = add_counts(state_keys(), expiries, cost, cost_text)
+      counts = add_counts(ks, expiries, cost, cost_text)
     else
       -- Answered as the request would be: admitted, it counts.
       for i = 1, nrates do

@@ -224,17 +224,13 @@ local function admit(expiry)
       expiry, extend = at, true
     end
   end
-  if nrates == 1 then
-    redis.call('HSET', key, fields[1], tat(1, kepts[1], expiry))
-  else
-    local m = 0
-    for i = 1, nrates do
-      writes[m + 1] = fields[i]
-      writes[m + 2] = tat(i, kepts[i], expiry)
-      m = m + 2
-    end
-    redis.call('HSET', key, unpack(writes, 1, m))
+  local m = 0
+  for i = 1, nrates do
+    writes[m + 1] = fields[i]
+    writes[m + 2] = tat(i, kepts[i], expiry)
+    m = m + 2
   end
+  redis.call('HSET', key, unpack(writes, 1, m))
   if extend then
     redis.call('PEXPIREAT', key, int(expiry))
   end

@@ -47,6 +47,17 @@ async fn all_at_once(store: &RedisStore, checks: Vec<(String, Policy)>) -> Vec<D
         .collect()
 }
 
+/// How many of `n` checks of `key` under `policy`, all at once, are
+/// admitted.
+async fn admitted_at_once(store: &RedisStore, key: &str, policy: &Policy, n: usize) -> usize {
+    let checks = (0..n).map(|_| (key.to_owned(), policy.clone())).collect();
+    all_at_once(store, checks)
+        .await
+        .iter()
+        .filter(|d| d.allowed())
+        .count()
+}
+
 /// Several GCRA policies in the same batches (different maxes, two rates,
 /// a cost above one, two costs on one key): each key admits exactly what
 /// its policy allows, never more.
@@ -163,26 +174,12 @@ async fn gcra_penalty_and_reward_then_batched_checks() {
         .await
         .unwrap();
     // 5 used: 5 admitted of 12 at once.
-    let decisions = all_at_once(
-        &store,
-        (0..12)
-            .map(|_| ("pr".to_string(), policy.clone()))
-            .collect(),
-    )
-    .await;
-    assert_eq!(decisions.iter().filter(|d| d.allowed()).count(), 5);
+    assert_eq!(admitted_at_once(&store, "pr", &policy, 12).await, 5);
     store
         .command("pr", &policy, Command::Reward(3))
         .await
         .unwrap();
-    let decisions = all_at_once(
-        &store,
-        (0..12)
-            .map(|_| ("pr".to_string(), policy.clone()))
-            .collect(),
-    )
-    .await;
-    assert_eq!(decisions.iter().filter(|d| d.allowed()).count(), 3);
+    assert_eq!(admitted_at_once(&store, "pr", &policy, 12).await, 3);
 }
 
 /// A TAT an earlier version wrote as text under another max (20) keeps its
@@ -241,13 +238,8 @@ async fn window_counter_reset_or_reward_while_held_full_is_exact() {
             );
         }
         store.command(&key, &policy, Command::Reset).await.unwrap();
-        let decisions = all_at_once(
-            &store,
-            (0..20).map(|_| (key.clone(), policy.clone())).collect(),
-        )
-        .await;
         assert_eq!(
-            decisions.iter().filter(|d| d.allowed()).count(),
+            admitted_at_once(&store, &key, &policy, 20).await,
             5,
             "{algorithm} after reset"
         );
@@ -257,13 +249,8 @@ async fn window_counter_reset_or_reward_while_held_full_is_exact() {
             .command(&key, &policy, Command::Reward(2))
             .await
             .unwrap();
-        let decisions = all_at_once(
-            &store,
-            (0..20).map(|_| (key.clone(), policy.clone())).collect(),
-        )
-        .await;
         assert_eq!(
-            decisions.iter().filter(|d| d.allowed()).count(),
+            admitted_at_once(&store, &key, &policy, 20).await,
             2,
             "{algorithm} after reward"
         );
@@ -292,13 +279,8 @@ async fn window_counter_two_maxes_on_one_key_never_over_admit() {
         let large = counter(algorithm, "9/4s");
         let key = format!("flip-{algorithm}");
         // Fill to the small max: the small policy holds the key full.
-        let decisions = all_at_once(
-            &store,
-            (0..12).map(|_| (key.clone(), small.clone())).collect(),
-        )
-        .await;
         assert_eq!(
-            decisions.iter().filter(|d| d.allowed()).count(),
+            admitted_at_once(&store, &key, &small, 12).await,
             4,
             "{algorithm}"
         );
@@ -632,13 +614,8 @@ async fn held_full_then_blocked_unblocked_and_reset() {
             other => counter(other, "5/4s"),
         };
         let key = format!("blk-{algorithm}");
-        let decisions = all_at_once(
-            &store,
-            (0..12).map(|_| (key.clone(), policy.clone())).collect(),
-        )
-        .await;
         assert_eq!(
-            decisions.iter().filter(|d| d.allowed()).count(),
+            admitted_at_once(&store, &key, &policy, 12).await,
             5,
             "{algorithm}"
         );

@@ -366,3 +366,59 @@ async fn a_failing_rate_gives_back_what_the_others_counted() {
         }
     }
 }
+
+/// Sleep until `margin` past the next multiple of `window` on this
+/// machine's clock (Redis's, on the same machine).
+async fn just_into_a_window(window: Duration, margin: Duration) {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    let w = window.as_micros();
+    let boundary = (now.as_micros() / w + 1) * w;
+    let until = Duration::from_micros(u64::try_from(boundary - now.as_micros()).unwrap());
+    tokio::time::sleep(until + margin).await;
+}
+
+/// The sliding window's previous count is read once per key and window
+/// and held. A reset through the same store drops what it holds: the next
+/// check is told the room the reset made. Another process's reset is seen
+/// as exactly in what is admitted: a check denied on a count held goes to
+/// the script, which reads the counts as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_previous_count_is_read_once_a_window_and_again_after_a_reset() {
+    let server = RedisServer::start();
+    let store = one_batch_in_flight(&server).await;
+    let other = RedisStore::connect(&server.url()).await.unwrap();
+    let p = policy("sliding-window", "10/2s");
+    let window = Duration::from_secs(2);
+    just_into_a_window(window, Duration::from_millis(50)).await;
+    for key in ["a", "b"] {
+        for _ in 0..6 {
+            assert!(store.check(key, &p).await.unwrap().allowed());
+        }
+    }
+    // The next window: 6 × (1 − elapsed) of the previous one still weigh.
+    just_into_a_window(window, Duration::from_millis(50)).await;
+    let reads = server.calls("mget");
+    assert!(store.check("a", &p).await.unwrap().allowed());
+    assert_eq!(
+        server.calls("mget"),
+        reads + 2,
+        "the blocks and the previous count read"
+    );
+    assert!(store.check("a", &p).await.unwrap().allowed());
+    assert_eq!(server.calls("mget"), reads + 3, "the previous count held");
+    assert!(store.check("b", &p).await.unwrap().allowed());
+
+    store.command("a", &p, Command::Reset).await.unwrap();
+    let d = store.check("a", &p).await.unwrap();
+    assert!(d.allowed());
+    assert_eq!(d.remaining(), 9, "nothing weighs after the reset");
+
+    other.command("b", &p, Command::Reset).await.unwrap();
+    for i in 0..10 {
+        assert!(
+            store.check("b", &p).await.unwrap().allowed(),
+            "check {i} after another store's reset"
+        );
+    }
+    assert!(!store.check("b", &p).await.unwrap().allowed());
+}

@@ -31,6 +31,7 @@ use super::clock_sync::ClockSync;
 use super::connection::Connections;
 use super::full_keys::FullKeys;
 use super::plain;
+use super::previous_counts::PreviousCounts;
 use super::script::{self, BatchItem, Keys};
 use crate::decision::Decision;
 use crate::policy::{Algorithm, Policy};
@@ -58,6 +59,8 @@ pub(super) struct Batcher {
     state: Mutex<State>,
     /// The window counters' keys the script last found full.
     full: Option<FullKeys>,
+    /// The sliding window's previous counts, as last read.
+    previous: Option<PreviousCounts>,
 }
 
 #[derive(Default)]
@@ -79,6 +82,7 @@ impl Batcher {
             state: Mutex::new(State::default()),
             full: matches!(algorithm, Algorithm::FixedWindow | Algorithm::SlidingWindow)
                 .then(FullKeys::new),
+            previous: (algorithm == Algorithm::SlidingWindow).then(PreviousCounts::new),
         }
     }
 
@@ -114,6 +118,16 @@ impl Batcher {
                 timeout,
                 guard,
             ));
+        }
+    }
+
+    /// Drop the previous counts held of `state` (the sliding window's)
+    /// about this process's time `now` (µs): a command may have changed
+    /// them.
+    pub(super) fn forget_previous(&self, state: &str, policy: &Policy, now: u64) {
+        if let Some(previous) = &self.previous {
+            let keys = plain::previous_keys(state, policy, now);
+            previous.forget(keys.iter().map(String::as_str));
         }
     }
 
@@ -172,7 +186,15 @@ impl Batcher {
                     .partition(|waiting| full.holds(&waiting.state, waiting.now));
                 if !plain.is_empty() {
                     script.extend(
-                        plain::decide(connections, timeout, clock, self.algorithm, plain).await,
+                        plain::decide(
+                            connections,
+                            timeout,
+                            clock,
+                            self.algorithm,
+                            self.previous.as_ref(),
+                            plain,
+                        )
+                        .await,
                     );
                 }
                 script

@@ -24,15 +24,23 @@ impl RedisStore {
             block: &block_key,
         };
         let id = member(self.ids.next());
-        let eval = script::command(keys, policy, command, &id, self.clock.local_micros())?;
-        self.call("command")
+        let now = self.clock.local_micros();
+        let eval = script::command(keys, policy, command, &id, now)?;
+        let answer = self
+            .call("command")
             .script(Some(eval.script()))
             .repeatable(command_idempotent(command))
             .run(|mut conn| {
                 let eval = &eval;
                 async move { script::decode_reply(eval.send(conn.get()).await?, policy) }
             })
-            .await
+            .await;
+        // A reward or a reset may have taken off a previous count this
+        // process holds: it is read again.
+        if let Some(batcher) = self.batcher(policy.algorithm()) {
+            batcher.forget_previous(&redis_key, policy, now);
+        }
+        answer
     }
 
     /// Give back a concurrency lease (one `ZREM`), within the timeout. Like

@@ -29,6 +29,7 @@ mod denials;
 mod errors;
 mod full_keys;
 mod plain;
+mod previous_counts;
 mod reply;
 // Its scripts are public only through `store::scripts` (`test-util`).
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]

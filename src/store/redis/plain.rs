@@ -43,6 +43,7 @@ use super::batch::{Waiting, answer_all};
 use super::call::Call;
 use super::clock_sync::ClockSync;
 use super::connection::Connections;
+use super::previous_counts::PreviousCounts;
 use crate::algorithm;
 use crate::algorithm::{fixed_window, sliding_window};
 use crate::decision::Decision;
@@ -79,13 +80,16 @@ struct Count {
 const MAX_REDIS_TIME: u64 = 253_402_300_799_999_999;
 
 /// Decide and answer `batch`'s checks of `algorithm` (a window counter)
-/// with plain commands within `timeout`; the checks the script must decide
-/// again. A failure of the batch is every check's (it may have counted).
+/// with plain commands within `timeout`, the sliding window's previous
+/// counts read unless `known` holds them; the checks the script must
+/// decide again. A failure of the batch is every check's (it may have
+/// counted).
 pub(super) async fn decide(
     connections: &Connections,
     timeout: Duration,
     clock: &ClockSync,
     algorithm: Algorithm,
+    known: Option<&PreviousCounts>,
     batch: Vec<Waiting>,
 ) -> Vec<Waiting> {
     let started = tokio::time::Instant::now();
@@ -104,6 +108,25 @@ pub(super) async fn decide(
         })
         .collect();
     let rates = counts.iter().map(Vec::len).sum::<usize>();
+    // The sliding window's previous counts this process holds; the others
+    // are read.
+    let holds: Vec<Option<u64>> = match known {
+        Some(known) => known.known(
+            counts
+                .iter()
+                .flatten()
+                .filter_map(|count| count.previous.as_deref()),
+        ),
+        None => Vec::new(),
+    };
+    let unknown = counts
+        .iter()
+        .flatten()
+        .filter(|count| count.previous.is_some())
+        .zip(holds.iter().chain(std::iter::repeat(&None)))
+        .filter(|(_, held)| held.is_none())
+        .map(|(count, _)| count)
+        .collect::<Vec<&Count>>();
     // One transaction: its commands run together, on one reading of
     // Redis's clock, with nothing between them (a reset, another batch's
     // give-back), and a connection cut before its `EXEC` runs none of them.
@@ -114,9 +137,9 @@ pub(super) async fn decide(
     for waiting in &batch {
         blocks.arg(&waiting.block);
     }
-    if algorithm == Algorithm::SlidingWindow {
+    if !unknown.is_empty() {
         let previous = pipe.cmd("MGET");
-        for count in counts.iter().flatten() {
+        for count in &unknown {
             previous.arg(&count.previous);
         }
     }
@@ -153,7 +176,7 @@ pub(super) async fn decide(
         blocks,
         previous,
         counted: added,
-    } = match read(&replies, algorithm, batch.len(), rates) {
+    } = match read(&replies, algorithm, batch.len(), unknown.len(), rates) {
         Ok(read) => read,
         Err(error) => {
             answer_all(batch, &error);
@@ -161,7 +184,19 @@ pub(super) async fn decide(
         }
     };
     clock.record(sent, received, now);
-    let mut previous = previous.iter();
+    // Each count's previous count (the sliding window's): held, or read.
+    let mut read_previous = previous.iter();
+    let mut holds = holds.into_iter();
+    let mut previous = counts
+        .iter()
+        .flatten()
+        .filter(|count| count.previous.is_some())
+        .map(|_| match holds.next().flatten() {
+            Some(count) => Previous::Held(count),
+            None => Previous::Read(read_previous.next().unwrap_or(&Value::Nil)),
+        });
+    let mut learned: Vec<(&str, u64, u64)> = Vec::new();
+    let mut stale: Vec<&str> = Vec::new();
     let mut added = added.chunks(2).map(|pair| &pair[0]);
     let mut give_back = GIVE_BACK.prepare_invoke();
     let mut given = 0;
@@ -169,8 +204,29 @@ pub(super) async fn decide(
     for ((waiting, counts), block) in batch.into_iter().zip(&counts).zip(blocks) {
         let policy = &waiting.policy;
         let replies: Vec<&Value> = added.by_ref().take(counts.len()).collect();
-        let previous: Vec<&Value> = previous.by_ref().take(counts.len()).collect();
+        let previous: Vec<Previous<'_>> = match algorithm {
+            Algorithm::SlidingWindow => previous.by_ref().take(counts.len()).collect(),
+            _ => Vec::new(),
+        };
         let outcome = outcome(algorithm, policy, counts, &replies, &previous, block, now);
+        // Counts read in their window's successor are held; a denial on a
+        // count held reads it again next time (it may have shrunk).
+        if !matches!(outcome, Outcome::Again) {
+            for (count, previous) in counts.iter().zip(&previous) {
+                let Some(key) = count.previous.as_deref() else {
+                    continue;
+                };
+                match previous {
+                    Previous::Read(value) => {
+                        if let Ok(read) = integer(value) {
+                            learned.push((key, read, count.expires));
+                        }
+                    }
+                    Previous::Held(_) if matches!(outcome, Outcome::Denied(_)) => stale.push(key),
+                    Previous::Held(_) => {}
+                }
+            }
+        }
         if let Outcome::Admitted(decision) = outcome {
             // Answered before any give-back of the batch.
             let _ = waiting.reply.send(Ok(decision));
@@ -183,6 +239,10 @@ pub(super) async fn decide(
             }
         }
         held.push((waiting, outcome));
+    }
+    if let Some(known) = known {
+        known.learn(&learned, now);
+        known.forget(stale.into_iter());
     }
     // Within what is left of the timeout. Given back, the denied checks are
     // decided again by the script, on the counts as they are then (a denial
@@ -242,25 +302,23 @@ struct Replies<'a> {
     now: u64,
     /// Each check's block.
     blocks: &'a [Value],
-    /// The sliding window's previous count of each rate of each check.
+    /// The sliding window's previous counts not held, in order.
     previous: &'a [Value],
     /// An `INCRBY`'s and a `PEXPIREAT`'s reply a rate of each check.
     counted: &'a [Value],
 }
 
-/// A batch's `replies` read, for its `checks` and their `rates`, after
-/// checking that every reply is there.
+/// A batch's `replies` read, for its `checks`, the `unknown` previous
+/// counts it read and its checks' `rates`, after checking that every reply
+/// is there.
 fn read(
     replies: &[Value],
     algorithm: Algorithm,
     checks: usize,
+    unknown: usize,
     rates: usize,
 ) -> Result<Replies<'_>, StoreError> {
-    let reads = if algorithm == Algorithm::SlidingWindow {
-        3
-    } else {
-        2
-    };
+    let reads = if unknown > 0 { 3 } else { 2 };
     if replies.len() != reads + 2 * rates {
         return Err(StoreError::UnexpectedReply(format!(
             "{algorithm} batch: {} replies for {}",
@@ -270,9 +328,9 @@ fn read(
     }
     let now = redis_time(&replies[0])?;
     let blocks = values(&replies[1], checks, algorithm, "blocks")?;
-    let previous = match algorithm {
-        Algorithm::SlidingWindow => values(&replies[2], rates, algorithm, "previous counts")?,
-        _ => &[],
+    let previous = match unknown {
+        0 => &[],
+        _ => values(&replies[2], unknown, algorithm, "previous counts")?,
     };
     Ok(Replies {
         now,
@@ -290,11 +348,11 @@ fn count(algorithm: Algorithm, state: &str, rate: &Rate, at: u64) -> Count {
         (Algorithm::SlidingWindow, _) => {
             let window = rate.window_micros();
             Count {
-                key: format!("{state}:{window}:{index}"),
+                key: sliding_key(state, window, index),
                 index,
                 // It counts as the previous window until the next one ends.
                 expires: end.saturating_add(window),
-                previous: Some(format!("{state}:{window}:{}", index.saturating_sub(1))),
+                previous: Some(sliding_key(state, window, index.saturating_sub(1))),
             }
         }
         (_, None) => Count {
@@ -310,6 +368,27 @@ fn count(algorithm: Algorithm, state: &str, rate: &Rate, at: u64) -> Count {
             previous: None,
         },
     }
+}
+
+/// The sliding window's count of window `index` of `window` µs.
+fn sliding_key(state: &str, window: u64, index: u64) -> String {
+    format!("{state}:{window}:{index}")
+}
+
+/// The sliding window's counts of `state` that may be a previous count
+/// about this process's time `now` (µs): for every rate, its window's,
+/// the one before and the one before that (Redis's clock may be a window
+/// away).
+pub(super) fn previous_keys(state: &str, policy: &Policy, now: u64) -> Vec<String> {
+    policy
+        .rates()
+        .iter()
+        .flat_map(|rate| {
+            let window = rate.window_micros();
+            let index = now / window;
+            (index.saturating_sub(2)..=index).map(move |index| sliding_key(state, window, index))
+        })
+        .collect()
 }
 
 /// The index and end (µs) of `rate`'s window at `now`.
@@ -347,6 +426,13 @@ fn expiry(end: u64) -> u64 {
     end.div_ceil(1000)
 }
 
+/// A sliding window's previous count: held, or as read in the batch.
+#[derive(Clone, Copy)]
+enum Previous<'a> {
+    Held(u64),
+    Read(&'a Value),
+}
+
 /// One check's outcome from its block, its counts' `INCRBY` replies and
 /// (the sliding window) its previous windows' counts, at Redis time `now`.
 fn outcome(
@@ -354,7 +440,7 @@ fn outcome(
     policy: &Policy,
     counts: &[Count],
     replies: &[&Value],
-    previous: &[&Value],
+    previous: &[Previous<'_>],
     block: &Value,
     now: u64,
 ) -> Outcome {
@@ -388,10 +474,15 @@ fn outcome(
         };
         // The sliding window's previous count, the fixed window's end.
         let other = match algorithm {
-            Algorithm::SlidingWindow => match previous.get(i).map_or(Ok(0), |v| integer(v)) {
-                Ok(previous) => previous,
-                Err(error) => return Outcome::Answered(Err(error)),
-            },
+            Algorithm::SlidingWindow => {
+                match previous.get(i).map_or(Ok(0), |previous| match previous {
+                    Previous::Held(count) => Ok(*count),
+                    Previous::Read(value) => integer(value),
+                }) {
+                    Ok(previous) => previous,
+                    Err(error) => return Outcome::Answered(Err(error)),
+                }
+            }
             _ => place(algorithm, rate, now).1,
         };
         added.push((count, other));

@@ -39,7 +39,9 @@
 //! binary; default the one `scripts/test` installs into `target/envoy`;
 //! without one, the Envoy figures are left out), `LIMITADOR` (a
 //! `limitador-server` binary), `BENCH_ROUNDS` (rounds of the service and
-//! Limitador, default 3).
+//! Limitador, default 3), `BENCH_PARTS` (the parts measured, a
+//! comma-separated list of `decisions`, `limitador` and `envoy`; default
+//! all).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::future::Future;
@@ -248,6 +250,52 @@ fn stub_on_one_core() -> (SocketAddr, u32) {
             .serve_with_incoming(tonic::transport::server::TcpIncoming::from(grpc))
             .await
             .unwrap();
+    })
+}
+
+/// The stub on `h2` alone, without tonic or hyper: each call's body read,
+/// `OK` answered (its prost encoding, then `grpc-status: 0`). What a call
+/// costs a server on this machine's HTTP/2 before any framework's work.
+fn bare_stub_on_one_core() -> (SocketAddr, u32) {
+    on_one_core(|tx| async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        tx.send((listener.local_addr().unwrap(), thread_id())).unwrap();
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            tcp.set_nodelay(true).unwrap();
+            tokio::spawn(async move {
+                let mut connection = h2::server::Builder::new()
+                    .initial_window_size(1 << 20)
+                    .initial_connection_window_size(1 << 24)
+                    .max_concurrent_streams(128)
+                    .handshake::<_, bytes::Bytes>(tcp)
+                    .await
+                    .unwrap();
+                while let Some(Ok((request, mut respond))) = connection.accept().await {
+                    tokio::spawn(async move {
+                        let mut body = request.into_body();
+                        while let Some(Ok(chunk)) = body.data().await {
+                            let _ = body.flow_control().release_capacity(chunk.len());
+                        }
+                        let head = http::Response::builder()
+                            .header("content-type", "application/grpc")
+                            .body(())
+                            .unwrap();
+                        let Ok(mut send) = respond.send_response(head, false) else {
+                            return;
+                        };
+                        // overall_code OK (field 1, varint 1), framed.
+                        let _ = send.send_data(
+                            bytes::Bytes::from_static(&[0, 0, 0, 0, 2, 0x08, 0x01]),
+                            false,
+                        );
+                        let mut trailers = http::HeaderMap::new();
+                        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                        let _ = send.send_trailers(trailers);
+                    });
+                }
+            });
+        }
     })
 }
 
@@ -683,6 +731,7 @@ async fn beside_limitador(
     name: &str,
     (grpc, thread): (SocketAddr, u32),
     stub: Option<(SocketAddr, u32)>,
+    bare: Option<(SocketAddr, u32)>,
     binary: &str,
     redis_url: Option<&str>,
     rounds: usize,
@@ -725,7 +774,14 @@ async fn beside_limitador(
         )),
         None => None,
     };
-    let mut sides: [Vec<Round>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+    let bare = match bare {
+        Some((addr, thread)) => Some((
+            Lean::connect(addr).await,
+            format!("/proc/self/task/{thread}/stat"),
+        )),
+        None => None,
+    };
+    let mut sides: [Vec<Round>; 4] = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
     for r in 1..=rounds {
         for (side, client, stat) in [(0, &ours, &our_stat), (1, &theirs, &their_stat)] {
             let one = round(client, stat, admin.as_mut(), seconds, concurrency).await;
@@ -733,6 +789,9 @@ async fn beside_limitador(
         }
         if let Some((client, stat)) = &stub {
             sides[2].push(round(client, stat, None, seconds, concurrency).await);
+        }
+        if let Some((client, stat)) = &bare {
+            sides[3].push(round(client, stat, None, seconds, concurrency).await);
         }
         let (o, t) = (sides[0][r - 1], sides[1][r - 1]);
         eprintln!(
@@ -742,7 +801,7 @@ async fn beside_limitador(
         );
     }
     let on_redis = redis_url.is_some();
-    for (side, who) in [(0, "crate"), (1, "limitador"), (2, "stub")] {
+    for (side, who) in [(0, "crate"), (1, "limitador"), (2, "stub"), (3, "bare_stub")] {
         let all = &sides[side];
         if all.is_empty() {
             continue;
@@ -811,6 +870,16 @@ async fn beside_limitador(
                 .collect(),
         );
         println!("RESULT envoy/limitador/{name}/ratio/stub_bound_per_second {bound:.2}");
+    }
+    if !sides[3].is_empty() {
+        let bound = median(
+            sides[1]
+                .iter()
+                .zip(&sides[3])
+                .map(|(t, bare)| (t.cpu / t.calls) / (bare.cpu / bare.calls))
+                .collect(),
+        );
+        println!("RESULT envoy/limitador/{name}/ratio/bare_stub_bound_per_second {bound:.2}");
     }
     if on_redis {
         println!(
@@ -907,6 +976,7 @@ fn main() {
         .unwrap();
     let (redis_grpc, redis_http, redis_thread) = serve_on_one_core(store);
     let (stub_grpc, stub_thread) = stub_on_one_core();
+    let bare_stub = bare_stub_on_one_core();
     let rounds = setting("BENCH_ROUNDS", 3.0) as usize;
     let limitador_binary = std::env::var("LIMITADOR")
         .ok()
@@ -917,11 +987,24 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    // The parts measured (`BENCH_PARTS`, a comma-separated list of
+    // `decisions`, `limitador` and `envoy`; all of them when unset).
+    let parts = std::env::var("BENCH_PARTS")
+        .ok()
+        .filter(|parts| !parts.is_empty());
+    let part = |name: &str| {
+        parts
+            .as_deref()
+            .is_none_or(|parts| parts.split(',').any(|part| part.trim() == name))
+    };
     client.block_on(async {
-        decisions("memory", memory_grpc, memory_http, seconds, concurrency).await;
-        decisions("redis", redis_grpc, redis_http, seconds, concurrency).await;
-        redis_per_descriptor(&url, redis_grpc, seconds, concurrency).await;
+        if part("decisions") {
+            decisions("memory", memory_grpc, memory_http, seconds, concurrency).await;
+            decisions("redis", redis_grpc, redis_http, seconds, concurrency).await;
+            redis_per_descriptor(&url, redis_grpc, seconds, concurrency).await;
+        }
         match &limitador_binary {
+            _ if !part("limitador") => {}
             Some(binary) => {
                 let (memory, redis) = ((memory_grpc, memory_thread), (redis_grpc, redis_thread));
                 let stub = Some((stub_grpc, stub_thread));
@@ -929,6 +1012,7 @@ fn main() {
                     "memory",
                     memory,
                     stub,
+                    Some(bare_stub),
                     binary,
                     None,
                     rounds,
@@ -939,6 +1023,7 @@ fn main() {
                 beside_limitador(
                     "redis",
                     redis,
+                    None,
                     None,
                     binary,
                     Some(&url),
@@ -957,6 +1042,8 @@ fn main() {
             ("memory", memory_grpc),
             ("redis", redis_grpc),
         ];
-        through_envoy(&services, seconds, concurrency).await;
+        if part("envoy") {
+            through_envoy(&services, seconds, concurrency).await;
+        }
     });
 }

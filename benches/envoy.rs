@@ -259,7 +259,8 @@ fn stub_on_one_core() -> (SocketAddr, u32) {
 fn bare_stub_on_one_core() -> (SocketAddr, u32) {
     on_one_core(|tx| async move {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        tx.send((listener.local_addr().unwrap(), thread_id())).unwrap();
+        tx.send((listener.local_addr().unwrap(), thread_id()))
+            .unwrap();
         loop {
             let (tcp, _) = listener.accept().await.unwrap();
             tcp.set_nodelay(true).unwrap();
@@ -801,7 +802,12 @@ async fn beside_limitador(
         );
     }
     let on_redis = redis_url.is_some();
-    for (side, who) in [(0, "crate"), (1, "limitador"), (2, "stub"), (3, "bare_stub")] {
+    for (side, who) in [
+        (0, "crate"),
+        (1, "limitador"),
+        (2, "stub"),
+        (3, "bare_stub"),
+    ] {
         let all = &sides[side];
         if all.is_empty() {
             continue;

@@ -1,7 +1,7 @@
 //! The window counters' batched checks as plain commands: one `MULTI` …
 //! `EXEC` transaction a batch, holding a `TIME`, an `MGET` of the blocks
-//! (and, for the sliding window, of the previous windows' counts), and per
-//! check and rate an `INCRBY` of the current window's count and a
+//! (and, for the sliding window, of the previous windows' counts not held:
+//! [`previous_counts`](super::previous_counts)), and per check and rate an `INCRBY` of the current window's count and a
 //! `PEXPIREAT` of it (the fixed window's at the window's end; the sliding
 //! window's at the next one's, while it counts as the previous window).
 //! Redis runs no script for an admission: a check costs it about what the

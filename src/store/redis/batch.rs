@@ -175,33 +175,23 @@ impl Batcher {
             return;
         }
         let batch = match &self.full {
-            // Decided with plain commands; the checks denied or placed in
-            // another window than Redis's clock says go on to the script
-            // (those whose caller has not given up meanwhile), with the
-            // checks of keys the script found full, which it denies
-            // without a write.
-            Some(full) => {
-                let (mut script, plain): (Vec<Waiting>, Vec<Waiting>) = batch
-                    .into_iter()
-                    .partition(|waiting| full.holds(&waiting.state, waiting.now));
-                if !plain.is_empty() {
-                    script.extend(
-                        plain::decide(
-                            connections,
-                            timeout,
-                            clock,
-                            self.algorithm,
-                            self.previous.as_ref(),
-                            plain,
-                        )
-                        .await,
-                    );
-                }
-                script
-                    .into_iter()
-                    .filter(|waiting| !waiting.reply.is_closed())
-                    .collect()
-            }
+            // Decided with plain commands; the checks denied, placed in
+            // another window than Redis's clock says, or of keys the
+            // script found full with room again go on to the script (those
+            // whose caller has not given up meanwhile).
+            Some(full) => plain::decide(
+                connections,
+                timeout,
+                clock,
+                self.algorithm,
+                full,
+                self.previous.as_ref(),
+                batch,
+            )
+            .await
+            .into_iter()
+            .filter(|waiting| !waiting.reply.is_closed())
+            .collect(),
             None => batch,
         };
         if batch.is_empty() {

@@ -1,9 +1,10 @@
-//! The window counters' keys their batch script last found full: a check
-//! of one goes to the script at once, which denies it without writing,
-//! instead of counting with plain commands, giving its cost back and being
-//! decided again by the script ([`plain`](super::plain)). Which way a
-//! check goes never changes its decision (the script decides exactly);
-//! it changes what a denial costs Redis.
+//! The window counters' keys found full (by their batch script, or by a
+//! batch's reading): a check of one is read in its batch's transaction, not
+//! counted ([`plain`](super::plain)), and denied on the counts read, which
+//! are what the script would read at that moment; with room again it goes
+//! to the script. Without it, a denial was counted, given back and decided
+//! again by the script. Which way a check goes never changes its decision;
+//! it changes what a denial costs Redis: less than an admission.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};

@@ -43,6 +43,7 @@ use super::batch::{Waiting, answer_all};
 use super::call::Call;
 use super::clock_sync::ClockSync;
 use super::connection::Connections;
+use super::full_keys::FullKeys;
 use super::previous_counts::PreviousCounts;
 use crate::algorithm;
 use crate::algorithm::{fixed_window, sliding_window};
@@ -64,6 +65,9 @@ enum Outcome {
     /// Placed in another window than Redis's clock says: its cost is given
     /// back and the script decides it.
     Again,
+    /// Read, not counted, and not to be denied on what was read (there is
+    /// room, or it was placed in another window): the script decides it.
+    Script,
 }
 
 /// One rate's count of one check: its key, its window's index and the
@@ -80,15 +84,18 @@ struct Count {
 const MAX_REDIS_TIME: u64 = 253_402_300_799_999_999;
 
 /// Decide and answer `batch`'s checks of `algorithm` (a window counter)
-/// with plain commands within `timeout`, the sliding window's previous
-/// counts read unless `known` holds them; the checks the script must
-/// decide again. A failure of the batch is every check's (it may have
-/// counted).
+/// with plain commands within `timeout`: a check of a key `full` holds is
+/// read, not counted (denied on the counts read, else decided by the
+/// script), the others counted; the sliding window's previous counts are
+/// read unless `known` holds them (a read check's always are). The checks
+/// the script must decide. A failure of the batch is every check's (it may
+/// have counted).
 pub(super) async fn decide(
     connections: &Connections,
     timeout: Duration,
     clock: &ClockSync,
     algorithm: Algorithm,
+    full: &FullKeys,
     known: Option<&PreviousCounts>,
     batch: Vec<Waiting>,
 ) -> Vec<Waiting> {
@@ -96,37 +103,72 @@ pub(super) async fn decide(
     let at = clock
         .now()
         .map_or_else(|| clock.local_micros(), |(now, _)| now);
-    let counts: Vec<Vec<Count>> = batch
+    let checks: Vec<Check> = batch
         .iter()
-        .map(|waiting| {
-            waiting
+        .map(|waiting| Check {
+            reads: full.holds(&waiting.state, waiting.now),
+            counts: waiting
                 .policy
                 .rates()
                 .iter()
                 .map(|rate| count(algorithm, &waiting.state, rate, at))
+                .collect(),
+        })
+        .collect();
+    // The sliding window's previous counts this process holds, for the
+    // checks that count; the others are read.
+    let counted_previous = || {
+        checks
+            .iter()
+            .filter(|check| !check.reads)
+            .flat_map(|check| &check.counts)
+            .filter_map(|count| count.previous.as_deref())
+    };
+    let holds: Vec<Option<u64>> = match known {
+        Some(known) => known.known(counted_previous()),
+        None => Vec::new(),
+    };
+    let mut holds = holds.into_iter();
+    let previous_held: Vec<Vec<Option<u64>>> = checks
+        .iter()
+        .map(|check| {
+            check
+                .counts
+                .iter()
+                .filter(|count| count.previous.is_some())
+                .map(|_| {
+                    if check.reads {
+                        None
+                    } else {
+                        holds.next().flatten()
+                    }
+                })
                 .collect()
         })
         .collect();
-    let rates = counts.iter().map(Vec::len).sum::<usize>();
-    // The sliding window's previous counts this process holds; the others
-    // are read.
-    let holds: Vec<Option<u64>> = match known {
-        Some(known) => known.known(
-            counts
-                .iter()
-                .flatten()
-                .filter_map(|count| count.previous.as_deref()),
-        ),
-        None => Vec::new(),
-    };
-    let unknown = counts
+    let unknown: Vec<&Count> = checks
         .iter()
-        .flatten()
-        .filter(|count| count.previous.is_some())
-        .zip(holds.iter().chain(std::iter::repeat(&None)))
+        .zip(&previous_held)
+        .flat_map(|(check, held)| {
+            check
+                .counts
+                .iter()
+                .filter(|count| count.previous.is_some())
+                .zip(held)
+        })
         .filter(|(_, held)| held.is_none())
         .map(|(count, _)| count)
-        .collect::<Vec<&Count>>();
+        .collect();
+    let read: Vec<&Count> = checks
+        .iter()
+        .filter(|check| check.reads)
+        .flat_map(|check| &check.counts)
+        .collect();
+    let counted = checks
+        .iter()
+        .filter(|check| !check.reads)
+        .map(|check| check.counts.len())
+        .sum::<usize>();
     // One transaction: its commands run together, on one reading of
     // Redis's clock, with nothing between them (a reset, another batch's
     // give-back), and a connection cut before its `EXEC` runs none of them.
@@ -143,8 +185,17 @@ pub(super) async fn decide(
             previous.arg(&count.previous);
         }
     }
-    for (waiting, counts) in batch.iter().zip(&counts) {
-        for count in counts {
+    if !read.is_empty() {
+        let current = pipe.cmd("MGET");
+        for count in &read {
+            current.arg(&count.key);
+        }
+    }
+    for (waiting, check) in batch.iter().zip(&checks) {
+        if check.reads {
+            continue;
+        }
+        for count in &check.counts {
             // (An expiry already past, for a check placed in an ended
             // window, deletes the count at once: it is given back anyway.)
             pipe.cmd("INCRBY")
@@ -175,8 +226,15 @@ pub(super) async fn decide(
         now,
         blocks,
         previous,
+        current,
         counted: added,
-    } = match read(&replies, algorithm, batch.len(), unknown.len(), rates) {
+    } = match parse(
+        &replies,
+        algorithm,
+        batch.len(),
+        [unknown.len(), read.len()],
+        counted,
+    ) {
         Ok(read) => read,
         Err(error) => {
             answer_all(batch, &error);
@@ -184,35 +242,48 @@ pub(super) async fn decide(
         }
     };
     clock.record(sent, received, now);
-    // Each count's previous count (the sliding window's): held, or read.
-    let mut read_previous = previous.iter();
-    let mut holds = holds.into_iter();
-    let mut previous = counts
-        .iter()
-        .flatten()
-        .filter(|count| count.previous.is_some())
-        .map(|_| match holds.next().flatten() {
-            Some(count) => Previous::Held(count),
-            None => Previous::Read(read_previous.next().unwrap_or(&Value::Nil)),
-        });
+    let mut previous = previous.iter();
+    let mut current = current.iter();
+    let mut added = added.chunks(2).map(|pair| &pair[0]);
     let mut learned: Vec<(&str, u64, u64)> = Vec::new();
     let mut stale: Vec<&str> = Vec::new();
-    let mut added = added.chunks(2).map(|pair| &pair[0]);
     let mut give_back = GIVE_BACK.prepare_invoke();
     let mut given = 0;
     let mut held = Vec::new();
-    for ((waiting, counts), block) in batch.into_iter().zip(&counts).zip(blocks) {
+    for (((waiting, check), block), holds) in batch
+        .into_iter()
+        .zip(&checks)
+        .zip(blocks)
+        .zip(previous_held)
+    {
         let policy = &waiting.policy;
-        let replies: Vec<&Value> = added.by_ref().take(counts.len()).collect();
-        let previous: Vec<Previous<'_>> = match algorithm {
-            Algorithm::SlidingWindow => previous.by_ref().take(counts.len()).collect(),
-            _ => Vec::new(),
+        let n = check.counts.len();
+        let counts = if check.reads {
+            Counts::Read(current.by_ref().take(n).collect())
+        } else {
+            Counts::Added(added.by_ref().take(n).collect())
         };
-        let outcome = outcome(algorithm, policy, counts, &replies, &previous, block, now);
+        // Each count's previous count (the sliding window's): held, or read.
+        let previous: Vec<Previous<'_>> = holds
+            .into_iter()
+            .map(|held| match held {
+                Some(count) => Previous::Held(count),
+                None => Previous::Read(previous.next().unwrap_or(&Value::Nil)),
+            })
+            .collect();
+        let outcome = outcome(
+            algorithm,
+            policy,
+            &check.counts,
+            &counts,
+            &previous,
+            block,
+            now,
+        );
         // Counts read in their window's successor are held; a denial on a
         // count held reads it again next time (it may have shrunk).
-        if !matches!(outcome, Outcome::Again) {
-            for (count, previous) in counts.iter().zip(&previous) {
+        if !matches!(outcome, Outcome::Again | Outcome::Script) {
+            for (count, previous) in check.counts.iter().zip(&previous) {
                 let Some(key) = count.previous.as_deref() else {
                     continue;
                 };
@@ -227,15 +298,26 @@ pub(super) async fn decide(
                 }
             }
         }
-        if let Outcome::Admitted(decision) = outcome {
+        match outcome {
             // Answered before any give-back of the batch.
-            let _ = waiting.reply.send(Ok(decision));
-            continue;
+            Outcome::Admitted(decision) => {
+                let _ = waiting.reply.send(Ok(decision));
+                continue;
+            }
+            // Denied on the counts read: held full until it ends.
+            Outcome::Answered(Ok(decision)) if check.reads => {
+                full.learn(&waiting.state, &decision, waiting.now);
+                let _ = waiting.reply.send(Ok(decision));
+                continue;
+            }
+            _ => {}
         }
-        for (count, reply) in counts.iter().zip(&replies) {
-            if matches!(reply, Value::Int(_)) {
-                give_back.key(&count.key).arg(policy.cost());
-                given += 1;
+        if let Counts::Added(replies) = &counts {
+            for (count, reply) in check.counts.iter().zip(replies) {
+                if matches!(reply, Value::Int(_)) {
+                    give_back.key(&count.key).arg(policy.cost());
+                    given += 1;
+                }
             }
         }
         held.push((waiting, outcome));
@@ -265,6 +347,10 @@ pub(super) async fn decide(
     for (waiting, outcome) in held {
         let answer = match outcome {
             Outcome::Admitted(decision) => Ok(decision),
+            Outcome::Script => {
+                again.push(waiting);
+                continue;
+            }
             Outcome::Denied(_) | Outcome::Again if given_back => {
                 again.push(waiting);
                 continue;
@@ -288,6 +374,20 @@ pub(super) async fn decide(
     again
 }
 
+/// One check of a batch: its counts, and whether they are read (its key
+/// held full) or counted.
+struct Check {
+    reads: bool,
+    counts: Vec<Count>,
+}
+
+/// A check's counts as the batch found them: read (`MGET`), or after its
+/// `INCRBY`s (their replies).
+enum Counts<'a> {
+    Read(Vec<&'a Value>),
+    Added(Vec<&'a Value>),
+}
+
 /// The decision on counts added to first.
 fn decided(algorithm: Algorithm, policy: &Policy, now: u64, added: &[(u64, u64)]) -> Decision {
     match algorithm {
@@ -304,21 +404,24 @@ struct Replies<'a> {
     blocks: &'a [Value],
     /// The sliding window's previous counts not held, in order.
     previous: &'a [Value],
-    /// An `INCRBY`'s and a `PEXPIREAT`'s reply a rate of each check.
+    /// The counts of the checks read, in order.
+    current: &'a [Value],
+    /// An `INCRBY`'s and a `PEXPIREAT`'s reply a rate of each check
+    /// counted.
     counted: &'a [Value],
 }
 
-/// A batch's `replies` read, for its `checks`, the `unknown` previous
-/// counts it read and its checks' `rates`, after checking that every reply
-/// is there.
-fn read(
+/// A batch's `replies` read, for its `checks`, the previous and current
+/// counts it read (`mgets`) and the `rates` it counted, after checking
+/// that every reply is there.
+fn parse(
     replies: &[Value],
     algorithm: Algorithm,
     checks: usize,
-    unknown: usize,
+    mgets: [usize; 2],
     rates: usize,
 ) -> Result<Replies<'_>, StoreError> {
-    let reads = if unknown > 0 { 3 } else { 2 };
+    let reads = 2 + mgets.iter().filter(|&&n| n > 0).count();
     if replies.len() != reads + 2 * rates {
         return Err(StoreError::UnexpectedReply(format!(
             "{algorithm} batch: {} replies for {}",
@@ -328,14 +431,21 @@ fn read(
     }
     let now = redis_time(&replies[0])?;
     let blocks = values(&replies[1], checks, algorithm, "blocks")?;
-    let previous = match unknown {
-        0 => &[],
-        _ => values(&replies[2], unknown, algorithm, "previous counts")?,
+    let mut next = 2;
+    let mut mget = |n: usize, what: &str| -> Result<&[Value], StoreError> {
+        if n == 0 {
+            return Ok(&[]);
+        }
+        next += 1;
+        values(&replies[next - 1], n, algorithm, what)
     };
+    let previous = mget(mgets[0], "previous counts")?;
+    let current = mget(mgets[1], "counts")?;
     Ok(Replies {
         now,
         blocks,
         previous,
+        current,
         counted: &replies[reads..],
     })
 }
@@ -433,40 +543,54 @@ enum Previous<'a> {
     Read(&'a Value),
 }
 
-/// One check's outcome from its block, its counts' `INCRBY` replies and
-/// (the sliding window) its previous windows' counts, at Redis time `now`.
+/// One check's outcome from its block, its counts (read, or its
+/// `INCRBY`s' replies) and (the sliding window) its previous windows'
+/// counts, at Redis time `now`.
 fn outcome(
     algorithm: Algorithm,
     policy: &Policy,
-    counts: &[Count],
-    replies: &[&Value],
+    keys: &[Count],
+    counts: &Counts<'_>,
     previous: &[Previous<'_>],
     block: &Value,
     now: u64,
 ) -> Outcome {
+    let reads = matches!(counts, Counts::Read(_));
     // Counted in the window every count was named by?
-    if counts
+    if keys
         .iter()
         .zip(policy.rates())
         .any(|(count, rate)| place(algorithm, rate, now).0 != count.index)
     {
-        return Outcome::Again;
+        return if reads {
+            Outcome::Script
+        } else {
+            Outcome::Again
+        };
     }
     if let Some(ends) = block_end(block)
         && ends > now
     {
         return Outcome::Answered(Ok(algorithm::blocked(policy, ends - now)));
     }
-    let mut added = Vec::with_capacity(counts.len());
+    let replies = match counts {
+        Counts::Read(values) | Counts::Added(values) => values,
+    };
+    let mut added = Vec::with_capacity(keys.len());
     for (i, (rate, reply)) in policy.rates().iter().zip(replies).enumerate() {
-        let count = match reply {
-            Value::Int(n) => u64::try_from(*n).unwrap_or(0),
-            Value::ServerError(error) => {
+        let count = match (reads, reply) {
+            // As if counted.
+            (true, value) => match integer(value) {
+                Ok(count) => count.saturating_add(policy.cost()),
+                Err(error) => return Outcome::Answered(Err(error)),
+            },
+            (false, Value::Int(n)) => u64::try_from(*n).unwrap_or(0),
+            (false, Value::ServerError(error)) => {
                 return Outcome::Answered(Err(StoreError::UnexpectedReply(format!(
                     "{algorithm}: {error}"
                 ))));
             }
-            other => {
+            (false, other) => {
                 return Outcome::Answered(Err(StoreError::UnexpectedReply(format!(
                     "{algorithm}: INCRBY replied {other:?}"
                 ))));
@@ -488,10 +612,12 @@ fn outcome(
         added.push((count, other));
     }
     let decision = decided(algorithm, policy, now, &added);
-    if decision.allowed() {
-        Outcome::Admitted(decision)
-    } else {
-        Outcome::Denied(added)
+    match (reads, decision.allowed()) {
+        (false, true) => Outcome::Admitted(decision),
+        (false, false) => Outcome::Denied(added),
+        // Room: the script counts it.
+        (true, true) => Outcome::Script,
+        (true, false) => Outcome::Answered(Ok(decision)),
     }
 }
 
@@ -505,12 +631,12 @@ fn integer(value: &Value) -> Result<u64, StoreError> {
             .map(|n| u64::try_from(n).unwrap_or(0))
             .ok_or_else(|| {
                 StoreError::UnexpectedReply(format!(
-                    "sliding window: an unreadable previous count {:?}",
+                    "window counter: an unreadable count {:?}",
                     String::from_utf8_lossy(text)
                 ))
             }),
         other => Err(StoreError::UnexpectedReply(format!(
-            "sliding window: a previous count of {other:?}"
+            "window counter: a count of {other:?}"
         ))),
     }
 }

@@ -41,6 +41,8 @@ local MAX_MAX = 9007199254740992
 
 local floor, ceil, byte, match = math.floor, math.ceil, string.byte, string.match
 local pack, unpack_struct = struct.pack, struct.unpack
+-- (Locals: a global is looked up by name at every use.)
+local call, pcall_redis, unpack, type = redis.call, redis.pcall, unpack, type
 
 -- The limited key and its policy, set by bind(): `intervals` each rate's
 -- emission interval T = w / max,
@@ -129,19 +131,24 @@ local function offset_of(value, i)
   return offset, expiry
 end
 
+-- The error of rate i's value that does not read.
+local function unreadable(i)
+  return redis.error_reply('gcra: unreadable TAT in ' .. key .. ' field ' .. fields[i])
+end
+
 -- Fill `ds` with every rate's d, the TAT's offset from now, at least 0.
 -- The key's expiry (ms) as every rate's value records it (0: not known);
 -- or false and an error reply (a key of another type, an unreadable TAT),
 -- read before anything is written.
 local function offsets()
   if nrates == 1 then
-    local value = redis.pcall('HGET', key, fields[1])
+    local value = pcall_redis('HGET', key, fields[1])
     if type(value) == 'table' then
       return false, value
     end
     stored[1] = value
   else
-    local values = redis.pcall('HMGET', key, unpack(fields))
+    local values = pcall_redis('HMGET', key, unpack(fields))
     if values.err then
       return false, values
     end
@@ -156,7 +163,7 @@ local function offsets()
     if value then
       d, expiry = offset_of(value, i)
       if d == nil then
-        return false, redis.error_reply('gcra: unreadable TAT in ' .. key .. ' field ' .. fields[i])
+        return false, unreadable(i)
       end
       if d < 0 then
         d = 0
@@ -186,25 +193,42 @@ local function store()
     end
   end
   -- (The expiry set below is exact, not recorded: the values say 0.)
-  redis.call('DEL', key)
+  call('DEL', key)
   if latest ~= nil then
-    redis.call('HSET', key, unpack(writes, 1, m))
+    call('HSET', key, unpack(writes, 1, m))
     local ttl = ceil(latest / 1000)
     if ttl < 1 then
       ttl = 1
     end
-    redis.call('PEXPIRE', key, int(ttl))
+    call('PEXPIRE', key, int(ttl))
   end
 end
 
+-- The key's expiry (ms) once an admitted request's latest TAT is `latest`
+-- µs from now, the values read recording `expiry` (0: not known), and
+-- whether it must be set: it is set one longest window beyond what is
+-- needed, and recorded in every value written, so that only about one
+-- admission per window and key sets it (the key outlives its last TAT by
+-- at most one window). Setting it, the key's TTL is read first: an expiry
+-- another policy's TATs on this key need (its values record their own) is
+-- never shortened.
+local function expiry_for(latest, expiry)
+  local needed = ceil((now + latest) / 1000)
+  if expiry >= needed then
+    return expiry, false
+  end
+  local at = needed + ceil(longest / 1000)
+  local ttl = call('PTTL', key)
+  local lives = floor(now / 1000) + ttl
+  if ttl > 0 and lives >= at then
+    return lives, false
+  end
+  return at, true
+end
+
 -- Write an admitted request's TATs (`kepts`, every one positive) and keep
--- the key alive past the latest: the expiry is set one longest window
--- beyond what is needed, and recorded in every value written, so that
--- only about one admission per window and key sets it (the key outlives
--- its last TAT by at most one window). Setting it, the key's TTL is read
--- first: an expiry another policy's TATs on this key need (its values
--- record their own) is never shortened. Fields of windows not in this
--- policy are left: offsets behind now read as zero.
+-- the key alive past the latest (expiry_for). Fields of windows not in
+-- this policy are left: offsets behind now read as zero.
 local function admit(expiry)
   local latest = 0
   for i = 1, nrates do
@@ -212,28 +236,25 @@ local function admit(expiry)
       latest = kepts[i]
     end
   end
-  local needed = ceil((now + latest) / 1000)
-  local extend = false
-  if expiry < needed then
-    local at = needed + ceil(longest / 1000)
-    local ttl = redis.call('PTTL', key)
-    local lives = floor(now / 1000) + ttl
-    if ttl > 0 and lives >= at then
-      expiry = lives
-    else
-      expiry, extend = at, true
-    end
-  end
+  local extend
+  expiry, extend = expiry_for(latest, expiry)
   local m = 0
   for i = 1, nrates do
     writes[m + 1] = fields[i]
     writes[m + 2] = tat(i, kepts[i], expiry)
     m = m + 2
   end
-  redis.call('HSET', key, unpack(writes, 1, m))
+  call('HSET', key, unpack(writes, 1, m))
   if extend then
-    redis.call('PEXPIREAT', key, int(expiry))
+    call('PEXPIREAT', key, int(expiry))
   end
+end
+
+-- Rate i's offset once a request is taken from offset `d`, and whether it
+-- fits its window: the admission rule.
+local function taken(i, d)
+  local new_d = d + cost * intervals[i]
+  return new_d, new_d <= limits[i]
 end
 
 -- Decide one request into `kepts` (each rate's offset after it); `commit`:
@@ -245,9 +266,9 @@ local function verdict(commit)
   end
   local allowed = 1
   for i = 1, nrates do
-    local new_d = ds[i] + cost * intervals[i]
+    local new_d, fits = taken(i, ds[i])
     kepts[i] = new_d
-    if not (new_d <= limits[i]) then
+    if not fits then
       allowed = 0
     end
   end
@@ -277,8 +298,8 @@ local function status(i, allowed)
   end
   local wait = 0
   if allowed == 0 then
-    local new_d = ds[i] + cost * interval
-    if new_d > limits[i] then
+    local new_d, fits = taken(i, ds[i])
+    if not fits then
       wait = micros_ceil(new_d - w)
     end
   end
@@ -306,16 +327,42 @@ end
 -- before it (`ds`), as bytes (struct '<B' and a little-endian double per
 -- rate): the client takes the decision from these by the same arithmetic
 -- as the memory store (src/algorithm/gcra.rs), without a number
--- formatted here; or nil and an error reply.
+-- formatted here; or nil and an error reply. A policy of one rate, the
+-- usual, is decided without the tables (about an eighth of the script's
+-- work a check).
 decide_batched = function()
-  local allowed, failure = verdict(true)
-  if allowed == false then
-    return nil, failure
+  if nrates ~= 1 then
+    local allowed, failure = verdict(true)
+    if allowed == false then
+      return nil, failure
+    end
+    return pack(reply_format, allowed, unpack(ds, 1, nrates))
   end
-  if nrates == 1 then
-    return pack('<Bd', allowed, ds[1])
+  local value = pcall_redis('HGET', key, fields[1])
+  local d, expiry = 0, 0
+  if value then
+    if type(value) == 'table' then
+      return nil, value
+    end
+    d, expiry = offset_of(value, 1)
+    if d == nil then
+      return nil, unreadable(1)
+    end
+    if d < 0 then
+      d = 0
+    end
   end
-  return pack(reply_format, allowed, unpack(ds, 1, nrates))
+  local new_d, fits = taken(1, d)
+  if not fits then
+    return pack('<Bd', 0, d)
+  end
+  local extend
+  expiry, extend = expiry_for(new_d, expiry)
+  call('HSET', key, fields[1], tat(1, new_d, expiry))
+  if extend then
+    call('PEXPIREAT', key, int(expiry))
+  end
+  return pack('<Bd', 1, d)
 end
 
 -- Move every rate's offset by `units` emission intervals (`sign` 1: a

@@ -766,33 +766,27 @@ async fn beside_limitador(
         format!("/proc/self/task/{thread}/stat"),
         format!("/proc/{}/stat", peer.pid),
     );
-    // The stub on the same transport (tonic on one core), deciding
-    // nothing: what a call costs before any service's own work.
-    let stub = match stub {
-        Some((addr, thread)) => Some((
-            Lean::connect(addr).await,
-            format!("/proc/self/task/{thread}/stat"),
-        )),
-        None => None,
-    };
-    let bare = match bare {
-        Some((addr, thread)) => Some((
-            Lean::connect(addr).await,
-            format!("/proc/self/task/{thread}/stat"),
-        )),
-        None => None,
-    };
+    // The stubs, deciding nothing (on tonic, as the service; on h2
+    // alone): what a call costs before any service's own work. Each with
+    // its side of the rounds.
+    let mut stubs = Vec::new();
+    for (side, stub) in [(2, stub), (3, bare)] {
+        if let Some((addr, thread)) = stub {
+            stubs.push((
+                side,
+                Lean::connect(addr).await,
+                format!("/proc/self/task/{thread}/stat"),
+            ));
+        }
+    }
     let mut sides: [Vec<Round>; 4] = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
     for r in 1..=rounds {
         for (side, client, stat) in [(0, &ours, &our_stat), (1, &theirs, &their_stat)] {
             let one = round(client, stat, admin.as_mut(), seconds, concurrency).await;
             sides[side].push(one);
         }
-        if let Some((client, stat)) = &stub {
-            sides[2].push(round(client, stat, None, seconds, concurrency).await);
-        }
-        if let Some((client, stat)) = &bare {
-            sides[3].push(round(client, stat, None, seconds, concurrency).await);
+        for (side, client, stat) in &stubs {
+            sides[*side].push(round(client, stat, None, seconds, concurrency).await);
         }
         let (o, t) = (sides[0][r - 1], sides[1][r - 1]);
         eprintln!(
@@ -864,28 +858,22 @@ async fn beside_limitador(
         "RESULT envoy/limitador/{name}/ratio/cpu_us_per_call {:.2}",
         ratio(|r| r.cpu / r.calls)
     );
-    if !sides[2].is_empty() {
-        // Limitador's CPU a call over the stub's, round by round: the most
-        // calls/s (over Limitador's) a service on this transport could
-        // make on a saturated core if its own work cost nothing.
+    // Limitador's CPU a call over a stub's, round by round: the most
+    // calls/s (over Limitador's) a service on the stub's transport (tonic;
+    // h2 alone) could make on a saturated core if its own work cost
+    // nothing.
+    for (side, stub) in [(2, "stub"), (3, "bare_stub")] {
+        if sides[side].is_empty() {
+            continue;
+        }
         let bound = median(
             sides[1]
                 .iter()
-                .zip(&sides[2])
+                .zip(&sides[side])
                 .map(|(t, stub)| (t.cpu / t.calls) / (stub.cpu / stub.calls))
                 .collect(),
         );
-        println!("RESULT envoy/limitador/{name}/ratio/stub_bound_per_second {bound:.2}");
-    }
-    if !sides[3].is_empty() {
-        let bound = median(
-            sides[1]
-                .iter()
-                .zip(&sides[3])
-                .map(|(t, bare)| (t.cpu / t.calls) / (bare.cpu / bare.calls))
-                .collect(),
-        );
-        println!("RESULT envoy/limitador/{name}/ratio/bare_stub_bound_per_second {bound:.2}");
+        println!("RESULT envoy/limitador/{name}/ratio/{stub}_bound_per_second {bound:.2}");
     }
     if on_redis {
         println!(

@@ -8,6 +8,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::support::harness::just_into_a_window;
 use crate::support::{RedisServer, contention};
 use tower_redis_ratelimit::store::Command;
 use tower_redis_ratelimit::{Policy, RedisStore, Store, StoreError};
@@ -365,16 +366,6 @@ async fn a_failing_rate_gives_back_what_the_others_counted() {
             }
         }
     }
-}
-
-/// Sleep until `margin` past the next multiple of `window` on this
-/// machine's clock (Redis's, on the same machine).
-async fn just_into_a_window(window: Duration, margin: Duration) {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
-    let w = window.as_micros();
-    let boundary = (now.as_micros() / w + 1) * w;
-    let until = Duration::from_micros(u64::try_from(boundary - now.as_micros()).unwrap());
-    tokio::time::sleep(until + margin).await;
 }
 
 /// The sliding window's previous count is read once per key and window

@@ -37,6 +37,7 @@ mod faults;
 mod fixed_window;
 mod gcra;
 mod grpc;
+mod held_counts_attack;
 mod hostile_clients;
 mod http;
 mod http_strategies;

@@ -21,6 +21,7 @@ use crate::support::faults::{self, Connections, FaultSpans, Loss, SteppingClock,
 use crate::support::harness::{away_from_a_boundary, now_us};
 use crate::support::proxy::{FaultProxy, Match};
 use crate::support::rng::Rng;
+use crate::support::window_counters::{FIXED, SLIDING, WINDOW_COUNTERS, policy, tag};
 use crate::support::{RedisServer, start_of_a_second};
 use tokio::task::JoinSet;
 use tower_redis_ratelimit::clock::{ManualClock, SkewedClock, SystemClock};
@@ -32,27 +33,6 @@ use tower_redis_ratelimit::{
 
 // ---------------------------------------------------------------------------
 // Helpers.
-
-const FIXED: &str = "fixed-window";
-const SLIDING: &str = "sliding-window";
-const WINDOW_COUNTERS: [&str; 2] = [FIXED, SLIDING];
-
-fn policy(algorithm: &str, text: &str) -> Policy {
-    let policy: Policy = text.parse().unwrap();
-    match algorithm {
-        FIXED => policy.fixed_window().unwrap(),
-        SLIDING => policy.sliding_window().unwrap(),
-        other => panic!("{other}"),
-    }
-}
-
-fn tag(algorithm: &str) -> &'static str {
-    match algorithm {
-        FIXED => "fixed",
-        SLIDING => "swc",
-        other => panic!("{other}"),
-    }
-}
 
 fn now_duration() -> Duration {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap()

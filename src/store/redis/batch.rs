@@ -122,8 +122,8 @@ impl Batcher {
     }
 
     /// Drop the previous counts held of `state` (the sliding window's)
-    /// about this process's time `now` (µs): a command may have changed
-    /// them.
+    /// about Redis's time `now` (µs, as this process estimates it): a
+    /// command may have changed them.
     pub(super) fn forget_previous(&self, state: &str, policy: &Policy, now: u64) {
         if let Some(previous) = &self.previous {
             let keys = plain::previous_keys(state, policy, now);

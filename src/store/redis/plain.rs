@@ -249,7 +249,7 @@ pub(super) async fn decide(
     let mut stale: Vec<&str> = Vec::new();
     let mut give_back = GIVE_BACK.prepare_invoke();
     let mut given = 0;
-    let mut held = Vec::new();
+    let mut outcomes = Vec::with_capacity(batch.len());
     for (((waiting, check), block), holds) in batch
         .into_iter()
         .zip(&checks)
@@ -298,21 +298,9 @@ pub(super) async fn decide(
                 }
             }
         }
-        match outcome {
-            // Answered before any give-back of the batch.
-            Outcome::Admitted(decision) => {
-                let _ = waiting.reply.send(Ok(decision));
-                continue;
-            }
-            // Denied on the counts read: held full until it ends.
-            Outcome::Answered(Ok(decision)) if check.reads => {
-                full.learn(&waiting.state, &decision, waiting.now);
-                let _ = waiting.reply.send(Ok(decision));
-                continue;
-            }
-            _ => {}
-        }
-        if let Counts::Added(replies) = &counts {
+        if let Counts::Added(replies) = &counts
+            && !matches!(outcome, Outcome::Admitted(_))
+        {
             for (count, reply) in check.counts.iter().zip(replies) {
                 if matches!(reply, Value::Int(_)) {
                     give_back.key(&count.key).arg(policy.cost());
@@ -320,11 +308,28 @@ pub(super) async fn decide(
                 }
             }
         }
-        held.push((waiting, outcome));
+        outcomes.push((waiting, check.reads, outcome));
     }
+    // What was read is held before any check is answered: a command the
+    // caller sends next then drops it.
     if let Some(known) = known {
         known.learn(&learned, now);
         known.forget(stale.into_iter());
+    }
+    let mut held = Vec::new();
+    for (waiting, reads, outcome) in outcomes {
+        match outcome {
+            // Answered before any give-back of the batch.
+            Outcome::Admitted(decision) => {
+                let _ = waiting.reply.send(Ok(decision));
+            }
+            // Denied on the counts read: held full until it ends.
+            Outcome::Answered(Ok(decision)) if reads => {
+                full.learn(&waiting.state, &decision, waiting.now);
+                let _ = waiting.reply.send(Ok(decision));
+            }
+            outcome => held.push((waiting, outcome)),
+        }
     }
     // Within what is left of the timeout. Given back, the denied checks are
     // decided again by the script, on the counts as they are then (a denial

@@ -285,3 +285,13 @@ pub fn now_us() -> u64 {
             .unwrap(),
     )
 }
+
+/// Sleep until `margin` past the next multiple of `window` on this
+/// machine's clock (Redis's, on the same machine).
+pub async fn just_into_a_window(window: Duration, margin: Duration) {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    let w = window.as_micros();
+    let boundary = (now.as_micros() / w + 1) * w;
+    let until = Duration::from_micros(u64::try_from(boundary - now.as_micros()).unwrap());
+    tokio::time::sleep(until + margin).await;
+}

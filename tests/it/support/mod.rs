@@ -35,6 +35,7 @@ pub mod server;
 pub mod suites;
 pub mod tls;
 pub mod units;
+pub mod window_counters;
 
 pub use cluster::{CLUSTER_NODE_ARGS, RedisCluster, create_cluster};
 pub use raw::{

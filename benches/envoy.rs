@@ -986,6 +986,14 @@ fn main() {
     let parts = std::env::var("BENCH_PARTS")
         .ok()
         .filter(|parts| !parts.is_empty());
+    if let Some(parts) = &parts {
+        for part in parts.split(',') {
+            assert!(
+                ["decisions", "limitador", "envoy"].contains(&part.trim()),
+                "BENCH_PARTS: no part {part:?} (decisions, limitador, envoy)"
+            );
+        }
+    }
     let part = |name: &str| {
         parts
             .as_deref()

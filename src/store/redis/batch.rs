@@ -176,9 +176,9 @@ impl Batcher {
         }
         let batch = match &self.full {
             // Decided with plain commands; the checks denied, placed in
-            // another window than Redis's clock says, or of keys the
-            // script found full with room again go on to the script (those
-            // whose caller has not given up meanwhile).
+            // another window than Redis's clock says, or of keys found full
+            // with room again go on to the script (those whose caller has
+            // not given up meanwhile).
             Some(full) => plain::decide(
                 connections,
                 timeout,

@@ -9,14 +9,15 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
+use super::eviction::make_room;
 use crate::decision::Decision;
 use crate::policy::duration_micros;
 use crate::store::KeyHasher;
 
-/// The most keys held (about 1 MiB: two words each, whatever the keys'
-/// lengths); past it, those whose denial ended go, and if too few did,
-/// about half of the others (a key dropped is a check sent the plain way
-/// once more).
+/// The most keys held (about 2 MiB: two words each and the map's
+/// overhead, whatever the keys' lengths); past it, those whose denial ended
+/// go, and if too few did, about half of the others
+/// ([`make_room`]; a key dropped is a check counted once more).
 const MAX_FULL_KEYS: usize = 1 << 16;
 
 /// Keys found full, by the hash of their Redis key, each until the end of
@@ -45,8 +46,9 @@ impl FullKeys {
             .is_some_and(|&until| until > now)
     }
 
-    /// The script's `decision` on `state`, asked at `now`: a denial holds
-    /// the key until it ends; an admission lets it go.
+    /// A `decision` on `state` (the script's, or a batch's on the counts
+    /// it read), asked at `now`: a denial holds the key until it ends; an
+    /// admission lets it go.
     pub(super) fn learn(&self, state: &str, decision: &Decision, now: u64) {
         let hash = self.hasher.hash(state.as_bytes());
         let mut until = self.until.lock().unwrap_or_else(PoisonError::into_inner);
@@ -54,14 +56,8 @@ impl FullKeys {
             until.remove(&hash);
             return;
         }
-        if until.len() >= MAX_FULL_KEYS && !until.contains_key(&hash) {
-            until.retain(|_, &mut end| end > now);
-            if until.len() > MAX_FULL_KEYS / 2 {
-                // The hashes are random: a bit of them picks about half.
-                let bit = 1 << (now % 64);
-                until.retain(|&hash, _| hash & bit == 0);
-            }
-        }
+        let incoming = usize::from(!until.contains_key(&hash));
+        make_room(&mut until, incoming, MAX_FULL_KEYS, now, |&end| end);
         until.insert(
             hash,
             now.saturating_add(duration_micros(decision.retry_after())),

@@ -27,6 +27,7 @@ mod command;
 mod connection;
 mod denials;
 mod errors;
+mod eviction;
 mod full_keys;
 mod plain;
 mod previous_counts;

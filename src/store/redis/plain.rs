@@ -1,14 +1,15 @@
 //! The window counters' batched checks as plain commands: one `MULTI` …
-//! `EXEC` transaction a batch, holding a `TIME`, an `MGET` of the blocks
-//! (and, for the sliding window, of the previous windows' counts not held:
-//! [`previous_counts`](super::previous_counts)), and per check and rate an `INCRBY` of the current window's count and a
-//! `PEXPIREAT` of it (the fixed window's at the window's end; the sliding
-//! window's at the next one's, while it counts as the previous window).
-//! Redis runs no script for an admission: a check costs it about what the
-//! plain `INCRBY` + `EXPIRE` of a counter costs. The transaction runs its
-//! commands together on one reading of Redis's clock, with nothing between
-//! them, and a connection cut before its `EXEC` runs none of them: no count
-//! is ever left without its expiry.
+//! `EXEC` transaction a batch, holding a `TIME`, an `MGET` of the blocks,
+//! one of the sliding window's previous counts this process does not know
+//! ([`previous_counts`](super::previous_counts)), one of the counts of the
+//! checks it reads (below), and per counted check and rate an `INCRBY` of
+//! the current window's count and a `PEXPIREAT` of it (the fixed window's
+//! at the window's end; the sliding window's at the next one's, while it
+//! counts as the previous window). Redis runs no script for an admission:
+//! a check costs it about what the plain `INCRBY` + `EXPIRE` of a counter
+//! costs. The transaction runs its commands together on one reading of
+//! Redis's clock, with nothing between them, and a connection cut before
+//! its `EXEC` runs none of them: no count is ever left without its expiry.
 //!
 //! The store counts first and decides on the counts after: a check is
 //! admitted when every rate's count, with its cost, is within its max (an
@@ -21,6 +22,11 @@
 //! another denied check's cost, not yet given back). A give-back that fails
 //! leaves its cost counted: at most once, as a lost reply, and the denials
 //! are then decided on counts holding their own cost.
+//!
+//! A check of a key found full ([`FullKeys`]) is read, not counted: denied
+//! on the counts read (what the script would read on the same reading of
+//! the clock), it is answered; with room, or placed in another window, the
+//! script decides it. A denial then costs Redis less than an admission.
 //!
 //! The one inexactness: a reset or reward of a key between a denied
 //! check's `INCRBY` and its give-back (one round trip) removes the denied
@@ -124,12 +130,12 @@ pub(super) async fn decide(
             .flat_map(|check| &check.counts)
             .filter_map(|count| count.previous.as_deref())
     };
-    let holds: Vec<Option<u64>> = match known {
+    let known_counts: Vec<Option<u64>> = match known {
         Some(known) => known.known(counted_previous()),
         None => Vec::new(),
     };
-    let mut holds = holds.into_iter();
-    let previous_held: Vec<Vec<Option<u64>>> = checks
+    let mut known_counts = known_counts.into_iter();
+    let known_previous: Vec<Vec<Option<u64>>> = checks
         .iter()
         .map(|check| {
             check
@@ -140,7 +146,7 @@ pub(super) async fn decide(
                     if check.reads {
                         None
                     } else {
-                        holds.next().flatten()
+                        known_counts.next().flatten()
                     }
                 })
                 .collect()
@@ -148,15 +154,15 @@ pub(super) async fn decide(
         .collect();
     let unknown: Vec<&Count> = checks
         .iter()
-        .zip(&previous_held)
-        .flat_map(|(check, held)| {
+        .zip(&known_previous)
+        .flat_map(|(check, known)| {
             check
                 .counts
                 .iter()
                 .filter(|count| count.previous.is_some())
-                .zip(held)
+                .zip(known)
         })
-        .filter(|(_, held)| held.is_none())
+        .filter(|(_, known)| known.is_none())
         .map(|(count, _)| count)
         .collect();
     let read: Vec<&Count> = checks
@@ -235,7 +241,7 @@ pub(super) async fn decide(
         [unknown.len(), read.len()],
         counted,
     ) {
-        Ok(read) => read,
+        Ok(replies) => replies,
         Err(error) => {
             answer_all(batch, &error);
             return Vec::new();
@@ -250,11 +256,11 @@ pub(super) async fn decide(
     let mut give_back = GIVE_BACK.prepare_invoke();
     let mut given = 0;
     let mut outcomes = Vec::with_capacity(batch.len());
-    for (((waiting, check), block), holds) in batch
+    for (((waiting, check), block), known) in batch
         .into_iter()
         .zip(&checks)
         .zip(blocks)
-        .zip(previous_held)
+        .zip(known_previous)
     {
         let policy = &waiting.policy;
         let n = check.counts.len();
@@ -263,11 +269,11 @@ pub(super) async fn decide(
         } else {
             Counts::Added(added.by_ref().take(n).collect())
         };
-        // Each count's previous count (the sliding window's): held, or read.
-        let previous: Vec<Previous<'_>> = holds
+        // Each count's previous count (the sliding window's): known, or read.
+        let previous: Vec<Previous<'_>> = known
             .into_iter()
-            .map(|held| match held {
-                Some(count) => Previous::Held(count),
+            .map(|known| match known {
+                Some(count) => Previous::Known(count),
                 None => Previous::Read(previous.next().unwrap_or(&Value::Nil)),
             })
             .collect();
@@ -280,21 +286,26 @@ pub(super) async fn decide(
             block,
             now,
         );
-        // Counts read in their window's successor are held; a denial on a
-        // count held reads it again next time (it may have shrunk).
+        // Counts read in their window's successor are kept, when the
+        // transaction wrote (so it ran on a primary, not on a replica a
+        // connection was left on); a denial on a count known reads it again
+        // next time (it may have shrunk).
         if !matches!(outcome, Outcome::Again | Outcome::Script) {
-            for (count, previous) in check.counts.iter().zip(&previous) {
+            for ((count, previous), rate) in check.counts.iter().zip(&previous).zip(policy.rates())
+            {
                 let Some(key) = count.previous.as_deref() else {
                     continue;
                 };
                 match previous {
-                    Previous::Read(value) => {
+                    // A previous count until the current window ends.
+                    Previous::Read(value) if counted > 0 => {
                         if let Ok(read) = integer(value) {
-                            learned.push((key, read, count.expires));
+                            learned.push((key, read, place(algorithm, rate, now).1));
                         }
                     }
-                    Previous::Held(_) if matches!(outcome, Outcome::Denied(_)) => stale.push(key),
-                    Previous::Held(_) => {}
+                    Previous::Read(_) => {}
+                    Previous::Known(_) if matches!(outcome, Outcome::Denied(_)) => stale.push(key),
+                    Previous::Known(_) => {}
                 }
             }
         }
@@ -310,25 +321,25 @@ pub(super) async fn decide(
         }
         outcomes.push((waiting, check.reads, outcome));
     }
-    // What was read is held before any check is answered: a command the
+    // What was read is kept before any check is answered: a command the
     // caller sends next then drops it.
     if let Some(known) = known {
         known.learn(&learned, now);
         known.forget(stale.into_iter());
     }
-    let mut held = Vec::new();
+    let mut pending = Vec::new();
     for (waiting, reads, outcome) in outcomes {
         match outcome {
             // Answered before any give-back of the batch.
             Outcome::Admitted(decision) => {
                 let _ = waiting.reply.send(Ok(decision));
             }
-            // Denied on the counts read: held full until it ends.
+            // Denied on the counts read: kept full until it ends.
             Outcome::Answered(Ok(decision)) if reads => {
                 full.learn(&waiting.state, &decision, waiting.now);
                 let _ = waiting.reply.send(Ok(decision));
             }
-            outcome => held.push((waiting, outcome)),
+            outcome => pending.push((waiting, outcome)),
         }
     }
     // Within what is left of the timeout. Given back, the denied checks are
@@ -349,7 +360,7 @@ pub(super) async fn decide(
             }
         };
     let mut again = Vec::new();
-    for (waiting, outcome) in held {
+    for (waiting, outcome) in pending {
         let answer = match outcome {
             Outcome::Admitted(decision) => Ok(decision),
             Outcome::Script => {
@@ -407,7 +418,7 @@ struct Replies<'a> {
     now: u64,
     /// Each check's block.
     blocks: &'a [Value],
-    /// The sliding window's previous counts not held, in order.
+    /// The sliding window's previous counts not known, in order.
     previous: &'a [Value],
     /// The counts of the checks read, in order.
     current: &'a [Value],
@@ -500,7 +511,7 @@ pub(super) fn previous_keys(state: &str, policy: &Policy, now: u64) -> Vec<Strin
         .iter()
         .flat_map(|rate| {
             let window = rate.window_micros();
-            let index = now / window;
+            let (index, _) = place(Algorithm::SlidingWindow, rate, now);
             (index.saturating_sub(2)..=index).map(move |index| sliding_key(state, window, index))
         })
         .collect()
@@ -541,10 +552,10 @@ fn expiry(end: u64) -> u64 {
     end.div_ceil(1000)
 }
 
-/// A sliding window's previous count: held, or as read in the batch.
+/// A sliding window's previous count: known, or as read in the batch.
 #[derive(Clone, Copy)]
 enum Previous<'a> {
-    Held(u64),
+    Known(u64),
     Read(&'a Value),
 }
 
@@ -605,7 +616,7 @@ fn outcome(
         let other = match algorithm {
             Algorithm::SlidingWindow => {
                 match previous.get(i).map_or(Ok(0), |previous| match previous {
-                    Previous::Held(count) => Ok(*count),
+                    Previous::Known(count) => Ok(*count),
                     Previous::Read(value) => integer(value),
                 }) {
                     Ok(previous) => previous,

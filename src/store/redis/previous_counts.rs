@@ -15,16 +15,22 @@
 //! Until then, a count another process rewarded, reset or gave back is
 //! read here as it was: a check admitted meanwhile is told fewer remaining
 //! requests than there are, never more. This process's own penalties,
-//! rewards and resets drop the key's entries.
+//! rewards and resets drop the key's entries. Counts are kept only from
+//! transactions that wrote (so ran on a primary, not on a replica a
+//! connection was left on), and only while Redis's clock does not step
+//! back across a window's end (which would open an ended window again, for
+//! every window counter).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
+use super::eviction::make_room;
 use crate::store::KeyHasher;
 
-/// The most counts held (about 2 MiB: four words each, whatever the keys'
-/// lengths); past it, those whose window ended go, and if too few did,
-/// about half of the others (a count dropped is read once more).
+/// The most counts held (about 4 MiB: four words each and the map's
+/// overhead, whatever the keys' lengths); past it, those whose window ended
+/// go, and if too few did, about half of the others ([`make_room`]; a
+/// count dropped is read once more).
 const MAX_PREVIOUS_COUNTS: usize = 1 << 16;
 
 /// A count as read: its Redis key's second hash (two independent 64-bit
@@ -96,14 +102,13 @@ impl PreviousCounts {
             })
             .collect();
         let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        if counts.len() + hashed.len() > MAX_PREVIOUS_COUNTS {
-            counts.retain(|_, held| held.until > now);
-            if counts.len() + hashed.len() > MAX_PREVIOUS_COUNTS / 2 {
-                // The hashes are random: a bit of them picks about half.
-                let bit = 1 << (now % 64);
-                counts.retain(|&hash, _| hash & bit == 0);
-            }
-        }
+        make_room(
+            &mut counts,
+            hashed.len(),
+            MAX_PREVIOUS_COUNTS,
+            now,
+            |held| held.until,
+        );
         for (hash, held) in hashed {
             if counts.len() < MAX_PREVIOUS_COUNTS {
                 counts.insert(hash, held);

@@ -1,8 +1,9 @@
-//! Attacks on the window counters' batched checks: the sliding window's
-//! previous counts held in process (`PreviousCounts`), and the keys found
-//! full read, not counted, in the batch's transaction (`FullKeys`). Real
-//! redis-server processes; the exact decisions come from `MemoryStore` on
-//! the same (system) clock, with margins where time moves under them.
+//! Attacks on what the window counters' batches read instead of counting:
+//! the sliding window's previous counts known in process
+//! (`PreviousCounts`), and the keys found full, read in the batch's
+//! transaction (`FullKeys`). Real redis-server processes; the exact
+//! decisions come from `MemoryStore` on the same (system) clock, with
+//! margins where time moves under them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;

@@ -196,11 +196,8 @@ local function store()
   call('DEL', key)
   if latest ~= nil then
     call('HSET', key, unpack(writes, 1, m))
-    local ttl = ceil(latest / 1000)
-    if ttl < 1 then
-      ttl = 1
-    end
-    call('PEXPIRE', key, int(ttl))
+    -- On the script's one reading of the clock, as every expiry it sets.
+    call('PEXPIREAT', key, int(ceil((now + latest) / 1000)))
   end
 end
 

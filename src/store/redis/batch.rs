@@ -33,6 +33,7 @@ use super::full_keys::FullKeys;
 use super::plain;
 use super::previous_counts::PreviousCounts;
 use super::script::{self, BatchItem, Keys};
+use super::window_counts;
 use crate::decision::Decision;
 use crate::policy::{Algorithm, Policy};
 use crate::store::StoreError;
@@ -126,7 +127,7 @@ impl Batcher {
     /// command may have changed them.
     pub(super) fn forget_previous(&self, state: &str, policy: &Policy, now: u64) {
         if let Some(previous) = &self.previous {
-            let keys = plain::previous_keys(state, policy, now);
+            let keys = window_counts::previous_keys(state, policy, now);
             previous.forget(keys.iter().map(String::as_str));
         }
     }

@@ -38,6 +38,7 @@ mod script;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 mod sliding_log;
+mod window_counts;
 
 pub use builder::RedisStoreBuilder;
 pub use connection::{TrackedConnection, TrackedManager};

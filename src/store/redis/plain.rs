@@ -51,10 +51,11 @@ use super::clock_sync::ClockSync;
 use super::connection::Connections;
 use super::full_keys::FullKeys;
 use super::previous_counts::PreviousCounts;
+use super::window_counts::{Count, count, expiry, place};
 use crate::algorithm;
 use crate::algorithm::{fixed_window, sliding_window};
 use crate::decision::Decision;
-use crate::policy::{Algorithm, Policy, Rate};
+use crate::policy::{Algorithm, Policy};
 use crate::store::StoreError;
 
 /// What became of one check of a batch.
@@ -74,15 +75,6 @@ enum Outcome {
     /// Read, not counted, and not to be denied on what was read (there is
     /// room, or it was placed in another window): the script decides it.
     Script,
-}
-
-/// One rate's count of one check: its key, its window's index and the
-/// count's expiry (µs), and the sliding window's previous window's count.
-struct Count {
-    key: String,
-    index: u64,
-    expires: u64,
-    previous: Option<String>,
 }
 
 /// The latest Redis time a reply may show (µs: the end of the year 9999);
@@ -466,72 +458,6 @@ fn parse(
     })
 }
 
-/// Where `rate`'s count is at Redis time `at` (µs): the key
-/// `{state}:{window µs or calendar}:{window index}`, as the scripts name it.
-fn count(algorithm: Algorithm, state: &str, rate: &Rate, at: u64) -> Count {
-    let (index, end) = place(algorithm, rate, at);
-    match (algorithm, rate.calendar()) {
-        (Algorithm::SlidingWindow, _) => {
-            let window = rate.window_micros();
-            Count {
-                key: sliding_key(state, window, index),
-                index,
-                // It counts as the previous window until the next one ends.
-                expires: end.saturating_add(window),
-                previous: Some(sliding_key(state, window, index.saturating_sub(1))),
-            }
-        }
-        (_, None) => Count {
-            key: format!("{state}:{}:{index}", rate.window_micros()),
-            index,
-            expires: end,
-            previous: None,
-        },
-        (_, Some(calendar)) => Count {
-            key: format!("{state}:{}:{index}", calendar.field()),
-            index,
-            expires: end,
-            previous: None,
-        },
-    }
-}
-
-/// The sliding window's count of window `index` of `window` µs.
-fn sliding_key(state: &str, window: u64, index: u64) -> String {
-    format!("{state}:{window}:{index}")
-}
-
-/// The sliding window's counts of `state` that may be a previous count
-/// about this process's time `now` (µs): for every rate, its window's,
-/// the one before and the one before that (Redis's clock may be a window
-/// away).
-pub(super) fn previous_keys(state: &str, policy: &Policy, now: u64) -> Vec<String> {
-    policy
-        .rates()
-        .iter()
-        .flat_map(|rate| {
-            let window = rate.window_micros();
-            let (index, _) = place(Algorithm::SlidingWindow, rate, now);
-            (index.saturating_sub(2)..=index).map(move |index| sliding_key(state, window, index))
-        })
-        .collect()
-}
-
-/// The index and end (µs) of `rate`'s window at `now`.
-fn place(algorithm: Algorithm, rate: &Rate, now: u64) -> (u64, u64) {
-    match algorithm {
-        Algorithm::SlidingWindow => {
-            let window = rate.window_micros();
-            let index = now / window;
-            (index, (index + 1) * window)
-        }
-        _ => {
-            let (_, index, end) = fixed_window::place(rate, now);
-            (index, end)
-        }
-    }
-}
-
 /// The `n` values of an `MGET`'s reply.
 fn values<'a>(
     reply: &'a Value,
@@ -545,11 +471,6 @@ fn values<'a>(
             "{algorithm} batch: MGET of the {what} replied {other:?}"
         ))),
     }
-}
-
-/// The expiry (ms) of a count that stops counting at `end` (µs).
-fn expiry(end: u64) -> u64 {
-    end.div_ceil(1000)
 }
 
 /// A sliding window's previous count: known, or as read in the batch.

@@ -1,6 +1,7 @@
 //! Checks decided in batches (`RedisStore::with_batches`): many concurrent
-//! checks of the window counters and GCRA in one `EVALSHA` (the fixed
-//! window's in one pipeline of plain commands), against a real
+//! checks of the window counters, GCRA and the sliding log's `Script`
+//! execution in one `EVALSHA` (the window counters' in one pipeline of
+//! plain commands), against a real
 //! redis-server. Each test also shows that batches were formed (fewer
 //! batches than checks), so it exercises the batches, not the single-check
 //! path.
@@ -9,7 +10,9 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::support::harness::just_into_a_window;
-use crate::support::{RedisServer, contention};
+use crate::support::proxy::{AfterDrop, FaultProxy, Match};
+use crate::support::{RedisServer, contention, zcard};
+use tower_redis_ratelimit::policy::Execution;
 use tower_redis_ratelimit::store::Command;
 use tower_redis_ratelimit::{Policy, RedisStore, Store, StoreError};
 
@@ -20,11 +23,12 @@ fn policy(algorithm: &str, text: &str) -> Policy {
         "fixed-window" => policy.fixed_window().unwrap(),
         "sliding-window" => policy.sliding_window().unwrap(),
         "gcra" => policy.gcra().unwrap(),
+        "sliding-log" => policy.with_execution(Execution::Script).unwrap(),
         other => panic!("{other}"),
     }
 }
 
-const BATCHED: [&str; 3] = ["fixed-window", "sliding-window", "gcra"];
+const BATCHED: [&str; 4] = ["fixed-window", "sliding-window", "gcra", "sliding-log"];
 
 /// Batches sent so far: each reads Redis's clock once (`TIME`), a batch
 /// script as a pipeline of plain commands.
@@ -249,13 +253,14 @@ async fn a_key_of_another_type_fails_only_its_own_check() {
         let tag = match algorithm {
             "fixed-window" => "fixed",
             "sliding-window" => "swc",
+            "sliding-log" => "log",
             _ => "gcra",
         };
         // Something else under the prefix: a string where a hash belongs,
         // or (the window counters' counts) a hash where an integer belongs,
         // in this minute's window and the next.
         let foreign = store.redis_key(tag, "foreign");
-        if tag != "gcra" {
+        if tag != "gcra" && tag != "log" {
             let minute = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .unwrap()
@@ -412,4 +417,73 @@ async fn a_previous_count_is_read_once_a_window_and_again_after_a_reset() {
         );
     }
     assert!(!store.check("b", &p).await.unwrap().allowed());
+}
+
+/// The sliding log's batch whose reply is lost (the connection closed
+/// after Redis ran it) is sent again, and each of its checks, finding its
+/// own entries, is admitted again without counting twice: exactly the
+/// max is admitted, and the log holds exactly that many entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sliding_log_batch_sent_again_after_a_lost_reply_counts_each_check_once() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let store = RedisStore::connect(&proxy.url())
+        .await
+        .unwrap()
+        .with_batches(1)
+        .with_timeout(Duration::from_secs(5));
+    let limit = policy("sliding-log", "10/60s");
+    // Loads the script.
+    assert!(store.check("warm", &limit).await.unwrap().allowed());
+    // A first batch, its reply stalled, holds the next checks in the queue:
+    // they go out together, in the batch whose reply is lost.
+    let gate = store.redis_key("log", "gate");
+    let hot = store.redis_key("log", "hot");
+    proxy.stall_next_reply(
+        Match::command("EVALSHA").arg(&gate),
+        Duration::from_millis(300),
+    );
+    proxy.drop_next_reply(Match::command("EVALSHA").arg(&hot), AfterDrop::Close);
+    let first = {
+        let (store, limit) = (store.clone(), limit.clone());
+        tokio::spawn(async move { store.check("gate", &limit).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let checks = (0..20).map(|_| ("hot".to_owned(), limit.clone())).collect();
+    let decisions = all_at_once(&store, checks).await;
+    assert!(first.await.unwrap().unwrap().allowed());
+    assert_eq!(proxy.armed(), 0, "the batch's reply was not dropped");
+    let admitted = decisions.iter().filter(|d| *d.as_ref().unwrap()).count();
+    assert_eq!(admitted, 10, "{decisions:?}");
+    assert_eq!(zcard(&server, &hot), 10);
+}
+
+/// A sliding-log check admitted in a batch carries its entries: a refund
+/// of it takes exactly them back out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sliding_log_check_admitted_in_a_batch_can_be_refunded() {
+    let server = RedisServer::start();
+    let store = one_batch_in_flight(&server).await;
+    let limit = policy("sliding-log", "5/60s").with_cost(2).unwrap();
+    let before = batches(&server);
+    let checks = (0..6).map(|_| ("refunded".to_owned(), limit.clone()));
+    let decisions = contention::all_at_once(&store, checks.collect()).await;
+    assert!(batches(&server) - before < 6, "not batched");
+    let admitted: Vec<_> = decisions
+        .into_iter()
+        .map(Result::unwrap)
+        .filter(tower_redis_ratelimit::Decision::allowed)
+        .collect();
+    assert_eq!(admitted.len(), 2);
+    let key = store.redis_key("log", "refunded");
+    assert_eq!(zcard(&server, &key), 4);
+    let id = admitted[0]
+        .refund_id()
+        .expect("an admission carries its entries");
+    let after = store
+        .command("refunded", &limit, Command::Refund { id, units: 2 })
+        .await
+        .unwrap();
+    assert_eq!(zcard(&server, &key), 2);
+    assert_eq!(after.rates()[0].remaining(), 1);
 }

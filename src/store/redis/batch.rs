@@ -1,7 +1,8 @@
 //! Checks decided in batches: the concurrent checks of one algorithm (the
-//! window counters and GCRA) on a single Redis go out together: GCRA's as
-//! one `EVALSHA` that decides each in turn, on one reading of Redis's
-//! clock; the window counters' as one pipeline of plain commands
+//! window counters, GCRA and the sliding log's `Script` execution) on a
+//! single Redis go out together: GCRA's and the sliding log's as one
+//! `EVALSHA` that decides each in turn, on one reading of Redis's clock;
+//! the window counters' as one pipeline of plain commands
 //! ([`plain`](super::plain)).
 //!
 //! A check joins a queue. While fewer than the store's limit of batches are
@@ -10,15 +11,19 @@
 //! check queued meanwhile (up to [`MAX_BATCH`]). Under load the cost of a
 //! call, a script's set-up and Redis's socket work is shared by the checks
 //! of a batch; each GCRA check's own work is one `HGET` and, admitted,
-//! one `HSET`, a window counter's an `INCRBY` per rate.
+//! one `HSET`, a window counter's an `INCRBY` per rate, a sliding log's
+//! trim and count and, admitted, its `ZADD` and `PEXPIRE`.
 //!
-//! GCRA's exactness is the single check's: the script runs atomically,
-//! each check against the state the checks before it left; the window
-//! counters' rests on `INCRBY` being atomic. A failure is each check's
-//! own (its caller's fail mode decides): a batch that may have run is never
-//! sent again (the counters would count twice); one that Redis refused
-//! before running it is, as a single check would be. A check whose caller
-//! gave up (its timeout) before its batch went is not sent at all.
+//! GCRA's and the sliding log's exactness is the single check's: the
+//! script runs atomically, each check against the state the checks before
+//! it left; the window counters' rests on `INCRBY` being atomic. A failure
+//! is each check's own (its caller's fail mode decides): a batch that may
+//! have run is not sent again (the counters would count twice), but for
+//! the sliding log's, sent again once as a single check is (each check
+//! then looks for its own entries first: it counts once; the first sending
+//! skips that search); one that Redis refused before running it is, as a
+//! single check would be. A check whose caller gave up (its timeout)
+//! before its batch went is not sent at all.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -27,14 +32,16 @@ use redis::Value;
 use tokio::sync::oneshot;
 
 use super::call::Call;
+use super::check::carrying;
 use super::clock_sync::ClockSync;
 use super::connection::Connections;
 use super::full_keys::FullKeys;
 use super::plain;
 use super::previous_counts::PreviousCounts;
+use super::reply::member;
 use super::script::{self, BatchItem, Keys};
 use super::window_counts;
-use crate::decision::Decision;
+use crate::decision::{Decision, Lease};
 use crate::policy::{Algorithm, Policy};
 use crate::store::StoreError;
 
@@ -49,6 +56,8 @@ pub(super) struct Waiting {
     /// This process's time (µs) when the check was asked: where its
     /// calendar windows are placed.
     pub(super) now: u64,
+    /// The sliding log's request id: its entries' members.
+    pub(super) lease: Option<Lease>,
     pub(super) reply: oneshot::Sender<Result<Decision, StoreError>>,
 }
 
@@ -202,7 +211,13 @@ impl Batcher {
         match sent {
             Ok(replies) if replies.len() == batch.len() => {
                 for (waiting, reply) in batch.into_iter().zip(replies) {
-                    let decision = script::decode_batched(reply, &waiting.policy);
+                    let decision =
+                        script::decode_batched(reply, &waiting.policy).map(|decided| match waiting
+                            .lease
+                        {
+                            Some(lease) => carrying(decided, &waiting.policy, lease),
+                            None => decided,
+                        });
                     if let (Some(full), Ok(decision)) = (&self.full, &decision) {
                         full.learn(&waiting.state, decision, waiting.now);
                     }
@@ -223,8 +238,10 @@ impl Batcher {
         }
     }
 
-    /// One `EVALSHA` for the batch, within `timeout`, sent again only when
-    /// Redis refused it before running it. A replica writes nothing: a
+    /// One `EVALSHA` for the batch, within `timeout`, sent again when Redis
+    /// refused it before running it, and the sliding log's after a
+    /// connection error too (its checks, sent again, each look for their
+    /// own entries first: a check counts once). A replica writes nothing: a
     /// window counter's check runs in its own `pcall`, so its `READONLY`
     /// comes back as the checks' errors, and the checks it answered without
     /// an error counted nothing either; GCRA's first write fails the whole
@@ -236,25 +253,43 @@ impl Batcher {
         timeout: Duration,
         batch: &[Waiting],
     ) -> Result<Vec<Value>, StoreError> {
+        let ids: Vec<Option<String>> = batch
+            .iter()
+            .map(|waiting| waiting.lease.map(member))
+            .collect();
         let items: Vec<BatchItem<'_>> = batch
             .iter()
-            .map(|waiting| BatchItem {
+            .zip(&ids)
+            .map(|(waiting, id)| BatchItem {
                 keys: Keys {
                     state: &waiting.state,
                     block: &waiting.block,
                 },
                 policy: &waiting.policy,
+                id: id.as_deref(),
             })
             .collect();
         // The batch's checks were asked within its timeout of each other:
         // the first one's time places every calendar window.
         let now = batch.first().map_or(0, |waiting| waiting.now);
-        let eval = script::batch(self.script, &items, now);
+        let first = script::batch(self.script, &items, now, false)?;
+        let log = self.algorithm == Algorithm::SlidingLog;
+        let again = if log {
+            Some(script::batch(self.script, &items, now, true)?)
+        } else {
+            None
+        };
+        let mut sent = false;
         Call::new(connections, timeout, "batch")
-            .script(Some(eval.script()))
+            .script(Some(first.script()))
+            .repeatable(log)
             .replica_reply(|replies: &Vec<Value>| replies.iter().any(script::refused_as_replica))
             .run(|mut conn| {
-                let eval = &eval;
+                let eval = match (sent, &again) {
+                    (true, Some(again)) => again,
+                    _ => &first,
+                };
+                sent = true;
                 async move { eval.send(conn.get()).await }
             })
             .await

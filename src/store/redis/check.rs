@@ -14,9 +14,15 @@ use crate::policy::{Algorithm, Execution, Policy};
 use crate::store::StoreError;
 
 impl RedisStore {
-    /// The batcher of `algorithm`'s checks, when they go in batches.
-    pub(super) fn batcher(&self, algorithm: Algorithm) -> Option<&Arc<Batcher>> {
-        self.batchers.as_ref()?.get(algorithm)
+    /// The batcher of `policy`'s checks, when they go in batches (the
+    /// sliding log's in its `Script` execution only).
+    pub(super) fn batcher(&self, policy: &Policy) -> Option<&Arc<Batcher>> {
+        if policy.execution() == Execution::Transaction
+            && policy.algorithm() == Algorithm::SlidingLog
+        {
+            return None;
+        }
+        self.batchers.as_ref()?.get(policy.algorithm())
     }
 
     /// The check of `key` as one of `batcher`'s batch, answered within the
@@ -33,6 +39,7 @@ impl RedisStore {
             block: self.redis_key(BLOCK_TAG, key),
             policy: policy.clone(),
             now: self.clock.local_micros(),
+            lease: (policy.algorithm() == Algorithm::SlidingLog).then(|| self.ids.next()),
             reply,
         };
         batcher.submit(&self.connections, &self.clock, self.timeout, waiting);
@@ -152,7 +159,7 @@ impl RedisStore {
 /// `decision` carrying what the caller gives back later: an admitted
 /// concurrency check's lease (to release), an admitted sliding-log check's
 /// entries (what a refund of it removes).
-fn carrying(decision: Decision, policy: &Policy, lease: Lease) -> Decision {
+pub(super) fn carrying(decision: Decision, policy: &Policy, lease: Lease) -> Decision {
     match policy.algorithm() {
         Algorithm::Concurrency if decision.allowed() => decision.with_lease(lease),
         Algorithm::SlidingLog if decision.allowed() => decision.with_entries(lease.into()),

@@ -38,7 +38,7 @@ impl RedisStore {
         // A reward or a reset may have taken off a previous count this
         // process holds: it is read again. (The counts held are named by
         // Redis's windows: about its time as this process estimates it.)
-        if let Some(batcher) = self.batcher(policy.algorithm()) {
+        if let Some(batcher) = self.batcher(policy) {
             let redis_now = self.clock.now().map_or(now, |(redis_now, _)| redis_now);
             batcher.forget_previous(&redis_key, policy, redis_now);
         }

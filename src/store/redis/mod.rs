@@ -47,8 +47,9 @@ pub use connection::{TrackedConnection, TrackedManager};
 pub use script::{
     CONCURRENCY_COMMAND_SCRIPT, CONCURRENCY_SCRIPT, FIXED_WINDOW_BATCH_SCRIPT,
     FIXED_WINDOW_COMMAND_SCRIPT, FIXED_WINDOW_SCRIPT, GCRA_BATCH_SCRIPT, GCRA_COMMAND_SCRIPT,
-    GCRA_SCRIPT, SLIDING_LOG_COMMAND_SCRIPT, SLIDING_LOG_SCRIPT, SLIDING_WINDOW_BATCH_SCRIPT,
-    SLIDING_WINDOW_COMMAND_SCRIPT, SLIDING_WINDOW_SCRIPT, decode_batched_reply,
+    GCRA_SCRIPT, SLIDING_LOG_BATCH_SCRIPT, SLIDING_LOG_COMMAND_SCRIPT, SLIDING_LOG_SCRIPT,
+    SLIDING_WINDOW_BATCH_SCRIPT, SLIDING_WINDOW_COMMAND_SCRIPT, SLIDING_WINDOW_SCRIPT,
+    decode_batched_reply,
 };
 
 use batch::Batchers;
@@ -496,7 +497,7 @@ impl Store for RedisStore {
     /// one `MULTI`/`EXEC`) per check, or a place in a batch of checks
     /// ([`with_batches`](RedisStore::with_batches)).
     async fn check(&self, key: &str, policy: &Policy) -> Result<Decision, StoreError> {
-        match self.batcher(policy.algorithm()) {
+        match self.batcher(policy) {
             Some(batcher) => self.check_in_batch(batcher, key, policy).await,
             None => self.check_alone(key, policy).await,
         }

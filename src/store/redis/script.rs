@@ -118,6 +118,12 @@ pub const SLIDING_WINDOW_BATCH_SCRIPT: &str = batch_script!("scripts/sliding_win
 /// decided check's reply is bytes: admitted (1) or not (0), then each
 /// rate's offset before the check as a little-endian `f64`.
 pub const GCRA_BATCH_SCRIPT: &str = batch_script!("scripts/gcra.lua");
+/// The batch of checks of [`Algorithm::SlidingLog`] in its `Script`
+/// execution (as [`FIXED_WINDOW_BATCH_SCRIPT`], with
+/// [`SLIDING_LOG_SCRIPT`]'s arguments, the request id empty), then 1 if
+/// the batch is sent again after a lost reply (each check looks for its
+/// own entries first) or 0, then each check's request id.
+pub const SLIDING_LOG_BATCH_SCRIPT: &str = batch_script!("scripts/sliding_log.lua");
 
 /// The check script, the command script and (for the algorithms checked in
 /// batches) the batch script of one algorithm.
@@ -140,7 +146,11 @@ impl Scripts {
 /// Every algorithm's scripts, in [`Algorithm::index`] order.
 static SCRIPTS: std::sync::LazyLock<[Scripts; 5]> = std::sync::LazyLock::new(|| {
     [
-        Scripts::new(SLIDING_LOG_SCRIPT, SLIDING_LOG_COMMAND_SCRIPT, None),
+        Scripts::new(
+            SLIDING_LOG_SCRIPT,
+            SLIDING_LOG_COMMAND_SCRIPT,
+            Some(SLIDING_LOG_BATCH_SCRIPT),
+        ),
         Scripts::new(
             FIXED_WINDOW_SCRIPT,
             FIXED_WINDOW_COMMAND_SCRIPT,
@@ -157,7 +167,8 @@ static SCRIPTS: std::sync::LazyLock<[Scripts; 5]> = std::sync::LazyLock::new(|| 
 });
 
 /// The batch script of `algorithm`, if its checks can be decided in
-/// batches: the window counters and GCRA, whose state is one hash per key.
+/// batches: all but the concurrency limit (the sliding log's in its
+/// `Script` execution).
 pub(super) fn batch_script(algorithm: Algorithm) -> Option<&'static redis::Script> {
     scripts(algorithm).batch.as_ref()
 }
@@ -281,23 +292,32 @@ pub(super) fn check(
     Ok(Eval { script, cmd })
 }
 
-/// One check in a batch: its keys and policy.
+/// One check in a batch: its keys, policy and (the sliding log's) request
+/// id.
 pub(super) struct BatchItem<'a> {
     pub(super) keys: Keys<'a>,
     pub(super) policy: &'a Policy,
+    pub(super) id: Option<&'a str>,
 }
 
 /// The `EVALSHA` of `script` (a [`batch_script`]) for a batch of checks,
 /// all on a single Redis: the keys, each distinct policy's arguments once,
-/// and each check's policy when there are several. Its reply holds each
+/// each check's policy when there are several, and for the sliding log
+/// whether the batch is sent `again` (after a reply lost: each check looks
+/// for its own entries first) and each check's request id. Its reply holds each
 /// check's reply, in order ([`decode_batched`]). `now`: this process's
 /// time (µs).
-pub(super) fn batch(script: &'static redis::Script, items: &[BatchItem<'_>], now: u64) -> Eval {
+pub(super) fn batch(
+    script: &'static redis::Script,
+    items: &[BatchItem<'_>],
+    now: u64,
+    again: bool,
+) -> Result<Eval, StoreError> {
     let key_bytes: usize = items
         .iter()
         .map(|item| item.keys.state.len() + item.keys.block.len())
         .sum();
-    let mut cmd = redis::Cmd::with_capacity(8 + 3 * items.len(), 64 + key_bytes);
+    let mut cmd = redis::Cmd::with_capacity(8 + 4 * items.len(), 64 + 34 * items.len() + key_bytes);
     cmd.arg("EVALSHA")
         .arg(script.get_hash())
         .arg(2 * items.len());
@@ -322,20 +342,24 @@ pub(super) fn batch(script: &'static redis::Script, items: &[BatchItem<'_>], now
     }
     cmd.arg(policies.len());
     for policy in &policies {
-        // The window counters' and GCRA's arguments: the cost, then each
-        // rate's max and window.
-        cmd.arg(1 + 2 * policy.rates().len()).arg(policy.cost());
-        for rate in policy.rates() {
-            cmd.arg(rate.max());
-            window_arg(&mut cmd, rate, now);
-        }
+        // A single check's arguments (the sliding log's request id empty:
+        // each check's follows), after their number.
+        let ids = usize::from(policy.algorithm() == Algorithm::SlidingLog);
+        cmd.arg(1 + 2 * ids + 2 * policy.rates().len());
+        algorithm_args(&mut cmd, policy, "", now)?;
     }
     if policies.len() > 1 {
         for index in which {
             cmd.arg(index);
         }
     }
-    Eval { script, cmd }
+    if items.iter().any(|item| item.id.is_some()) {
+        cmd.arg(u8::from(again));
+        for id in items.iter().filter_map(|item| item.id) {
+            cmd.arg(id);
+        }
+    }
+    Ok(Eval { script, cmd })
 }
 
 /// The decision of one check's reply in a batch: as [`decode_reply`], and

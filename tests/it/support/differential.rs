@@ -162,13 +162,20 @@ fn of_decision(d: &Decision) -> Vec<u64> {
 }
 
 /// A decision as a check script replies it (`{-1, left}` for a blocked
-/// key, else allowed, 0, then each rate's remaining, reset and wait).
+/// key, else allowed, the wait a denial's spacing asks (here its whole
+/// wait: [`of_reply`] reads the longest), then each rate's remaining, reset
+/// and wait).
 fn decision_ints(d: &Decision) -> Vec<i64> {
     let int = |n: u64| i64::try_from(n).unwrap();
     if d.blocked() {
         return vec![-1, int(micros(d.retry_after()))];
     }
-    let mut out = vec![i64::from(d.allowed()), 0];
+    let spacing = if d.allowed() {
+        0
+    } else {
+        micros(d.retry_after())
+    };
+    let mut out = vec![i64::from(d.allowed()), int(spacing)];
     for rate in d.rates() {
         out.extend([
             int(rate.remaining()),
@@ -215,7 +222,9 @@ fn faked(source: &str) -> String {
             time,
             "local t = redis.call('HMGET', 'fake-time', 's', 'us')",
         )
-        .replace("redis.call(", "call(");
+        .replace("redis.call(", "call(")
+        // A script that keeps `redis.call` in a local of its own.
+        .replace("= redis.call,", "= call,");
     let (first, rest) = source.split_once('\n').unwrap();
     format!(
         "{first}\nlocal function call(name, ...)\n  if name == 'PEXPIRE' then\n    return 1\n  end\n  \
@@ -280,11 +289,17 @@ fn algorithm_args(invocation: &mut redis::ScriptInvocation<'_>, policy: &Policy,
 pub async fn run(server: &RedisServer, setup: Setup) -> usize {
     let (check_source, command_source) = sources(setup.algorithm);
     let check_script = redis::Script::new(&faked(check_source));
-    // GCRA's batch script decides in Redis and replies what it saw; the
-    // client takes the decision from that (`decode_batched_reply`): every
-    // other round's checks go through it.
-    let batch_script = (setup.algorithm == Algorithm::Gcra)
-        .then(|| redis::Script::new(&faked(scripts::GCRA_BATCH_SCRIPT)));
+    // GCRA's and the sliding log's batch scripts decide each check apart
+    // from a single check's script (GCRA replies what it saw, and the
+    // client takes the decision from that: `decode_batched_reply`; the
+    // sliding log's skips the search for a retry's entries): every other
+    // round's checks go through them.
+    let batch_script = match setup.algorithm {
+        Algorithm::Gcra => Some(scripts::GCRA_BATCH_SCRIPT),
+        Algorithm::SlidingLog => Some(scripts::SLIDING_LOG_BATCH_SCRIPT),
+        _ => None,
+    }
+    .map(|source| redis::Script::new(&faked(source)));
     let command_script = redis::Script::new(&faked(command_source));
     let client = redis::Client::open(server.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
@@ -320,12 +335,20 @@ pub async fn run(server: &RedisServer, setup: Setup) -> usize {
             let batched = batch_script.as_ref().filter(|_| round % 2 == 1);
             let (reply, expected): (Vec<i64>, Decision) = match (op, batched) {
                 (None, Some(batch)) => {
+                    // The sliding log's request id follows the policy's
+                    // arguments, where it is empty, after whether the batch
+                    // is sent again (then each check looks for its entries
+                    // first: they never are here): one such round in two.
+                    let log = policy.algorithm() == Algorithm::SlidingLog;
                     let mut invocation = batch.key(&key);
                     invocation
                         .key(&block_key)
                         .arg(1)
-                        .arg(1 + 2 * policy.rates().len());
-                    algorithm_args(&mut invocation, &policy, &id);
+                        .arg(1 + 2 * usize::from(log) + 2 * policy.rates().len());
+                    algorithm_args(&mut invocation, &policy, if log { "" } else { &id });
+                    if log {
+                        invocation.arg(u8::from(round % 4 == 3)).arg(&id);
+                    }
                     let reply: Vec<redis::Value> =
                         invocation.invoke_async(&mut conn).await.unwrap();
                     let [reply] = <[redis::Value; 1]>::try_from(reply).unwrap();

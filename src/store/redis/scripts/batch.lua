@@ -1,12 +1,16 @@
 
 -- The entry point of a batch of checks of one algorithm (the window
--- counters and GCRA, on a single Redis, not a cluster: the keys need not
--- share a slot), decided on one reading of Redis's clock:
+-- counters, GCRA and the sliding log, on a single Redis, not a cluster: the
+-- keys need not share a slot), decided on one reading of Redis's clock:
 -- KEYS     the state of each checked key, then the block of each, in the
 --          same order (n of each)
 -- ARGV[1]  P, the number of distinct policies; then each policy as its
 --          number of arguments and the algorithm's arguments (as a single
---          check's); then, when P > 1, each check's policy (1 to P)
+--          check's, the sliding log's request id empty); then, when P > 1,
+--          each check's policy (1 to P); then, for the sliding log, 1 if
+--          the batch is sent again after its reply was lost (each check
+--          looks for its own entries first, as check.lua's `retried`), else
+--          0, and each check's request id
 -- Replies with each check's reply, in order, as check.lua would: its
 -- decision, or {-1, time left µs} for a blocked key, each as one string of
 -- its integers (`encode`), but for GCRA's decisions (`decide_batched`:
@@ -23,6 +27,30 @@ for p = 1, tonumber(ARGV[1]) do
   a = a + lengths[p] + 1
 end
 local several = #starts > 1
+-- The sliding log's: whether the batch is sent again, and where its
+-- request ids start (nil past the end for the other algorithms).
+local ids = a - 1
+if several then
+  ids = ids + n
+end
+local again = ARGV[ids + 1] == '1'
+ids = ids + 1
+-- The reply of a check that failed with `error` (a key of another type
+-- under the prefix): this check's alone.
+local function failed(error)
+  if type(error) == 'table' and error.err then
+    error = error.err
+  end
+  return { -2, tostring(error) }
+end
+-- A retry's reply, or nil.
+local function retry_reply()
+  local ok, result = pcall(retried)
+  if not ok then
+    return failed(result)
+  end
+  return result and encode(result)
+end
 local out = {}
 for d = 1, n do
   local p = 1
@@ -30,10 +58,12 @@ for d = 1, n do
     p = tonumber(ARGV[a - 1 + d])
   end
   ARG0, nargs = starts[p], lengths[p]
-  bind(KEYS[d])
+  bind(KEYS[d], ARGV[ids + d])
   local ends = blocks[d] and tonumber(blocks[d])
-  local reply
-  if ends and ends > now then
+  local reply = again and retry_reply()
+  if reply then
+    -- A request that already counted: admitted again, counting nothing.
+  elseif ends and ends > now then
     reply = encode({ -1, ends - now })
   elseif decide_batched then
     -- GCRA reads before it writes, with `redis.pcall`: a key of another
@@ -47,15 +77,10 @@ for d = 1, n do
   else
     -- A failing command (a key of another type under the prefix) fails
     -- this check alone: the window counters give back what they counted
-    -- before the failure.
+    -- before the failure; the sliding log writes its entries last.
     local ok, result = pcall(decide, true)
-    if not ok then
-      if type(result) == 'table' and result.err then
-        result = result.err
-      end
-      reply = { -2, tostring(result) }
-    elseif result.err then
-      reply = { -2, result.err }
+    if not ok or result.err then
+      reply = failed(result)
     else
       reply = encode(result)
     end

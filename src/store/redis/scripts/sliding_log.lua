@@ -13,25 +13,49 @@
 -- the set (a retry after its reply was lost) is admitted again and writes
 -- nothing more: it counts once. A penalty adds entries at now (at most the
 -- largest max, and at most 10,000: MAX_COST); a reward removes the newest entries.
-local key = KEYS[1]
-local cost = num(1)
-local spacing = num(2)
-local id = arg(3)
-local nrates = (nargs - 3) / 2
+local call, unpack = redis.call, unpack
 local MAX_PENALTY_ENTRIES = 10000
 
-local longest = spacing
-local largest = 0
-for i = 1, nrates do
-  local w = num(3 + 2 * i)
-  if w > longest then
-    longest = w
+-- The limited key, its policy and the request's id, set by bind():
+-- `maxes` and `windows` each rate's, `froms` the `ZCOUNT` bound (as text)
+-- past which entries are in each rate's window, `longest` the longest
+-- window or the spacing, `largest` the largest max, `oldest` the score (as
+-- text) at and below which entries are dropped, `ttl` the key's life (ms)
+-- after an admission; derived once per policy of a script call (on its one
+-- reading of the clock).
+local key, cost, spacing, id, nrates, maxes, windows, froms, longest, largest, oldest, ttl
+local derived = {}
+-- Whether the key's old entries were dropped in this call (once per key:
+-- the retry check and the decision both need it).
+local trimmed
+
+-- Point the script at key `k` and at the policy at ARG0; `request`: the
+-- check's id in a batch (each check's own), else the policy's argument.
+local function bind(k, request)
+  key, trimmed = k, false
+  id = request or arg(3)
+  local policy = derived[ARG0]
+  if not policy then
+    local n, l, m = (nargs - 3) / 2, num(2), 0
+    local ms, ws, fs = {}, {}, {}
+    for i = 1, n do
+      ms[i], ws[i] = num(2 + 2 * i), num(3 + 2 * i)
+      fs[i] = '(' .. int(now - ws[i])
+      if ws[i] > l then
+        l = ws[i]
+      end
+      if ms[i] > m then
+        m = ms[i]
+      end
+    end
+    policy = { num(1), num(2), n, ms, ws, fs, l, m, int(now - l), math.ceil(l / 1000) }
+    derived[ARG0] = policy
   end
-  if num(2 + 2 * i) > largest then
-    largest = num(2 + 2 * i)
-  end
+  cost, spacing, nrates, maxes, windows = policy[1], policy[2], policy[3], policy[4], policy[5]
+  froms, longest, largest, oldest, ttl = policy[6], policy[7], policy[8], policy[9], policy[10]
 end
 
+-- The member of the request's j-th entry.
 local function member(j)
   if cost == 1 then
     return id
@@ -39,112 +63,153 @@ local function member(j)
   return id .. ':' .. j
 end
 
--- Drop the entries older than the longest window, once per call (the retry
--- check and the decision both need it).
-local trimmed = false
+-- Drop the entries older than the longest window, once per key and call.
 local function trim()
   if not trimmed then
     trimmed = true
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - longest))
+    call('ZREMRANGEBYSCORE', key, '-inf', oldest)
   end
+end
+
+-- The entries in rate i's window: once trimmed, all of them for the
+-- longest window (`ZCARD`, which reads no score).
+local function count_in(i)
+  if trimmed and windows[i] >= longest then
+    return call('ZCARD', key)
+  end
+  return call('ZCOUNT', key, froms[i], '+inf')
+end
+
+-- The score of the entry of reverse rank r (0: the newest), or nil.
+local function entry_at(r)
+  local e = call('ZREVRANGE', key, r, r, 'WITHSCORES')
+  if #e > 0 then
+    return tonumber(e[2])
+  end
+  return nil
+end
+
+-- A denial's reset and wait for rate i, whose window holds c entries, the
+-- newest at `newest`: the window empties a window after its newest entry;
+-- a request of `cost` is admitted once at most max - cost entries are left
+-- in it: when the entry of reverse rank max - cost leaves it (the newest
+-- itself for a cost of max).
+local function denied_times(i, c, newest)
+  local max, w = maxes[i], windows[i]
+  local reset = 0
+  if c > 0 and newest ~= nil then
+    reset = newest + w - now
+  end
+  local wait = 0
+  if c + cost > max then
+    local blocker = newest
+    if max ~= cost then
+      blocker = entry_at(max - cost)
+    end
+    wait = w
+    if blocker ~= nil then
+      wait = blocker + w - now
+    end
+  end
+  return reset, wait
 end
 
 -- The same request again (its reply was lost): admitted, counting nothing
 -- more.
 local function retried()
   trim()
-  if not redis.call('ZSCORE', key, member(1)) then
+  if not call('ZSCORE', key, member(1)) then
     return nil
   end
   local out = { 1, 0 }
   for i = 1, nrates do
-    local max = num(2 + 2 * i)
-    local w = num(3 + 2 * i)
-    local remaining = max - redis.call('ZCOUNT', key, '(' .. int(now - w), '+inf')
+    local remaining = maxes[i] - count_in(i)
     if remaining < 0 then
       remaining = 0
     end
     out[#out + 1] = remaining
-    out[#out + 1] = int(w)
+    out[#out + 1] = windows[i]
     out[#out + 1] = 0
   end
   return out
 end
 
--- Decide one request; `commit`: write its entries if admitted.
-local function decide(commit)
-  trim()
-  local newest = nil
-  local last = redis.call('ZREVRANGE', key, 0, 0, 'WITHSCORES')
-  if #last > 0 then
-    newest = tonumber(last[2])
-  end
+-- The entries' score: the script's one reading of the clock.
+local stamp = int(now)
 
+-- Write an admitted request's entries (dropping the old ones first); the
+-- key lives a longest window after them.
+local function admit()
+  trim()
+  if cost == 1 then
+    call('ZADD', key, stamp, id)
+  else
+    zadd_many(key, stamp, id, cost)
+  end
+  call('PEXPIRE', key, ttl)
+end
+
+-- Decide one request; `commit`: write its entries if admitted. A denial
+-- writes nothing (the old entries are dropped by the next admission); the
+-- newest entry is read only where it matters: for the spacing, and for a
+-- denial's reset.
+local function decide(commit)
+  if nrates == 1 and spacing == 0 then
+    -- One rate: an admission needs its count alone, a denial its times.
+    local c = count_in(1)
+    if c + cost <= maxes[1] then
+      if commit then
+        admit()
+      end
+      return { 1, 0, maxes[1] - c - cost, windows[1], 0 }
+    end
+    local reset, wait = denied_times(1, c, entry_at(0))
+    return { 0, 0, math.max(maxes[1] - c, 0), reset, wait }
+  end
+  local newest = nil
   local allowed = 1
   local spacing_wait = 0
-  if spacing > 0 and newest ~= nil and newest + spacing > now then
-    allowed = 0
-    spacing_wait = newest + spacing - now
+  if spacing > 0 then
+    newest = entry_at(0)
+    if newest ~= nil and newest + spacing > now then
+      allowed = 0
+      spacing_wait = newest + spacing - now
+    end
   end
 
   local counts = {}
   for i = 1, nrates do
-    local max = num(2 + 2 * i)
-    local w = num(3 + 2 * i)
-    local c = redis.call('ZCOUNT', key, '(' .. int(now - w), '+inf')
+    local c = count_in(i)
     counts[i] = c
-    if c + cost > max then
+    if c + cost > maxes[i] then
       allowed = 0
     end
   end
+  if allowed == 0 and spacing == 0 then
+    newest = entry_at(0)
+  end
 
-  local out = { allowed, int(spacing_wait) }
+  local out = { allowed, spacing_wait }
   for i = 1, nrates do
-    local max = num(2 + 2 * i)
-    local w = num(3 + 2 * i)
-    local c = counts[i]
+    local max, w, c = maxes[i], windows[i], counts[i]
     if allowed == 1 then
       out[#out + 1] = max - c - cost
-      out[#out + 1] = int(w)
+      out[#out + 1] = w
       out[#out + 1] = 0
     else
-      local reset = 0
-      if c > 0 and newest ~= nil then
-        reset = newest + w - now
-      end
-      local wait = 0
-      if c + cost > max then
-        -- Admitted once at most max - cost entries are left in the window:
-        -- when the entry of reverse rank max - cost leaves it.
-        local e = redis.call('ZREVRANGE', key, max - cost, max - cost, 'WITHSCORES')
-        if #e > 0 then
-          wait = tonumber(e[2]) + w - now
-        else
-          wait = w
-        end
-      end
+      local reset, wait = denied_times(i, c, newest)
       local remaining = max - c
       if remaining < 0 then
         remaining = 0
       end
       out[#out + 1] = remaining
-      out[#out + 1] = int(reset)
-      out[#out + 1] = int(wait)
+      out[#out + 1] = reset
+      out[#out + 1] = wait
     end
   end
 
   if allowed == 1 and commit then
-    local stamp = int(now)
-    local args = {}
-    for j = 1, cost do
-      args[#args + 1] = stamp
-      args[#args + 1] = member(j)
-      if #args >= 1000 or j == cost then
-        redis.call('ZADD', key, unpack(args))
-        args = {}
-      end
-    end
-    redis.call('PEXPIRE', key, math.ceil(longest / 1000))
+    admit()
   end
   return out
 end
@@ -153,15 +218,15 @@ local function penalty(units, pid)
   trim()
   local n = math.min(units, largest, MAX_PENALTY_ENTRIES)
   if n > 0 then
-    zadd_many(key, int(now), pid, n)
-    redis.call('PEXPIRE', key, math.ceil(longest / 1000))
+    zadd_many(key, stamp, pid, n)
+    call('PEXPIRE', key, ttl)
   end
 end
 
 local function reward(units)
   trim()
   if units > 0 then
-    redis.call('ZREMRANGEBYRANK', key, int(-units), -1)
+    call('ZREMRANGEBYRANK', key, int(-units), -1)
   end
 end
 
@@ -173,5 +238,5 @@ refund = function(units, rid)
   for j = 1, math.min(units, MAX_PENALTY_ENTRIES) do
     members[#members + 1] = rid .. ':' .. j
   end
-  redis.call('ZREM', key, unpack(members))
+  call('ZREM', key, unpack(members))
 end

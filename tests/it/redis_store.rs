@@ -237,6 +237,53 @@ async fn one_round_trip_per_check() {
     assert!(server.calls("evalsha") <= 21, "{}", server.calls("evalsha"));
 }
 
+/// A transaction's denial, once its key is known full, is one round trip
+/// that only reads: no entry written, none taken back out. The decisions
+/// are those of the writing transaction: the same waits, and an admission
+/// as soon as the log has room again (here after a reward).
+#[tokio::test]
+async fn a_known_full_log_denies_on_a_read_alone() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let policy: Policy = "2/60s".parse().unwrap();
+    assert!(store.check("full", &policy).await.unwrap().allowed());
+    assert!(store.check("full", &policy).await.unwrap().allowed());
+    // The first denial writes and takes back out: it finds the key full.
+    let first = store.check("full", &policy).await.unwrap();
+    assert!(!first.allowed());
+    let (zadds, zrems, execs, counts) = (
+        server.calls("zadd"),
+        server.calls("zrem"),
+        server.calls("exec"),
+        server.calls("zcount"),
+    );
+    for _ in 0..5 {
+        let denied = store.check("full", &policy).await.unwrap();
+        assert!(!denied.allowed());
+        assert_eq!(denied.remaining(), 0);
+        let drift = first.retry_after().saturating_sub(denied.retry_after());
+        assert!(drift < Duration::from_secs(1), "{denied:?} after {first:?}");
+        assert!(denied.reset() <= Duration::from_secs(60));
+    }
+    assert_eq!(server.calls("zadd"), zadds, "a denial of a full key wrote");
+    assert_eq!(server.calls("zrem"), zrems, "a denial of a full key wrote");
+    assert_eq!(server.calls("exec"), execs, "a denial of a full key is no transaction");
+    assert_eq!(server.calls("zcount"), counts + 5, "one count a denial");
+    assert_eq!(zcard(&server, "rl:log:{full}"), 2);
+    // Room again: the check reads, finds it, and writes.
+    store
+        .command(
+            "full",
+            &policy,
+            tower_redis_ratelimit::store::Command::Reward(1),
+        )
+        .await
+        .unwrap();
+    assert!(store.check("full", &policy).await.unwrap().allowed());
+    assert_eq!(zcard(&server, "rl:log:{full}"), 2);
+    assert!(!store.check("full", &policy).await.unwrap().allowed());
+}
+
 /// After Redis is killed and restarted on the same port, checks work again
 /// without help.
 #[tokio::test]

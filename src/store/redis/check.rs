@@ -73,6 +73,8 @@ impl RedisStore {
             _ => Some(script::check(keys, policy, &id, self.clock.local_micros())?),
         };
         let pending = self.pending(&redis_key, policy, &id);
+        let asked = self.clock.local_micros();
+        let known_full = eval.is_none() && self.full_logs.holds(&redis_key, asked);
         // A connection broken by a Redis restart or a lost reply: the check
         // is sent again where a repeat is harmless (the request's entries
         // or lease are the same). The counters and GCRA would count it
@@ -91,7 +93,15 @@ impl RedisStore {
                 async move {
                     match eval {
                         None => {
-                            sliding_log::transaction(conn.get(), keys, policy, members, clock).await
+                            sliding_log::transaction(
+                                conn.get(),
+                                keys,
+                                policy,
+                                members,
+                                clock,
+                                known_full,
+                            )
+                            .await
                         }
                         Some(eval) => script::decode_reply(eval.send(conn.get()).await?, policy)
                             .map(Verdict::Decided),
@@ -115,7 +125,16 @@ impl RedisStore {
                 decision
             }
             (Verdict::Decided(decision), None) => decision,
+            (Verdict::Unwritten(decision), pending) => {
+                if let Some(mut pending) = pending {
+                    pending.disarm();
+                }
+                decision
+            }
         };
+        if eval.is_none() {
+            self.full_logs.learn(&redis_key, &decision, asked);
+        }
         Ok(carrying(decision, policy, lease))
     }
 

@@ -56,6 +56,7 @@ use batch::Batchers;
 use call::Call;
 use clock_sync::ClockSync;
 use connection::Connections;
+use full_keys::FullKeys;
 
 /// Rate limits kept in Redis, shared by every process that uses the same
 /// Redis and key prefix.
@@ -95,6 +96,9 @@ pub struct RedisStore {
     ids: Arc<RequestIds>,
     /// Checks decided in batches (none for a cluster, or when turned off).
     batchers: Option<Arc<Batchers>>,
+    /// The sliding log's keys its transaction found full: a check of one
+    /// reads the log before it writes.
+    full_logs: Arc<FullKeys>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -315,6 +319,7 @@ impl RedisStore {
             .then(|| Arc::new(Batchers::new(Self::DEFAULT_BATCHES_IN_FLIGHT)));
         Self {
             batchers,
+            full_logs: Arc::new(FullKeys::new()),
             connections,
             prefix: Arc::from(Self::DEFAULT_PREFIX),
             timeout: Self::DEFAULT_TIMEOUT,

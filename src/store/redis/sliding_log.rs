@@ -55,14 +55,25 @@ use crate::store::StoreError;
 /// The transaction also reads the key's block: a key blocked when Redis ran
 /// it is denied until the block ends, on Redis's clock (the entries it wrote
 /// are then taken back out like any denied request's).
+///
+/// A key `known_full` (its last check was denied, and the denial may last)
+/// is read first: a check denied on what it reads writes nothing
+/// ([`read_denial`]).
 pub(super) async fn transaction<C: ConnectionLike>(
     conn: &mut C,
     keys: Keys<'_>,
     policy: &Policy,
     members: &[String],
     clock: &ClockSync,
+    known_full: bool,
 ) -> Result<Verdict, StoreError> {
     let key = keys.state;
+    if known_full
+        && !reads_entries(policy)
+        && let Some(decision) = read_denial(conn, keys, policy, members.len(), clock).await?
+    {
+        return Ok(Verdict::Unwritten(decision));
+    }
     loop {
         let (now, refresh) = clock_now(conn, clock).await?;
         let tolerance = clock.tolerance();
@@ -88,7 +99,7 @@ pub(super) async fn transaction<C: ConnectionLike>(
         }
         let decision = match decision {
             Verdict::Decided(decision) => decision,
-            denied @ Verdict::Denied(_) => return Ok(denied),
+            other @ (Verdict::Denied(_) | Verdict::Unwritten(_)) => return Ok(other),
         };
         if off && decision.allowed() {
             restamp(conn, key, members, redis_now.saturating_add(tolerance)).await?;
@@ -114,6 +125,9 @@ pub(super) async fn transaction<C: ConnectionLike>(
 pub(super) enum Verdict {
     /// The decision.
     Decided(Decision),
+    /// Denied on the log as read, before the request's entries were
+    /// written ([`read_denial`]): there is nothing to take back out.
+    Unwritten(Decision),
     /// Denied, on the log's counts alone (a policy of one rate and no
     /// spacing: an admission needs nothing else): the wait and the reset
     /// come from the log's newest entries, read when the request's own
@@ -133,13 +147,16 @@ impl Denial {
     /// The reads that follow the removal of the request's entries from
     /// `key`, in the same transaction: the newest entry, and the one of
     /// reverse rank `max - cost` (whose leaving lets a request of `cost`
-    /// in).
-    pub(super) fn reads(key: &str, policy: &Policy) -> [redis::Cmd; 2] {
+    /// in), which for a cost of the max is the newest itself: one read.
+    pub(super) fn reads(key: &str, policy: &Policy) -> Vec<redis::Cmd> {
         let rank = policy
             .rates()
             .first()
             .map_or(0, |rate| rate.max().saturating_sub(policy.cost()));
-        [newest(key, 0, 0), newest(key, rank, rank)]
+        if rank == 0 {
+            return vec![newest(key, 0, 0)];
+        }
+        vec![newest(key, 0, 0), newest(key, rank, rank)]
     }
 
     /// The decision from the replies of [`reads`](Self::reads); without
@@ -150,7 +167,7 @@ impl Denial {
             scored_entries(value).ok()?.first().map(|&(_, score)| score)
         };
         let (newest, blocker) = match reads {
-            Some([newest, blocker]) => {
+            Some([newest, blocker] | [newest @ blocker]) => {
                 // Read after the denial: an entry gone meanwhile (other
                 // denied requests' taken out, a reset) leaves room now, a
                 // wait of the padding alone, and a reset no shorter.
@@ -167,6 +184,79 @@ impl Denial {
         };
         algorithm::sliding_log::decide(&view, policy, self.times)
     }
+}
+
+/// The denial of a check of a key found full, from one round trip that
+/// only reads: each rate's count from `tolerance` before the clock
+/// estimate's reading (as the writing transaction counts), the entries a
+/// denial's wait and reset come from ([`Denial::reads`]), the key's block
+/// and Redis's `TIME`. The decision is the writing transaction's on the
+/// same log: `None` (go on to write) when the log has room, or when
+/// Redis's time is off the reading by more than the tolerance (the writing
+/// transaction deals with that). For a policy of one rate and no spacing.
+async fn read_denial<C: ConnectionLike>(
+    conn: &mut C,
+    keys: Keys<'_>,
+    policy: &Policy,
+    cost: usize,
+    clock: &ClockSync,
+) -> Result<Option<Decision>, StoreError> {
+    let Some((now, _)) = clock.now() else {
+        return Ok(None);
+    };
+    let tolerance = clock.tolerance();
+    let from = now.saturating_sub(tolerance);
+    // Pipelined, not a transaction: each read is of the log as it is when
+    // Redis runs it, and `TIME` runs last. A count read before `TIME`, full
+    // from `from` (an earlier time than Redis's then, or within the
+    // tolerance of it), was full when Redis read it.
+    let reads = Denial::reads(keys.state, policy);
+    let mut pipe = redis::pipe();
+    read_log(&mut pipe, keys.state, policy, 0, from);
+    for read in &reads {
+        pipe.add_command(read.clone());
+    }
+    pipe.cmd("GET").arg(keys.block);
+    pipe.cmd("TIME");
+    let reply: Vec<Value> = pipe.query_async(conn).await?;
+    let [count, entries @ .., block, time] = reply.as_slice() else {
+        return Err(StoreError::UnexpectedReply(format!(
+            "sliding log read: expected {} replies, got {}",
+            reads.len() + 3,
+            reply.len()
+        )));
+    };
+    if entries.len() != reads.len() {
+        return Err(StoreError::UnexpectedReply(format!(
+            "sliding log read: expected {} replies, got {}",
+            reads.len() + 3,
+            reply.len()
+        )));
+    }
+    let redis_now = redis_time(time)?;
+    if redis_now.abs_diff(now) > tolerance {
+        return Ok(None);
+    }
+    if let Some(blocked) = blocked(block, policy, redis_now) {
+        return Ok(Some(blocked));
+    }
+    let denial = Denial {
+        count: u64::try_from(int_reply(count, "ZCOUNT")?).unwrap_or(0),
+        times: Times {
+            at: from,
+            from: redis_now,
+            pad: tolerance.saturating_mul(2),
+        },
+        redis_now,
+    };
+    let room = denial
+        .count
+        .saturating_add(u64::try_from(cost).unwrap_or(u64::MAX))
+        <= policy.rates().first().map_or(0, Rate::max);
+    if room {
+        return Ok(None);
+    }
+    Ok(Some(denial.decide(Some(entries), policy)))
 }
 
 /// Whether the transaction reads the log's newest entries (the spacing,
@@ -324,20 +414,9 @@ fn decide(
             reply.len()
         )));
     }
-    let (secs, us) = time_reply(&reply[want - 1])?;
-    let redis_now = secs.saturating_mul(1_000_000).saturating_add(us);
-    // A block value that is not a number blocks nothing, as in the scripts.
-    let block = match &reply[want - 2] {
-        Value::Nil => None,
-        value => int_reply(value, "block")
-            .ok()
-            .and_then(|until| u64::try_from(until).ok()),
-    };
-    if let Some(left) = block.and_then(|until| algorithm::block_left(until, redis_now)) {
-        return Ok((
-            Verdict::Decided(algorithm::blocked(policy, left)),
-            redis_now,
-        ));
+    let redis_now = redis_time(&reply[want - 1])?;
+    if let Some(blocked) = blocked(&reply[want - 2], policy, redis_now) {
+        return Ok((Verdict::Decided(blocked), redis_now));
     }
     let cost = u64::try_from(members.len()).unwrap_or(u64::MAX);
     let times = Times {
@@ -461,14 +540,29 @@ fn scored_entries(value: &Value) -> Result<Vec<(Vec<u8>, u64)>, StoreError> {
     Ok(out)
 }
 
-fn time_reply(value: &Value) -> Result<(u64, u64), StoreError> {
+/// Redis's time (µs) from its `TIME` reply.
+fn redis_time(value: &Value) -> Result<u64, StoreError> {
     match value {
-        Value::Array(parts) if parts.len() == 2 => Ok((
-            u64::try_from(int_reply(&parts[0], "TIME seconds")?).unwrap_or(0),
-            u64::try_from(int_reply(&parts[1], "TIME micros")?).unwrap_or(0),
-        )),
+        Value::Array(parts) if parts.len() == 2 => {
+            let secs = u64::try_from(int_reply(&parts[0], "TIME seconds")?).unwrap_or(0);
+            let us = u64::try_from(int_reply(&parts[1], "TIME micros")?).unwrap_or(0);
+            Ok(secs.saturating_mul(1_000_000).saturating_add(us))
+        }
         other => Err(StoreError::UnexpectedReply(format!("TIME: got {other:?}"))),
     }
+}
+
+/// The decision of a key blocked at `redis_now` by the `block` read with
+/// its log, if it is. A block value that is not a number blocks nothing,
+/// as in the scripts.
+fn blocked(block: &Value, policy: &Policy, redis_now: u64) -> Option<Decision> {
+    let until = match block {
+        Value::Nil => None,
+        value => int_reply(value, "block")
+            .ok()
+            .and_then(|until| u64::try_from(until).ok()),
+    }?;
+    algorithm::block_left(until, redis_now).map(|left| algorithm::blocked(policy, left))
 }
 
 #[cfg(test)]

@@ -1,10 +1,14 @@
-//! The window counters' keys found full (by their batch script, or by a
-//! batch's reading): a check of one is read in its batch's transaction, not
-//! counted ([`plain`](super::plain)), and denied on the counts read, which
-//! are what the script would read at that moment; with room again it goes
-//! to the script. Without it, a denial was counted, given back and decided
-//! again by the script. Which way a check goes never changes its decision;
-//! it changes what a denial costs Redis: less than an admission.
+//! Keys found full: the window counters' (by their batch script, or by a
+//! batch's reading), and the sliding log's (by its transaction). A check of
+//! a window counter's is read in its batch's transaction, not counted
+//! ([`plain`](super::plain)), and denied on the counts read, which are what
+//! the script would read at that moment; with room again it goes to the
+//! script. A check of a sliding log's reads the log before its transaction
+//! writes ([`sliding_log`](super::sliding_log)), and is denied on what it
+//! read; with room it goes on to the transaction. Without them, a denial
+//! was counted (or written), given back and decided again. Which way a
+//! check goes never changes its decision; it changes what a denial costs
+//! Redis: less than an admission.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -35,8 +39,7 @@ impl FullKeys {
         }
     }
 
-    /// Whether the script found `state` full, and its denial may last to
-    /// `now`.
+    /// Whether `state` was found full, and its denial may last to `now`.
     pub(super) fn holds(&self, state: &str, now: u64) -> bool {
         let hash = self.hasher.hash(state.as_bytes());
         self.until
@@ -46,9 +49,9 @@ impl FullKeys {
             .is_some_and(|&until| until > now)
     }
 
-    /// A `decision` on `state` (the script's, or a batch's on the counts
-    /// it read), asked at `now`: a denial holds the key until it ends; an
-    /// admission lets it go.
+    /// A `decision` on `state` (a script's, a batch's on the counts it
+    /// read, a transaction's), asked at `now`: a denial holds the key until
+    /// it ends; an admission lets it go.
     pub(super) fn learn(&self, state: &str, decision: &Decision, now: u64) {
         let hash = self.hasher.hash(state.as_bytes());
         let mut until = self.until.lock().unwrap_or_else(PoisonError::into_inner);

@@ -361,16 +361,18 @@ impl RedisStore {
         )
     }
 
-    /// Decide concurrent checks of the fixed window, the sliding window and
-    /// GCRA in batches, with at most `in_flight` batches of one algorithm in
+    /// Decide concurrent checks of the fixed window, the sliding window,
+    /// GCRA and the sliding log's `Script` execution in batches, with at
+    /// most `in_flight` batches of one algorithm in
     /// flight at once ([`DEFAULT_BATCHES_IN_FLIGHT`](Self::DEFAULT_BATCHES_IN_FLIGHT)
     /// unless set; 0 turns batching off: one script per check).
     ///
     /// A check goes out at once while fewer batches are in flight;
     /// otherwise it waits for one to come back, and goes out with the
     /// checks queued meanwhile (128 at most per batch; the rest go in the
-    /// next): GCRA's in one `EVALSHA` that decides each in turn, atomically,
-    /// on one reading of Redis's clock; the window counters' as plain
+    /// next): GCRA's and the sliding log's in one `EVALSHA` that decides
+    /// each in turn, atomically, on one reading of Redis's clock; the
+    /// window counters' as plain
     /// commands in one pipeline (an `INCRBY` a rate, counted first and given
     /// back when denied; the guide's Redis page says what that means). A
     /// batch costs Redis a fraction of what its checks cost one by one (see
@@ -383,12 +385,15 @@ impl RedisStore {
     /// timeout) fails every check of the batch, each to its caller's fail
     /// mode, exactly as it would fail each of them sent alone: the checks
     /// Redis decided before the connection broke may have counted, and the
-    /// batch is not sent again (that would count them twice). Batches add
+    /// batch is not sent again (that would count them twice), but for the
+    /// sliding log's, sent again once as a single check is: each of its
+    /// checks then finds its own entries, and counts once. Batches add
     /// `MGET`, `INCRBY` and `DECRBY` to the commands an ACL user needs.
     ///
     /// Not for a cluster (whose keys are spread over slots and nodes): its
     /// checks always go one by one, and this setting is ignored. The sliding
-    /// log and the concurrency limit are checked one by one.
+    /// log's `Transaction` execution and the concurrency limit are checked
+    /// one by one.
     #[must_use]
     pub fn with_batches(mut self, in_flight: usize) -> Self {
         self.batchers = (!self.connections.is_cluster() && in_flight > 0)

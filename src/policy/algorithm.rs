@@ -226,7 +226,8 @@ impl FromStr for Algorithm {
 pub enum Execution {
     /// One `MULTI`/`EXEC` round trip; the decision is taken on the client
     /// from the counts Redis returns, and a denied request's entry is removed
-    /// afterwards. Under contention it may deny a request that an exact
+    /// afterwards (a key found full is read first, and a request denied on
+    /// that read is never written). Under contention it may deny a request that an exact
     /// limiter would admit (a concurrent denied request is briefly counted),
     /// but it never admits more than the limit.
     #[default]

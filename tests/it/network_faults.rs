@@ -39,8 +39,9 @@ use http::{Request, StatusCode};
 use tokio::task::JoinSet;
 use tower::ServiceExt;
 use tower_redis_ratelimit::policy::Execution;
+use tower_redis_ratelimit::store::Command;
 use tower_redis_ratelimit::{
-    FailMode, Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore, Store, key,
+    Decision, FailMode, Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore, Store, key,
 };
 
 /// The store timeout of the store-level tests.
@@ -812,6 +813,37 @@ async fn defect_2_a_lost_reply_does_not_deny_the_only_request() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A key the transaction found full is read before it is written; with
+/// room again (a reward), the check goes on to the transaction, whose
+/// reply is lost: sent again, it writes the same entries, and is admitted
+/// (a read first on the second attempt would count its own entries and
+/// deny it, leaving them counted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_after_a_full_key_had_room_again_admits_once() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let store = open(Connections::Pool, &proxy.url()).await;
+    let policy: Policy = "2/min".parse().unwrap();
+    let redis_key = store.redis_key("log", "held");
+    assert!(store.check("held", &policy).await.unwrap().allowed());
+    assert!(store.check("held", &policy).await.unwrap().allowed());
+    assert!(!store.check("held", &policy).await.unwrap().allowed());
+    store
+        .command("held", &policy, Command::Reward(1))
+        .await
+        .unwrap();
+    proxy.drop_next_reply(Match::command("EXEC"), AfterDrop::Close);
+    let outcome = store.check("held", &policy).await;
+    assert_eq!(proxy.armed(), 0, "the reply was not dropped");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        outcome.as_ref().is_ok_and(Decision::allowed),
+        "the only request with room, its reply lost: {}",
+        show(&outcome)
+    );
+    assert_eq!(support::zcard(&server, &redis_key), 2);
 }
 
 /// Defect 2 through the layer (`Script`, `1/min`, the deny cache on): the

@@ -267,7 +267,11 @@ async fn a_known_full_log_denies_on_a_read_alone() {
     }
     assert_eq!(server.calls("zadd"), zadds, "a denial of a full key wrote");
     assert_eq!(server.calls("zrem"), zrems, "a denial of a full key wrote");
-    assert_eq!(server.calls("exec"), execs, "a denial of a full key is no transaction");
+    assert_eq!(
+        server.calls("exec"),
+        execs,
+        "a denial of a full key is no transaction"
+    );
     assert_eq!(server.calls("zcount"), counts + 5, "one count a denial");
     assert_eq!(zcard(&server, "rl:log:{full}"), 2);
     // Room again: the check reads, finds it, and writes.
@@ -282,6 +286,24 @@ async fn a_known_full_log_denies_on_a_read_alone() {
     assert!(store.check("full", &policy).await.unwrap().allowed());
     assert_eq!(zcard(&server, "rl:log:{full}"), 2);
     assert!(!store.check("full", &policy).await.unwrap().allowed());
+    // A block read with the log: blocked, still nothing written.
+    store
+        .command(
+            "full",
+            &policy,
+            tower_redis_ratelimit::store::Command::Block(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap();
+    let zadds = server.calls("zadd");
+    let blocked = store.check("full", &policy).await.unwrap();
+    assert!(blocked.blocked(), "{blocked:?}");
+    assert!(blocked.retry_after() > Duration::from_secs(29));
+    assert_eq!(
+        server.calls("zadd"),
+        zadds,
+        "a blocked check of a full key wrote"
+    );
 }
 
 /// After Redis is killed and restarted on the same port, checks work again

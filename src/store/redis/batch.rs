@@ -11,8 +11,9 @@
 //! check queued meanwhile (up to [`MAX_BATCH`]). Under load the cost of a
 //! call, a script's set-up and Redis's socket work is shared by the checks
 //! of a batch; each GCRA check's own work is one `HGET` and, admitted,
-//! one `HSET`, a window counter's an `INCRBY` per rate, a sliding log's
-//! trim and count and, admitted, its `ZADD` and `PEXPIRE`.
+//! one `HSET`, a window counter's an `INCRBY` per rate, a sliding log's a
+//! count per rate and, admitted, a trim, its `ZADD` and `PEXPIRE`, or
+//! denied, one or two `ZREVRANGE`.
 //!
 //! GCRA's and the sliding log's exactness is the single check's: the
 //! script runs atomically, each check against the state the checks before
@@ -57,7 +58,7 @@ pub(super) struct Waiting {
     /// calendar windows are placed.
     pub(super) now: u64,
     /// The sliding log's request id: its entries' members.
-    pub(super) lease: Option<Lease>,
+    pub(super) request_id: Option<Lease>,
     pub(super) reply: oneshot::Sender<Result<Decision, StoreError>>,
 }
 
@@ -213,9 +214,9 @@ impl Batcher {
                 for (waiting, reply) in batch.into_iter().zip(replies) {
                     let decision =
                         script::decode_batched(reply, &waiting.policy).map(|decided| match waiting
-                            .lease
+                            .request_id
                         {
-                            Some(lease) => carrying(decided, &waiting.policy, lease),
+                            Some(id) => carrying(decided, &waiting.policy, id),
                             None => decided,
                         });
                     if let (Some(full), Ok(decision)) = (&self.full, &decision) {
@@ -242,24 +243,27 @@ impl Batcher {
     /// refused it before running it, and the sliding log's after a
     /// connection error too (its checks, sent again, each look for their
     /// own entries first: a check counts once). A replica writes nothing: a
-    /// window counter's check runs in its own `pcall`, so its `READONLY`
-    /// comes back as the checks' errors, and the checks it answered without
-    /// an error counted nothing either; GCRA's first write fails the whole
-    /// script with `READONLY`, before anything was written. Either way the
-    /// batch goes again, on a new connection.
+    /// window counter's or a sliding log's check runs in its own `pcall`,
+    /// so an admission's `READONLY` comes back as its check's error (a
+    /// sliding log's denial, which writes nothing, is answered from the
+    /// replica's data), and the checks it answered without an error counted
+    /// nothing either; GCRA's first write fails the whole script with
+    /// `READONLY`, before anything was written. Either way, with one
+    /// `READONLY` among the replies, the batch goes again, on a new
+    /// connection.
     async fn send(
         &self,
         connections: &Connections,
         timeout: Duration,
         batch: &[Waiting],
     ) -> Result<Vec<Value>, StoreError> {
-        let ids: Vec<Option<String>> = batch
+        let members: Vec<Option<String>> = batch
             .iter()
-            .map(|waiting| waiting.lease.map(member))
+            .map(|waiting| waiting.request_id.map(member))
             .collect();
         let items: Vec<BatchItem<'_>> = batch
             .iter()
-            .zip(&ids)
+            .zip(&members)
             .map(|(waiting, id)| BatchItem {
                 keys: Keys {
                     state: &waiting.state,
@@ -274,23 +278,30 @@ impl Batcher {
         let now = batch.first().map_or(0, |waiting| waiting.now);
         let first = script::batch(self.script, &items, now, false)?;
         let log = self.algorithm == Algorithm::SlidingLog;
-        let again = if log {
-            Some(script::batch(self.script, &items, now, true)?)
-        } else {
-            None
-        };
-        let mut sent = false;
+        // The sliding log's batch as sent again (built only then): after a
+        // connection error, and also (harmless: one more read a check)
+        // after `NOSCRIPT` or a refusal.
+        let resent = std::sync::OnceLock::new();
+        let mut first_sent = false;
         Call::new(connections, timeout, "batch")
             .script(Some(first.script()))
             .repeatable(log)
             .replica_reply(|replies: &Vec<Value>| replies.iter().any(script::refused_as_replica))
             .run(|mut conn| {
-                let eval = match (sent, &again) {
-                    (true, Some(again)) => again,
-                    _ => &first,
+                let eval = if log && first_sent {
+                    resent
+                        .get_or_init(|| script::batch(self.script, &items, now, true))
+                        .as_ref()
+                } else {
+                    Ok(&first)
                 };
-                sent = true;
-                async move { eval.send(conn.get()).await }
+                first_sent = true;
+                async move {
+                    match eval {
+                        Ok(eval) => eval.send(conn.get()).await,
+                        Err(error) => Err(duplicate(error)),
+                    }
+                }
             })
             .await
     }

@@ -39,7 +39,7 @@ impl RedisStore {
             block: self.redis_key(BLOCK_TAG, key),
             policy: policy.clone(),
             now: self.clock.local_micros(),
-            lease: (policy.algorithm() == Algorithm::SlidingLog).then(|| self.ids.next()),
+            request_id: (policy.algorithm() == Algorithm::SlidingLog).then(|| self.ids.next()),
             reply,
         };
         batcher.submit(&self.connections, &self.clock, self.timeout, waiting);
@@ -74,7 +74,11 @@ impl RedisStore {
         };
         let pending = self.pending(&redis_key, policy, &id);
         let asked = self.clock.local_micros();
-        let known_full = eval.is_none() && self.full_logs.holds(&redis_key, asked);
+        let reads_first = eval.is_none() && sliding_log::reads_first(policy);
+        let known_full = reads_first && self.full_logs.holds(&redis_key, asked);
+        // Only the first attempt reads first: sent again, the check may
+        // have written its entries, which a read would count against it.
+        let mut first = known_full;
         // A connection broken by a Redis restart or a lost reply: the check
         // is sent again where a repeat is harmless (the request's entries
         // or lease are the same). The counters and GCRA would count it
@@ -90,6 +94,7 @@ impl RedisStore {
                 }
                 let members = pending.map_or(&[][..], Cleanup::members);
                 let (eval, clock) = (eval.as_ref(), &self.clock);
+                let read_first = std::mem::take(&mut first);
                 async move {
                     match eval {
                         None => {
@@ -99,7 +104,7 @@ impl RedisStore {
                                 policy,
                                 members,
                                 clock,
-                                known_full,
+                                read_first,
                             )
                             .await
                         }
@@ -132,7 +137,7 @@ impl RedisStore {
                 decision
             }
         };
-        if eval.is_none() {
+        if reads_first && (known_full || !decision.allowed()) {
             self.full_logs.learn(&redis_key, &decision, asked);
         }
         Ok(carrying(decision, policy, lease))

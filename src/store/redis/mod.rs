@@ -504,7 +504,8 @@ impl Store for RedisStore {
     }
 
     /// One `EVALSHA` (or, for the sliding log's `Transaction` execution,
-    /// one `MULTI`/`EXEC`) per check, or a place in a batch of checks
+    /// one `MULTI`/`EXEC`, after a pipeline of reads for a key found full)
+    /// per check, or a place in a batch of checks
     /// ([`with_batches`](RedisStore::with_batches)).
     async fn check(&self, key: &str, policy: &Policy) -> Result<Decision, StoreError> {
         match self.batcher(policy) {

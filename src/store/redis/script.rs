@@ -217,6 +217,15 @@ fn window_arg(cmd: &mut redis::Cmd, rate: &Rate, now: u64) {
     }
 }
 
+/// How many arguments [`algorithm_args`] gives `policy`.
+fn algorithm_arg_count(policy: &Policy) -> usize {
+    match policy.algorithm() {
+        Algorithm::Concurrency => 4,
+        Algorithm::SlidingLog => 3 + 2 * policy.rates().len(),
+        _ => 1 + 2 * policy.rates().len(),
+    }
+}
+
 /// The algorithm's arguments of a request by `id` under `policy`, at `now`
 /// (this process's time, µs: where calendar windows are placed).
 fn algorithm_args(
@@ -303,7 +312,7 @@ pub(super) struct BatchItem<'a> {
 /// The `EVALSHA` of `script` (a [`batch_script`]) for a batch of checks,
 /// all on a single Redis: the keys, each distinct policy's arguments once,
 /// each check's policy when there are several, and for the sliding log
-/// whether the batch is sent `again` (after a reply lost: each check looks
+/// whether the batch is `resent` (after a reply lost: each check looks
 /// for its own entries first) and each check's request id. Its reply holds each
 /// check's reply, in order ([`decode_batched`]). `now`: this process's
 /// time (µs).
@@ -311,7 +320,7 @@ pub(super) fn batch(
     script: &'static redis::Script,
     items: &[BatchItem<'_>],
     now: u64,
-    again: bool,
+    resent: bool,
 ) -> Result<Eval, StoreError> {
     let key_bytes: usize = items
         .iter()
@@ -344,8 +353,7 @@ pub(super) fn batch(
     for policy in &policies {
         // A single check's arguments (the sliding log's request id empty:
         // each check's follows), after their number.
-        let ids = usize::from(policy.algorithm() == Algorithm::SlidingLog);
-        cmd.arg(1 + 2 * ids + 2 * policy.rates().len());
+        cmd.arg(algorithm_arg_count(policy));
         algorithm_args(&mut cmd, policy, "", now)?;
     }
     if policies.len() > 1 {
@@ -354,7 +362,7 @@ pub(super) fn batch(
         }
     }
     if items.iter().any(|item| item.id.is_some()) {
-        cmd.arg(u8::from(again));
+        cmd.arg(u8::from(resent));
         for id in items.iter().filter_map(|item| item.id) {
             cmd.arg(id);
         }

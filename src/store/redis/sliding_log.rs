@@ -50,14 +50,16 @@ use crate::store::StoreError;
 /// denial, whose wait is those few milliseconds (over HTTP, a
 /// `Retry-After` of 1 s, the least it says).
 /// A denied request's entries are still in the set: the caller takes them
-/// back out.
+/// back out (but for a denial on the read of a key found full, which
+/// wrote nothing: [`Verdict::Unwritten`]).
 ///
 /// The transaction also reads the key's block: a key blocked when Redis ran
 /// it is denied until the block ends, on Redis's clock (the entries it wrote
 /// are then taken back out like any denied request's).
 ///
-/// A key `known_full` (its last check was denied, and the denial may last)
-/// is read first: a check denied on what it reads writes nothing
+/// With `read_first` (a key found full, whose denial may last, on the
+/// check's first attempt: [`reads_first`]), the log is read before it is
+/// written: a check denied on what it reads writes nothing
 /// ([`read_denial`]).
 pub(super) async fn transaction<C: ConnectionLike>(
     conn: &mut C,
@@ -65,12 +67,12 @@ pub(super) async fn transaction<C: ConnectionLike>(
     policy: &Policy,
     members: &[String],
     clock: &ClockSync,
-    known_full: bool,
+    read_first: bool,
 ) -> Result<Verdict, StoreError> {
     let key = keys.state;
-    if known_full
-        && !reads_entries(policy)
-        && let Some(decision) = read_denial(conn, keys, policy, members.len(), clock).await?
+    if read_first
+        && reads_first(policy)
+        && let Some(decision) = read_denial(conn, keys, policy, clock).await?
     {
         return Ok(Verdict::Unwritten(decision));
     }
@@ -99,6 +101,7 @@ pub(super) async fn transaction<C: ConnectionLike>(
         }
         let decision = match decision {
             Verdict::Decided(decision) => decision,
+            // (`decide` gives no `Unwritten`: only a read does.)
             other @ (Verdict::Denied(_) | Verdict::Unwritten(_)) => return Ok(other),
         };
         if off && decision.allowed() {
@@ -144,10 +147,12 @@ pub(super) struct Denial {
 }
 
 impl Denial {
-    /// The reads that follow the removal of the request's entries from
-    /// `key`, in the same transaction: the newest entry, and the one of
-    /// reverse rank `max - cost` (whose leaving lets a request of `cost`
-    /// in), which for a cost of the max is the newest itself: one read.
+    /// The reads a denial's wait and reset come from: the newest entry of
+    /// `key`, and the one of reverse rank `max - cost` (whose leaving lets
+    /// a request of `cost` in), which for a cost of the max is the newest
+    /// itself: one read. They follow the removal of the request's entries,
+    /// in the same transaction, or make the read of a key found full
+    /// ([`read_denial`]).
     pub(super) fn reads(key: &str, policy: &Policy) -> Vec<redis::Cmd> {
         let rank = policy
             .rates()
@@ -186,30 +191,44 @@ impl Denial {
     }
 }
 
+/// Whether a key of `policy` found full is read before it is written
+/// ([`read_denial`]): a policy of one rate and no spacing, whose
+/// transaction reads only the count.
+pub(super) fn reads_first(policy: &Policy) -> bool {
+    !reads_entries(policy)
+}
+
 /// The denial of a check of a key found full, from one round trip that
-/// only reads: each rate's count from `tolerance` before the clock
-/// estimate's reading (as the writing transaction counts), the entries a
+/// only reads: the rate's count from `tolerance` before the clock
+/// estimate's reading (the writing transaction's own bound), the entries a
 /// denial's wait and reset come from ([`Denial::reads`]), the key's block
-/// and Redis's `TIME`. The decision is the writing transaction's on the
-/// same log: `None` (go on to write) when the log has room, or when
-/// Redis's time is off the reading by more than the tolerance (the writing
-/// transaction deals with that). For a policy of one rate and no spacing.
+/// and Redis's `TIME`, decided as the writing transaction decides a denial
+/// ([`Denial::decide`]). `None` (go on to write) when the log has room,
+/// when the estimate asks for a fresh measurement, or when Redis's time is
+/// off the reading by more than the tolerance: the writing transaction
+/// deals with those. For a policy of one rate and no spacing
+/// ([`reads_first`]).
+///
+/// A denial here is one the writing transaction would give on the same
+/// log: it counts from the same bound, so it denies, as the transaction
+/// does, up to about `2 × tolerance` longer at a window's end. It never
+/// admits, so no error of the clock can admit too many; a reading ahead
+/// of Redis's clock only counts fewer entries, and a count with room goes
+/// on to the transaction.
 async fn read_denial<C: ConnectionLike>(
     conn: &mut C,
     keys: Keys<'_>,
     policy: &Policy,
-    cost: usize,
     clock: &ClockSync,
 ) -> Result<Option<Decision>, StoreError> {
-    let Some((now, _)) = clock.now() else {
+    let Some((now, false)) = clock.now() else {
         return Ok(None);
     };
     let tolerance = clock.tolerance();
     let from = now.saturating_sub(tolerance);
-    // Pipelined, not a transaction: each read is of the log as it is when
-    // Redis runs it, and `TIME` runs last. A count read before `TIME`, full
-    // from `from` (an earlier time than Redis's then, or within the
-    // tolerance of it), was full when Redis read it.
+    // Pipelined, not a transaction (nothing is written): `TIME` runs after
+    // the reads, so a reply that waited still decides at the reads' time
+    // or later.
     let reads = Denial::reads(keys.state, policy);
     let mut pipe = redis::pipe();
     read_log(&mut pipe, keys.state, policy, 0, from);
@@ -219,21 +238,15 @@ async fn read_denial<C: ConnectionLike>(
     pipe.cmd("GET").arg(keys.block);
     pipe.cmd("TIME");
     let reply: Vec<Value> = pipe.query_async(conn).await?;
-    let [count, entries @ .., block, time] = reply.as_slice() else {
+    let want = reads.len() + 3;
+    let ([count, entries @ .., block, time], true) = (reply.as_slice(), reply.len() == want) else {
         return Err(StoreError::UnexpectedReply(format!(
-            "sliding log read: expected {} replies, got {}",
-            reads.len() + 3,
+            "sliding log read: expected {want} replies, got {}",
             reply.len()
         )));
     };
-    if entries.len() != reads.len() {
-        return Err(StoreError::UnexpectedReply(format!(
-            "sliding log read: expected {} replies, got {}",
-            reads.len() + 3,
-            reply.len()
-        )));
-    }
     let redis_now = redis_time(time)?;
+    clock.saw(redis_now);
     if redis_now.abs_diff(now) > tolerance {
         return Ok(None);
     }
@@ -249,14 +262,8 @@ async fn read_denial<C: ConnectionLike>(
         },
         redis_now,
     };
-    let room = denial
-        .count
-        .saturating_add(u64::try_from(cost).unwrap_or(u64::MAX))
-        <= policy.rates().first().map_or(0, Rate::max);
-    if room {
-        return Ok(None);
-    }
-    Ok(Some(denial.decide(Some(entries), policy)))
+    let decision = denial.decide(Some(entries), policy);
+    Ok((!decision.allowed()).then_some(decision))
 }
 
 /// Whether the transaction reads the log's newest entries (the spacing,

@@ -29,12 +29,12 @@ end
 local several = #starts > 1
 -- The sliding log's: whether the batch is sent again, and where its
 -- request ids start (nil past the end for the other algorithms).
-local ids = a - 1
+local resent_at = a
 if several then
-  ids = ids + n
+  resent_at = resent_at + n
 end
-local again = ARGV[ids + 1] == '1'
-ids = ids + 1
+local resent = ARGV[resent_at] == '1'
+local first_id = resent_at + 1
 -- The reply of a check that failed with `error` (a key of another type
 -- under the prefix): this check's alone.
 local function failed(error)
@@ -58,9 +58,9 @@ for d = 1, n do
     p = tonumber(ARGV[a - 1 + d])
   end
   ARG0, nargs = starts[p], lengths[p]
-  bind(KEYS[d], ARGV[ids + d])
+  bind(KEYS[d], ARGV[first_id - 1 + d])
   local ends = blocks[d] and tonumber(blocks[d])
-  local reply = again and retry_reply()
+  local reply = resent and retry_reply()
   if reply then
     -- A request that already counted: admitted again, counting nothing.
   elseif ends and ends > now then

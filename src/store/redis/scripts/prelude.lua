@@ -99,9 +99,10 @@ end
 
 -- Point the algorithm at one limited key and at its policy's arguments
 -- (ARG0, nargs): a check or a command binds KEYS[1]; a batch of checks
--- (batch.lua) binds each of its keys in turn. The window counters and GCRA
--- define it; the sliding log and the concurrency limit read KEYS[1] and
--- their arguments once and need nothing.
+-- (batch.lua) binds each of its keys in turn, with the check's request id
+-- (the sliding log's; nil for the others) as a second argument. The window
+-- counters, GCRA and the sliding log define it; the concurrency limit reads
+-- KEYS[1] and its arguments once and needs nothing.
 local function bind()
 end
 

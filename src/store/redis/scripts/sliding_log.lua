@@ -31,6 +31,8 @@ local trimmed
 
 -- Point the script at key `k` and at the policy at ARG0; `request`: the
 -- check's id in a batch (each check's own), else the policy's argument.
+-- (The window counters' and GCRA's `policy_at` reads another layout of
+-- arguments: windows that may be calendars, and no id.)
 local function bind(k, request)
   key, trimmed = k, false
   id = request or arg(3)
@@ -115,12 +117,15 @@ local function denied_times(i, c, newest)
 end
 
 -- The same request again (its reply was lost): admitted, counting nothing
--- more.
+-- more: its first entry is still in the longest window. (Looked for
+-- before anything is written: a request not found goes on to be decided,
+-- and a denial writes nothing.)
 local function retried()
-  trim()
-  if not call('ZSCORE', key, member(1)) then
+  local score = tonumber(call('ZSCORE', key, member(1)) or '')
+  if not score or score <= now - longest then
     return nil
   end
+  trim()
   local out = { 1, 0 }
   for i = 1, nrates do
     local remaining = maxes[i] - count_in(i)

@@ -69,6 +69,7 @@ mod sentinel;
 mod settlement;
 mod settlement_faults;
 mod sliding_log;
+mod sliding_log_batch_attack;
 mod sliding_window;
 mod store_adversarial;
 mod tls;

@@ -238,10 +238,19 @@ end
 -- Remove the entries of one check (request id `rid`): `rid` for a cost of
 -- 1, `rid:1` ... `rid:units` otherwise (the check's cost may differ from
 -- this command's policy's).
+-- In chunks, as zadd_many writes them (unpack has a limit on its
+-- arguments).
 refund = function(units, rid)
   local members = { rid }
-  for j = 1, math.min(units, MAX_PENALTY_ENTRIES) do
+  local n = math.min(units, MAX_PENALTY_ENTRIES)
+  for j = 1, n do
     members[#members + 1] = rid .. ':' .. j
+    if #members >= 1000 or j == n then
+      call('ZREM', key, unpack(members))
+      members = {}
+    end
   end
-  call('ZREM', key, unpack(members))
+  if #members > 0 then
+    call('ZREM', key, unpack(members))
+  end
 end

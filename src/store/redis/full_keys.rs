@@ -24,8 +24,10 @@ use crate::store::KeyHasher;
 /// ([`make_room`]; a key dropped is a check counted once more).
 const MAX_FULL_KEYS: usize = 1 << 16;
 
-/// Keys found full, by the hash of their Redis key, each until the end of
-/// its denial (this process's time, µs): at most [`MAX_FULL_KEYS`].
+/// Keys found full for a cost, by the hash of their Redis key and the cost
+/// (a key with no room for a batch of 10 may have room for 1), each until
+/// the end of its denial (this process's time, µs): at most
+/// [`MAX_FULL_KEYS`].
 pub(super) struct FullKeys {
     hasher: KeyHasher,
     until: Mutex<HashMap<u64, u64>>,
@@ -39,9 +41,10 @@ impl FullKeys {
         }
     }
 
-    /// Whether `state` was found full, and its denial may last to `now`.
-    pub(super) fn holds(&self, state: &str, now: u64) -> bool {
-        let hash = self.hasher.hash(state.as_bytes());
+    /// Whether `state` was found full for `cost`, and its denial may last
+    /// to `now`.
+    pub(super) fn holds(&self, state: &str, cost: u64, now: u64) -> bool {
+        let hash = self.hash(state, cost);
         self.until
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -49,11 +52,11 @@ impl FullKeys {
             .is_some_and(|&until| until > now)
     }
 
-    /// A `decision` on `state` (a script's, a batch's on the counts it
-    /// read, a transaction's), asked at `now`: a denial holds the key until
+    /// A `decision` on `state` for `cost` (a script's, a batch's on the
+    /// counts it read, a transaction's), asked at `now`: a denial holds the key until
     /// it ends; an admission lets it go.
-    pub(super) fn learn(&self, state: &str, decision: &Decision, now: u64) {
-        let hash = self.hasher.hash(state.as_bytes());
+    pub(super) fn learn(&self, state: &str, cost: u64, decision: &Decision, now: u64) {
+        let hash = self.hash(state, cost);
         let mut until = self.until.lock().unwrap_or_else(PoisonError::into_inner);
         if decision.allowed() || decision.blocked() {
             until.remove(&hash);
@@ -65,6 +68,13 @@ impl FullKeys {
             hash,
             now.saturating_add(duration_micros(decision.retry_after())),
         );
+    }
+}
+
+impl FullKeys {
+    /// The map's key of `state` and `cost`.
+    fn hash(&self, state: &str, cost: u64) -> u64 {
+        self.hasher.hash(state.as_bytes()) ^ cost.wrapping_mul(0x9e37_79b9_7f4a_7c15)
     }
 }
 
@@ -82,18 +92,21 @@ mod tests {
         let denied = fixed_window::decided_after_adding(&policy, now, &[(2, now + 750_000)]);
         assert!(admitted.allowed() && !denied.allowed());
         let full = FullKeys::new();
-        full.learn("k", &denied, now);
-        assert!(full.holds("k", now + 749_999));
-        assert!(!full.holds("k", now + 750_000));
-        assert!(!full.holds("other", now));
-        full.learn("k", &admitted, now);
-        assert!(!full.holds("k", now));
+        full.learn("k", 1, &denied, now);
+        assert!(full.holds("k", 1, now + 749_999));
+        assert!(!full.holds("k", 1, now + 750_000));
+        assert!(!full.holds("other", 1, now));
+        // Full for a cost of 10 is not full for 1.
+        full.learn("k", 10, &denied, now);
+        assert!(full.holds("k", 10, now) && !full.holds("k", 2, now));
+        full.learn("k", 1, &admitted, now);
+        assert!(!full.holds("k", 1, now));
         // Bounded: past the most keys, about half go, the newest kept.
         for i in 0..MAX_FULL_KEYS + 10 {
-            full.learn(&format!("k{i}"), &denied, now);
+            full.learn(&format!("k{i}"), 1, &denied, now);
         }
         let held = full.until.lock().unwrap().len();
         assert!((MAX_FULL_KEYS / 4..MAX_FULL_KEYS).contains(&held), "{held}");
-        assert!(full.holds(&format!("k{}", MAX_FULL_KEYS + 9), now));
+        assert!(full.holds(&format!("k{}", MAX_FULL_KEYS + 9), 1, now));
     }
 }

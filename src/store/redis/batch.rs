@@ -220,7 +220,7 @@ impl Batcher {
                             None => decided,
                         });
                     if let (Some(full), Ok(decision)) = (&self.full, &decision) {
-                        full.learn(&waiting.state, waiting.policy.cost(), decision, waiting.now);
+                        full.learn(&waiting.state, &waiting.policy, decision, waiting.now);
                     }
                     // A caller that gave up meanwhile drops its answer.
                     let _ = waiting.reply.send(decision);

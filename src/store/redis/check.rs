@@ -75,7 +75,7 @@ impl RedisStore {
         let pending = self.pending(&redis_key, policy, &id);
         let asked = self.clock.local_micros();
         let reads_first = eval.is_none() && sliding_log::reads_first(policy);
-        let known_full = reads_first && self.full_logs.holds(&redis_key, policy.cost(), asked);
+        let known_full = reads_first && self.full_logs.holds(&redis_key, policy, asked);
         // Only the first attempt reads first: sent again, the check may
         // have written its entries, which a read would count against it.
         let mut first = known_full;
@@ -138,8 +138,7 @@ impl RedisStore {
             }
         };
         if reads_first && (known_full || !decision.allowed()) {
-            self.full_logs
-                .learn(&redis_key, policy.cost(), &decision, asked);
+            self.full_logs.learn(&redis_key, policy, &decision, asked);
         }
         Ok(carrying(decision, policy, lease))
     }

@@ -15,7 +15,7 @@ use std::sync::{Mutex, PoisonError};
 
 use super::eviction::make_room;
 use crate::decision::Decision;
-use crate::policy::duration_micros;
+use crate::policy::{Policy, duration_micros};
 use crate::store::KeyHasher;
 
 /// The most keys held (about 2 MiB: two words each and the map's
@@ -24,10 +24,11 @@ use crate::store::KeyHasher;
 /// ([`make_room`]; a key dropped is a check counted once more).
 const MAX_FULL_KEYS: usize = 1 << 16;
 
-/// Keys found full for a cost, by the hash of their Redis key and the cost
-/// (a key with no room for a batch of 10 may have room for 1), each until
-/// the end of its denial (this process's time, µs): at most
-/// [`MAX_FULL_KEYS`].
+/// Keys found full under a policy, by the hash of their Redis key, the
+/// policy's cost and its rates (a key with no room for a batch of 10 may
+/// have room for 1; one full under 4/s is not under 9/s, and an admission
+/// under 9/s leaves it full under 4/s), each until the end of its denial
+/// (this process's time, µs): at most [`MAX_FULL_KEYS`].
 pub(super) struct FullKeys {
     hasher: KeyHasher,
     until: Mutex<HashMap<u64, u64>>,
@@ -41,10 +42,10 @@ impl FullKeys {
         }
     }
 
-    /// Whether `state` was found full for `cost`, and its denial may last
-    /// to `now`.
-    pub(super) fn holds(&self, state: &str, cost: u64, now: u64) -> bool {
-        let hash = self.hash(state, cost);
+    /// Whether `state` was found full under `policy`, and its denial may
+    /// last to `now`.
+    pub(super) fn holds(&self, state: &str, policy: &Policy, now: u64) -> bool {
+        let hash = self.hash(state, policy);
         self.until
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -52,11 +53,11 @@ impl FullKeys {
             .is_some_and(|&until| until > now)
     }
 
-    /// A `decision` on `state` for `cost` (a script's, a batch's on the
-    /// counts it read, a transaction's), asked at `now`: a denial holds the key until
+    /// A `decision` on `state` under `policy` (a script's, a batch's on
+    /// the counts it read, a transaction's), asked at `now`: a denial holds the key until
     /// it ends; an admission lets it go.
-    pub(super) fn learn(&self, state: &str, cost: u64, decision: &Decision, now: u64) {
-        let hash = self.hash(state, cost);
+    pub(super) fn learn(&self, state: &str, policy: &Policy, decision: &Decision, now: u64) {
+        let hash = self.hash(state, policy);
         let mut until = self.until.lock().unwrap_or_else(PoisonError::into_inner);
         if decision.allowed() || decision.blocked() {
             until.remove(&hash);
@@ -72,16 +73,22 @@ impl FullKeys {
 }
 
 impl FullKeys {
-    /// The map's key of `state` and `cost`.
-    fn hash(&self, state: &str, cost: u64) -> u64 {
-        self.hasher.hash(state.as_bytes()) ^ cost.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    /// The map's key of `state` under `policy`: its hash, mixed with the
+    /// policy's cost and each rate's max and window.
+    fn hash(&self, state: &str, policy: &Policy) -> u64 {
+        const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut mixed = policy.cost().wrapping_mul(MIX);
+        for rate in policy.rates() {
+            mixed = (mixed.rotate_left(23) ^ rate.max()).wrapping_mul(MIX);
+            mixed = (mixed.rotate_left(23) ^ rate.window_micros()).wrapping_mul(MIX);
+        }
+        self.hasher.hash(state.as_bytes()) ^ mixed
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Policy;
     use crate::algorithm::fixed_window;
 
     #[test]
@@ -92,21 +99,26 @@ mod tests {
         let denied = fixed_window::decided_after_adding(&policy, now, &[(2, now + 750_000)]);
         assert!(admitted.allowed() && !denied.allowed());
         let full = FullKeys::new();
-        full.learn("k", 1, &denied, now);
-        assert!(full.holds("k", 1, now + 749_999));
-        assert!(!full.holds("k", 1, now + 750_000));
-        assert!(!full.holds("other", 1, now));
-        // Full for a cost of 10 is not full for 1.
-        full.learn("k", 10, &denied, now);
-        assert!(full.holds("k", 10, now) && !full.holds("k", 2, now));
-        full.learn("k", 1, &admitted, now);
-        assert!(!full.holds("k", 1, now));
+        full.learn("k", &policy, &denied, now);
+        assert!(full.holds("k", &policy, now + 749_999));
+        assert!(!full.holds("k", &policy, now + 750_000));
+        assert!(!full.holds("other", &policy, now));
+        // Full under 1/1s is not full under 9/1s, and an admission under
+        // 9/1s leaves it full under 1/1s; full for a cost of 9 is not for 1.
+        let nine: Policy = "9/1s".parse::<Policy>().unwrap().fixed_window().unwrap();
+        full.learn("k", &nine, &admitted, now);
+        assert!(full.holds("k", &policy, now) && !full.holds("k", &nine, now));
+        full.learn("k", &nine.clone().with_cost(9).unwrap(), &denied, now);
+        assert!(!full.holds("k", &nine, now));
+        assert!(full.holds("k", &nine.clone().with_cost(9).unwrap(), now));
+        full.learn("k", &policy, &admitted, now);
+        assert!(!full.holds("k", &policy, now));
         // Bounded: past the most keys, about half go, the newest kept.
         for i in 0..MAX_FULL_KEYS + 10 {
-            full.learn(&format!("k{i}"), 1, &denied, now);
+            full.learn(&format!("k{i}"), &policy, &denied, now);
         }
         let held = full.until.lock().unwrap().len();
         assert!((MAX_FULL_KEYS / 4..MAX_FULL_KEYS).contains(&held), "{held}");
-        assert!(full.holds(&format!("k{}", MAX_FULL_KEYS + 9), 1, now));
+        assert!(full.holds(&format!("k{}", MAX_FULL_KEYS + 9), &policy, now));
     }
 }

@@ -104,7 +104,7 @@ pub(super) async fn decide(
     let checks: Vec<Check> = batch
         .iter()
         .map(|waiting| Check {
-            reads: full.holds(&waiting.state, waiting.policy.cost(), waiting.now),
+            reads: full.holds(&waiting.state, &waiting.policy, waiting.now),
             counts: waiting
                 .policy
                 .rates()
@@ -328,12 +328,7 @@ pub(super) async fn decide(
             }
             // Denied on the counts read: kept full until it ends.
             Outcome::Answered(Ok(decision)) if reads => {
-                full.learn(
-                    &waiting.state,
-                    waiting.policy.cost(),
-                    &decision,
-                    waiting.now,
-                );
+                full.learn(&waiting.state, &waiting.policy, &decision, waiting.now);
                 let _ = waiting.reply.send(Ok(decision));
             }
             outcome => pending.push((waiting, outcome)),

@@ -6,6 +6,7 @@
 //! margins where time moves under them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use crate::support::faults::show_decision as show;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,17 +34,6 @@ async fn batched(url: &str) -> RedisStore {
 fn into_window(window: Duration) -> Duration {
     let w = u64::try_from(window.as_micros()).unwrap();
     Duration::from_micros(now_us() % w)
-}
-
-fn show(d: &Decision) -> String {
-    format!(
-        "allowed {} blocked {} remaining {} retry_after {:?} reset {:?}",
-        d.allowed(),
-        d.blocked(),
-        d.remaining(),
-        d.retry_after(),
-        d.reset()
-    )
 }
 
 /// The differences between Redis's decision `r` and the exact one `m`

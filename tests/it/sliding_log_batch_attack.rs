@@ -46,14 +46,7 @@ fn transaction(text: &str) -> Policy {
 
 fn show(outcome: &Result<Decision, StoreError>) -> String {
     match outcome {
-        Ok(d) => format!(
-            "allowed {} blocked {} remaining {} retry_after {:?} reset {:?}",
-            d.allowed(),
-            d.blocked(),
-            d.remaining(),
-            d.retry_after(),
-            d.reset()
-        ),
+        Ok(d) => crate::support::faults::show_decision(d),
         Err(e) => format!("error {e}"),
     }
 }

@@ -414,6 +414,19 @@ impl Loss {
     }
 }
 
+/// A decision whole (what it allows, its block, remaining, waits), for
+/// messages.
+pub fn show_decision(d: &Decision) -> String {
+    format!(
+        "allowed {} blocked {} remaining {} retry_after {:?} reset {:?}",
+        d.allowed(),
+        d.blocked(),
+        d.remaining(),
+        d.retry_after(),
+        d.reset()
+    )
+}
+
 /// A check's outcome, for messages.
 pub fn show(outcome: &Result<Decision, StoreError>) -> String {
     match outcome {

@@ -6,12 +6,12 @@
 //! margins where time moves under them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::support::faults::show_decision as show;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::support::RedisServer;
 use crate::support::contention;
+use crate::support::faults::show_decision as show;
 use crate::support::harness::{MS, away_from_a_boundary, just_into_a_window, now_us};
 use crate::support::proxy::{AfterDrop, FaultProxy, Match};
 use crate::support::window_counters::{FIXED, SLIDING, policy, tag};

@@ -68,12 +68,12 @@ impl RedisStore {
         };
         let lease = self.ids.next();
         let id = member(lease);
+        let asked = self.clock.local_micros();
         let eval = match (policy.algorithm(), policy.execution()) {
             (Algorithm::SlidingLog, Execution::Transaction) => None,
-            _ => Some(script::check(keys, policy, &id, self.clock.local_micros())?),
+            _ => Some(script::check(keys, policy, &id, asked)?),
         };
         let pending = self.pending(&redis_key, policy, &id);
-        let asked = self.clock.local_micros();
         let reads_first = eval.is_none() && sliding_log::reads_first(policy);
         let known_full = reads_first && self.full_logs.holds(&redis_key, policy, asked);
         // Only the first attempt reads first: sent again, the check may

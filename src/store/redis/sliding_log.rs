@@ -58,9 +58,9 @@ use crate::store::StoreError;
 /// are then taken back out like any denied request's).
 ///
 /// With `read_first` (a key found full, whose denial may last, on the
-/// check's first attempt: [`reads_first`]), the log is read before it is
-/// written: a check denied on what it reads writes nothing
-/// ([`read_denial`]).
+/// check's first attempt; only for a policy that [`reads_first`]), the log
+/// is read before it is written: a check denied on what it reads writes
+/// nothing ([`read_denial`]).
 pub(super) async fn transaction<C: ConnectionLike>(
     conn: &mut C,
     keys: Keys<'_>,
@@ -70,10 +70,7 @@ pub(super) async fn transaction<C: ConnectionLike>(
     read_first: bool,
 ) -> Result<Verdict, StoreError> {
     let key = keys.state;
-    if read_first
-        && reads_first(policy)
-        && let Some(decision) = read_denial(conn, keys, policy, clock).await?
-    {
+    if read_first && let Some(decision) = read_denial(conn, keys, policy, clock).await? {
         return Ok(Verdict::Unwritten(decision));
     }
     loop {
@@ -191,6 +188,17 @@ impl Denial {
     }
 }
 
+/// The times a decision counts and waits from: windows counted from
+/// `tolerance` before the reading `now`, waits measured from Redis's time
+/// and padded by `2 × tolerance`.
+fn times(now: u64, tolerance: u64, redis_now: u64) -> Times {
+    Times {
+        at: now.saturating_sub(tolerance),
+        from: redis_now,
+        pad: tolerance.saturating_mul(2),
+    }
+}
+
 /// Whether a key of `policy` found full is read before it is written
 /// ([`read_denial`]): a policy of one rate and no spacing, whose
 /// transaction reads only the count.
@@ -230,15 +238,15 @@ async fn read_denial<C: ConnectionLike>(
     // the reads, so a reply that waited still decides at the reads' time
     // or later.
     let reads = Denial::reads(keys.state, policy);
+    let want = reads.len() + 3;
     let mut pipe = redis::pipe();
     read_log(&mut pipe, keys.state, policy, 0, from);
-    for read in &reads {
-        pipe.add_command(read.clone());
+    for read in reads {
+        pipe.add_command(read);
     }
     pipe.cmd("GET").arg(keys.block);
     pipe.cmd("TIME");
     let reply: Vec<Value> = pipe.query_async(conn).await?;
-    let want = reads.len() + 3;
     let ([count, entries @ .., block, time], true) = (reply.as_slice(), reply.len() == want) else {
         return Err(StoreError::UnexpectedReply(format!(
             "sliding log read: expected {want} replies, got {}",
@@ -255,11 +263,7 @@ async fn read_denial<C: ConnectionLike>(
     }
     let denial = Denial {
         count: u64::try_from(int_reply(count, "ZCOUNT")?).unwrap_or(0),
-        times: Times {
-            at: from,
-            from: redis_now,
-            pad: tolerance.saturating_mul(2),
-        },
+        times: times(now, tolerance, redis_now),
         redis_now,
     };
     let decision = denial.decide(Some(entries), policy);
@@ -426,11 +430,7 @@ fn decide(
         return Ok((Verdict::Decided(blocked), redis_now));
     }
     let cost = u64::try_from(members.len()).unwrap_or(u64::MAX);
-    let times = Times {
-        at: now.saturating_sub(tolerance),
-        from: redis_now,
-        pad: tolerance.saturating_mul(2),
-    };
+    let times = times(now, tolerance, redis_now);
     if !entries {
         // One rate, no spacing: the count decides; a denial's wait and
         // reset are read later.

@@ -91,12 +91,12 @@ local function entry_at(r)
   return nil
 end
 
--- A denial's reset and wait for rate i, whose window holds c entries, the
--- newest at `newest`: the window empties a window after its newest entry;
--- a request of `cost` is admitted once at most max - cost entries are left
--- in it: when the entry of reverse rank max - cost leaves it (the newest
--- itself for a cost of max).
-local function denied_times(i, c, newest)
+-- A denial's remaining, reset and wait for rate i, whose window holds c
+-- entries, the newest at `newest`: the window empties a window after its
+-- newest entry; a request of `cost` is admitted once at most max - cost
+-- entries are left in it: when the entry of reverse rank max - cost leaves
+-- it (the newest itself for a cost of max).
+local function denied_rate(i, c, newest)
   local max, w = maxes[i], windows[i]
   local reset = 0
   if c > 0 and newest ~= nil then
@@ -113,7 +113,7 @@ local function denied_times(i, c, newest)
       wait = blocker + w - now
     end
   end
-  return reset, wait
+  return math.max(max - c, 0), reset, wait
 end
 
 -- The same request again (its reply was lost): admitted, counting nothing
@@ -168,8 +168,8 @@ local function decide(commit)
       end
       return { 1, 0, maxes[1] - c - cost, windows[1], 0 }
     end
-    local reset, wait = denied_times(1, c, entry_at(0))
-    return { 0, 0, math.max(maxes[1] - c, 0), reset, wait }
+    local remaining, reset, wait = denied_rate(1, c, entry_at(0))
+    return { 0, 0, remaining, reset, wait }
   end
   local newest = nil
   local allowed = 1
@@ -196,17 +196,13 @@ local function decide(commit)
 
   local out = { allowed, spacing_wait }
   for i = 1, nrates do
-    local max, w, c = maxes[i], windows[i], counts[i]
+    local c = counts[i]
     if allowed == 1 then
-      out[#out + 1] = max - c - cost
-      out[#out + 1] = w
+      out[#out + 1] = maxes[i] - c - cost
+      out[#out + 1] = windows[i]
       out[#out + 1] = 0
     else
-      local reset, wait = denied_times(i, c, newest)
-      local remaining = max - c
-      if remaining < 0 then
-        remaining = 0
-      end
+      local remaining, reset, wait = denied_rate(i, c, newest)
       out[#out + 1] = remaining
       out[#out + 1] = reset
       out[#out + 1] = wait
